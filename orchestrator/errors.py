@@ -1,0 +1,75 @@
+"""One exception family for the orchestrator; every message names the fix.
+
+Errors cross actor boundaries, so they stay picklable: plain attributes, args passed through.
+``retryable`` separates what the controller may retry (a lost host, a timed-out barrier) from what
+must stop the run (a bad config, an incompatible checkpoint).
+"""
+
+from __future__ import annotations
+
+
+class OrchestratorError(Exception):
+    """Base of every error this project raises on purpose."""
+
+    retryable: bool = False
+
+    def __init__(self, message: str, *, fix: str = "") -> None:
+        self.message = message
+        self.fix = fix
+        super().__init__(message, fix)
+
+    def __str__(self) -> str:
+        return f"{self.message} Fix: {self.fix}" if self.fix else self.message
+
+    def __reduce__(self):  # keep kwargs across pickling (Ray ships errors between processes)
+        return (_rebuild, (type(self), self.message, self.fix, self.__dict__))
+
+
+def _rebuild(cls, message, fix, state):
+    obj = cls.__new__(cls)
+    OrchestratorError.__init__(obj, message, fix=fix)
+    obj.__dict__.update(state)
+    return obj
+
+
+class ConfigError(OrchestratorError):
+    """A setting is invalid. ``setting`` is the dotted name the user should change."""
+
+    def __init__(self, setting: str, problem: str, fix: str) -> None:
+        self.setting = setting
+        super().__init__(f"Invalid config `{setting}`: {problem}", fix=fix)
+
+
+class TopologyError(OrchestratorError):
+    """The cluster cannot host the requested mesh (too few hosts, devices, slices)."""
+
+
+class ClusterUnreachableError(OrchestratorError):
+    """Ray is not where the config says it is."""
+
+
+class CheckpointError(OrchestratorError):
+    """A checkpoint is missing, incomplete or incompatible with the model."""
+
+
+class GroupFailure(OrchestratorError):
+    """The JAX group cannot go on (a host died, a barrier timed out). The controller re-forms."""
+
+    retryable = True
+
+    def __init__(self, message: str, *, fix: str = "", hosts: tuple[int, ...] = ()) -> None:
+        self.hosts = hosts
+        super().__init__(message, fix=fix)
+
+
+class BarrierTimeout(GroupFailure):
+    """A bounded phase (init, compile, restore, step) passed its timeout."""
+
+    def __init__(self, phase: str, seconds: float, *, hosts: tuple[int, ...] = ()) -> None:
+        self.phase = phase
+        self.seconds = seconds
+        super().__init__(
+            f"{phase} did not finish within {seconds:g}s",
+            fix=f"raise timeouts.{phase}_s if the cluster is merely slow",
+            hosts=hosts,
+        )
