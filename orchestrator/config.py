@@ -1,0 +1,307 @@
+"""The run's configuration: nested keyword-only dataclasses, validated before any actor starts.
+
+Each section checks what it can alone in ``__post_init__``; ``RunConfig.validate_for`` checks what
+needs the cluster (mesh axes against the devices there are). Every error names the setting and
+the fix.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+from orchestrator import configtools
+from orchestrator.errors import ConfigError
+
+
+def _positive(setting: str, value: float, fix: str = "") -> None:
+    if value <= 0:
+        raise ConfigError(setting, f"must be > 0, got {value}", fix or f"set `{setting}` to a positive value")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunSection:
+    """Identity and length of the run."""
+
+    name: str = "default"
+    run_dir: str = "runs/default"
+    total_steps: int = 200
+    seed: int = 0
+    steps_per_call: int = 0
+    """Steps each host runs per driver call; 0 picks from the measured step time (~1 s a call)."""
+
+    def __post_init__(self) -> None:
+        if not self.name or not all(c.isalnum() or c in "-_." for c in self.name):
+            raise ConfigError("run.name", f"{self.name!r} is empty or has characters other than "
+                              "letters, digits, '-', '_' and '.'", "pick a name like my-run-1")
+        _positive("run.total_steps", self.total_steps)
+        if self.steps_per_call < 0:
+            raise ConfigError("run.steps_per_call", "must be >= 0", "use 0 for automatic")
+
+
+@dataclass(frozen=True, kw_only=True)
+class EmulateConfig:
+    """Hosts emulated on this machine when the Ray cluster has no TPU nodes."""
+
+    slices: int = 1
+    hosts_per_slice: int = 2
+    devices_per_host: int = 2
+    spare_slices: int = 0
+    """Extra emulated slices started idle: replacement capacity for fault demos."""
+
+    def __post_init__(self) -> None:
+        _positive("cluster.emulate.slices", self.slices)
+        _positive("cluster.emulate.hosts_per_slice", self.hosts_per_slice)
+        _positive("cluster.emulate.devices_per_host", self.devices_per_host)
+        if self.spare_slices < 0:
+            raise ConfigError("cluster.emulate.spare_slices", "must be >= 0", "set it to 0 or more")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterConfig:
+    """Where Ray is and what the hosts are."""
+
+    address: str | None = None
+    """None: the RAY_ADDRESS cluster if set (ray job submit), else a local emulated cluster."""
+    mode: Literal["auto", "tpu", "emulate"] = "auto"
+    emulate: EmulateConfig = field(default_factory=EmulateConfig)
+    accelerator: str | None = None
+    """Chip generation for the MFU peak (v4, v5e, v5p, v6e); None reads the TPU pod type label."""
+    slices: int = 0
+    """TPU mode: slices to use (0 = every ready slice)."""
+    connect_timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        _positive("cluster.connect_timeout_s", self.connect_timeout_s)
+        if self.slices < 0:
+            raise ConfigError("cluster.slices", "must be >= 0", "use 0 for all slices")
+
+
+@dataclass(frozen=True, kw_only=True)
+class IciAxes:
+    """Mesh axes inside a slice (ICI). -1 fills with what is left of the slice's devices."""
+
+    data: int = 1
+    fsdp: int = -1
+    tensor: int = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class DcnAxes:
+    """Mesh axes across slices (DCN). data=-1 spans every slice in the current plan."""
+
+    data: int = -1
+    fsdp: int = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class MeshConfig:
+    ici: IciAxes = field(default_factory=IciAxes)
+    dcn: DcnAxes = field(default_factory=DcnAxes)
+
+    def __post_init__(self) -> None:
+        for name in ("data", "fsdp", "tensor"):
+            v = getattr(self.ici, name)
+            if v == 0 or v < -1:
+                raise ConfigError(f"mesh.ici.{name}", f"must be a positive size or -1, got {v}",
+                                  f"set mesh.ici.{name} to a divisor of the slice's devices, or -1")
+        if [self.ici.data, self.ici.fsdp, self.ici.tensor].count(-1) > 1:
+            raise ConfigError("mesh.ici", "more than one axis is -1",
+                              "leave at most one ICI axis at -1 (fill)")
+        for name in ("data", "fsdp"):
+            v = getattr(self.dcn, name)
+            if v == 0 or v < -1:
+                raise ConfigError(f"mesh.dcn.{name}", f"must be a positive size or -1, got {v}",
+                                  f"set mesh.dcn.{name} to a divisor of the slice count, or -1")
+        if [self.dcn.data, self.dcn.fsdp].count(-1) > 1:
+            raise ConfigError("mesh.dcn", "more than one axis is -1",
+                              "leave at most one DCN axis at -1 (fill)")
+
+    def resolve(self, *, slices: int, devices_per_slice: int) -> MeshShape:
+        """Concrete axis sizes for a topology; raises ConfigError naming the axis to change."""
+        ici = _fill("mesh.ici", {"data": self.ici.data, "fsdp": self.ici.fsdp,
+                                 "tensor": self.ici.tensor}, devices_per_slice, "devices per slice")
+        dcn = _fill("mesh.dcn", {"data": self.dcn.data, "fsdp": self.dcn.fsdp}, slices, "slices")
+        return MeshShape(ici_data=ici["data"], ici_fsdp=ici["fsdp"], ici_tensor=ici["tensor"],
+                         dcn_data=dcn["data"], dcn_fsdp=dcn["fsdp"])
+
+
+def _fill(prefix: str, axes: dict[str, int], total: int, what: str) -> dict[str, int]:
+    known = math.prod(v for v in axes.values() if v != -1)
+    out = dict(axes)
+    for name, v in axes.items():
+        if v == -1:
+            if total % known:
+                raise ConfigError(f"{prefix}.{name}", f"{total} {what} do not divide by the other "
+                                  f"axes' product {known}",
+                                  f"make the other {prefix} axes multiply to a divisor of {total}")
+            out[name] = total // known
+    if math.prod(out.values()) != total:
+        raise ConfigError(prefix, f"axes {out} multiply to {math.prod(out.values())}, but there "
+                          f"are {total} {what}",
+                          f"make {prefix}.* multiply to {total} (or set one axis to -1)")
+    return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class MeshShape:
+    """Resolved axis sizes. The mesh is (data, fsdp, tensor); each axis is DCN × ICI."""
+
+    ici_data: int
+    ici_fsdp: int
+    ici_tensor: int
+    dcn_data: int
+    dcn_fsdp: int
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return (self.dcn_data * self.ici_data, self.dcn_fsdp * self.ici_fsdp, self.ici_tensor)
+
+    @property
+    def batch_parallel(self) -> int:
+        """Ways the batch is split (data × fsdp)."""
+        return self.shape[0] * self.shape[1]
+
+    def as_dict(self) -> dict[str, int]:
+        return {"data": self.shape[0], "fsdp": self.shape[1], "tensor": self.shape[2],
+                "dcn_data": self.dcn_data, "dcn_fsdp": self.dcn_fsdp}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    """Decoder-only transformer LM. The default is tiny on purpose (CPU tests)."""
+
+    vocab_size: int = 128
+    d_model: int = 64
+    num_layers: int = 2
+    num_heads: int = 4
+    d_ff: int = 256
+    seq_len: int = 32
+    dtype: Literal["float32", "bfloat16"] = "float32"
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "d_model", "num_layers", "num_heads", "d_ff", "seq_len"):
+            _positive(f"model.{name}", getattr(self, name))
+        if self.d_model % self.num_heads:
+            raise ConfigError("model.num_heads", f"d_model={self.d_model} does not divide by "
+                              f"num_heads={self.num_heads}",
+                              "pick num_heads that divides model.d_model")
+
+    def fingerprint(self) -> str:
+        """Hash of what decides parameter shapes: a checkpoint fits only the same fingerprint."""
+        blob = json.dumps(configtools.to_dict(self), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    """Optimizer and batch. AdamW with linear warmup then cosine decay, global-norm clipping."""
+
+    global_batch: int = 16
+    learning_rate: float = 3e-3
+    warmup_steps: int = 20
+    decay_steps: int = 0
+    """0: decay over run.total_steps."""
+    end_lr_ratio: float = 0.1
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    b1: float = 0.9
+    b2: float = 0.98
+
+    def __post_init__(self) -> None:
+        _positive("train.global_batch", self.global_batch)
+        _positive("train.learning_rate", self.learning_rate)
+        _positive("train.grad_clip", self.grad_clip)
+        if self.warmup_steps < 0 or self.decay_steps < 0:
+            raise ConfigError("train.warmup_steps", "steps must be >= 0", "use 0 or more")
+        if not 0 <= self.end_lr_ratio <= 1:
+            raise ConfigError("train.end_lr_ratio", "must be within [0, 1]", "e.g. 0.1")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointConfig:
+    """Orbax checkpointing into RUN_DIR/checkpoints."""
+
+    every_steps: int = 50
+    keep: int = 3
+    async_save: bool = True
+
+    def __post_init__(self) -> None:
+        _positive("checkpoint.every_steps", self.every_steps)
+        _positive("checkpoint.keep", self.keep)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TimeoutsConfig:
+    """Bounds on every barrier; passing one is a group failure."""
+
+    init_s: float = 90.0
+    compile_s: float = 300.0
+    restore_s: float = 180.0
+    step_s: float = 60.0
+    save_s: float = 120.0
+    heartbeat_s: float = 20.0
+    """JAX coordination heartbeat: how fast survivors notice a dead peer."""
+
+    def __post_init__(self) -> None:
+        for name in ("init_s", "compile_s", "restore_s", "step_s", "save_s", "heartbeat_s"):
+            _positive(f"timeouts.{name}", getattr(self, name))
+
+
+@dataclass(frozen=True, kw_only=True)
+class PerfConfig:
+    """Peak FLOP/s used for MFU. On CPU nothing is assumed: configure it or measure it."""
+
+    peak_flops_per_device: float | None = None
+    measure_cpu_peak: bool = True
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    run: RunSection = field(default_factory=RunSection)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    mesh: MeshConfig = field(default_factory=MeshConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    timeouts: TimeoutsConfig = field(default_factory=TimeoutsConfig)
+    perf: PerfConfig = field(default_factory=PerfConfig)
+
+    def validate_for(self, *, slices: int, hosts_per_slice: int, devices_per_host: int) -> MeshShape:
+        """Check the mesh and batch against a topology; return the resolved mesh shape."""
+        shape = self.mesh.resolve(slices=slices, devices_per_slice=hosts_per_slice * devices_per_host)
+        processes = slices * hosts_per_slice
+        if self.train.global_batch % shape.batch_parallel:
+            raise ConfigError("train.global_batch", f"{self.train.global_batch} does not divide by "
+                              f"the data-parallel size {shape.batch_parallel} (mesh data×fsdp = "
+                              f"{shape.shape[0]}×{shape.shape[1]})",
+                              f"use a multiple of {shape.batch_parallel}")
+        if self.train.global_batch % processes:
+            raise ConfigError("train.global_batch", f"{self.train.global_batch} does not divide by "
+                              f"the host count {processes}", f"use a multiple of {processes}")
+        if self.model.num_heads % shape.ici_tensor:
+            raise ConfigError("mesh.ici.tensor", f"model.num_heads={self.model.num_heads} does not "
+                              f"divide by the tensor axis {shape.ici_tensor}",
+                              "pick a tensor axis that divides num_heads")
+        return shape
+
+    def as_dict(self) -> dict:
+        return configtools.to_dict(self)
+
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(self.as_dict(), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def load_config(path: str | None = None, overrides: list[str] | None = None) -> RunConfig:
+    """YAML file (optional) + dotted overrides -> validated RunConfig."""
+    data = configtools.load_yaml(path) if path else {}
+    data = configtools.apply_overrides(data, list(overrides or []))
+    cfg = configtools.build(RunConfig, data)
+    if cfg.cluster.mode != "tpu":
+        em = cfg.cluster.emulate
+        cfg.validate_for(slices=em.slices, hosts_per_slice=em.hosts_per_slice,
+                         devices_per_host=em.devices_per_host)
+    return cfg

@@ -1,0 +1,97 @@
+"""The mesh plan: which hosts form the JAX group, in which order, with which mesh shape.
+
+Pure data and arithmetic (no Ray, no JAX) so it is unit-tested for many topologies and shipped to
+the host actors as is. Process ids follow (slice order, worker id): the DCN axis splits by slice,
+the ICI axes stay inside one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from orchestrator.config import MeshShape, RunConfig
+from orchestrator.errors import TopologyError
+from orchestrator.hosts import HostRef
+
+DEFAULT_MEGASCALE_PORT = "8081"
+
+
+@dataclass(frozen=True, kw_only=True)
+class MeshPlan:
+    hosts: tuple[HostRef, ...]
+    """In process-id order; ``hosts[i].index == i``."""
+    slice_names: tuple[str, ...]
+    shape: MeshShape
+    devices_per_host: int
+    platform: str
+    """"tpu" or "cpu" (emulated)."""
+
+    @property
+    def num_processes(self) -> int:
+        return len(self.hosts)
+
+    @property
+    def num_slices(self) -> int:
+        return len(self.slice_names)
+
+    @property
+    def hosts_per_slice(self) -> int:
+        return self.num_processes // self.num_slices
+
+    @property
+    def devices(self) -> int:
+        return self.num_processes * self.devices_per_host
+
+    def slice_id(self, host: HostRef) -> int:
+        return self.slice_names.index(host.slice_name)
+
+    def megascale_env(self, host: HostRef, *, coordinator_ip: str,
+                      port: str = DEFAULT_MEGASCALE_PORT) -> dict[str, str]:
+        """MEGASCALE_* for multislice on TPU (the same keys ray.util.tpu computes); {} otherwise."""
+        if self.platform != "tpu" or self.num_slices < 2:
+            return {}
+        return {
+            "MEGASCALE_COORDINATOR_ADDRESS": coordinator_ip,
+            "MEGASCALE_PORT": port,
+            "MEGASCALE_NUM_SLICES": str(self.num_slices),
+            "MEGASCALE_SLICE_ID": str(self.slice_id(host)),
+        }
+
+    def describe(self) -> dict:
+        return {"slices": list(self.slice_names), "hosts": self.num_processes,
+                "devices_per_host": self.devices_per_host, "platform": self.platform,
+                "mesh": self.shape.as_dict()}
+
+
+def plan_mesh(cfg: RunConfig, hosts: Sequence[HostRef], *, platform: str,
+              max_slices: int | None = None) -> MeshPlan:
+    """Group hosts by slice, keep whole slices only, order them, and resolve the mesh shape.
+
+    A slice with fewer hosts than the largest is incomplete (a host is missing) and is left out;
+    ``max_slices`` caps how many slices are used (the rest stay spare).
+    """
+    by_slice: dict[str, list[HostRef]] = {}
+    for h in hosts:
+        by_slice.setdefault(h.slice_name, []).append(h)
+    if not by_slice:
+        raise TopologyError("No hosts are available to form a mesh.",
+                            fix="add TPU nodes to the Ray cluster, or run with cluster.mode=emulate")
+    full = max(len(v) for v in by_slice.values())
+    complete = sorted(name for name, v in by_slice.items() if len(v) == full)
+    if max_slices is not None:
+        complete = complete[:max_slices]
+    devices = {h.devices for name in complete for h in by_slice[name]}
+    if len(devices) != 1:
+        raise TopologyError(f"Hosts disagree on their device count ({sorted(devices)}).",
+                            fix="use one TPU type per run (one accelerator per worker group)")
+    dph = devices.pop()
+    shape = cfg.validate_for(slices=len(complete), hosts_per_slice=full, devices_per_host=dph)
+    ordered: list[HostRef] = []
+    for name in complete:
+        for h in sorted(by_slice[name], key=lambda x: x.worker_id):
+            ordered.append(HostRef(index=len(ordered), slice_name=h.slice_name,
+                                   worker_id=h.worker_id, node_id=h.node_id, node_ip=h.node_ip,
+                                   instance=h.instance, devices=h.devices))
+    return MeshPlan(hosts=tuple(ordered), slice_names=tuple(complete), shape=shape,
+                    devices_per_host=dph, platform=platform)
