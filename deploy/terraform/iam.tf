@@ -1,0 +1,75 @@
+# Least privilege for the two workload identities:
+#   tpu-orchestrator (driver + host actors): pull the events subscription, publish events (operator
+#     CLI), write metrics, read/write the runs bucket.
+#   tpu-autoresume: pull the alerts subscription, read/write the runs bucket (reads run.json and
+#     metrics; its own state lives on a PersistentVolume).
+# Nothing is granted at project level except monitoring.metricWriter (it has no narrower scope).
+
+resource "google_service_account" "orchestrator" {
+  account_id   = "tpu-orchestrator"
+  display_name = "TPU orchestrator (Ray driver and host actors)"
+}
+
+resource "google_service_account" "autoresume" {
+  account_id   = "tpu-autoresume"
+  display_name = "TPU orchestrator autoresume service"
+}
+
+resource "google_storage_bucket" "runs" {
+  name                        = "${var.project_id}-${var.name}-runs"
+  location                    = var.region
+  uniform_bucket_level_access = true
+  public_access_prevention    = "enforced"
+  force_destroy               = false
+}
+
+resource "google_pubsub_subscription_iam_member" "orchestrator_events_subscriber" {
+  subscription = google_pubsub_subscription.events_driver.id
+  role         = "roles/pubsub.subscriber"
+  member       = "serviceAccount:${google_service_account.orchestrator.email}"
+}
+
+resource "google_pubsub_topic_iam_member" "orchestrator_events_publisher" {
+  topic  = google_pubsub_topic.events.id
+  role   = "roles/pubsub.publisher"
+  member = "serviceAccount:${google_service_account.orchestrator.email}"
+}
+
+resource "google_project_iam_member" "orchestrator_metric_writer" {
+  project = var.project_id
+  role    = "roles/monitoring.metricWriter"
+  member  = "serviceAccount:${google_service_account.orchestrator.email}"
+}
+
+resource "google_storage_bucket_iam_member" "orchestrator_runs" {
+  bucket = google_storage_bucket.runs.name
+  role   = "roles/storage.objectUser"
+  member = "serviceAccount:${google_service_account.orchestrator.email}"
+}
+
+resource "google_pubsub_subscription_iam_member" "autoresume_alerts_subscriber" {
+  subscription = google_pubsub_subscription.alerts_autoresume.id
+  role         = "roles/pubsub.subscriber"
+  member       = "serviceAccount:${google_service_account.autoresume.email}"
+}
+
+resource "google_storage_bucket_iam_member" "autoresume_runs" {
+  bucket = google_storage_bucket.runs.name
+  role   = "roles/storage.objectViewer"
+  member = "serviceAccount:${google_service_account.autoresume.email}"
+}
+
+# Workload Identity: the Kubernetes service accounts act as the Google service accounts.
+resource "google_service_account_iam_member" "orchestrator_wi" {
+  service_account_id = google_service_account.orchestrator.name
+  role               = "roles/iam.workloadIdentityUser"
+  member             = "serviceAccount:${var.project_id}.svc.id.goog[${var.namespace}/tpu-orchestrator]"
+  depends_on         = [google_container_cluster.this]
+}
+
+resource "google_service_account_iam_member" "autoresume_wi" {
+  service_account_id = google_service_account.autoresume.name
+  role               = "roles/iam.workloadIdentityUser"
+  member             = "serviceAccount:${var.project_id}.svc.id.goog[${var.namespace}/tpu-autoresume]"
+  depends_on         = [google_container_cluster.this]
+}

@@ -1,0 +1,146 @@
+# Alert policies on the orchestrator's custom metrics, notifying a Pub/Sub channel (the alerts
+# topic) that the autoresume service pulls.
+#
+# Contract with orchestrator/autoresume (deploy/README.md, "Alert labels"):
+#   * every condition aggregates by metric.label.run_id (and job), so the incident's
+#     `metric.labels` carry `run_id` - autoresume finds the run by it;
+#   * every policy carries `user_labels.kind` (heartbeat_absent, mfu_low, loss_not_finite): the
+#     notification repeats them as `policy_user_labels`, and autoresume acts on the kind.
+
+resource "google_monitoring_notification_channel" "alerts_pubsub" {
+  display_name = "${var.name} alerts to Pub/Sub"
+  type         = "pubsub"
+  labels = {
+    topic = google_pubsub_topic.alerts.id
+  }
+  depends_on = [google_project_service.apis]
+}
+
+# Cloud Monitoring publishes as its notification service agent.
+resource "google_pubsub_topic_iam_member" "monitoring_notifier_publisher" {
+  topic  = google_pubsub_topic.alerts.id
+  role   = "roles/pubsub.publisher"
+  member = "serviceAccount:service-${data.google_project.this.number}@gcp-sa-monitoring-notification.iam.gserviceaccount.com"
+}
+
+locals {
+  run_group_by = ["metric.label.run_id", "metric.label.job"]
+}
+
+resource "google_monitoring_alert_policy" "heartbeat_absent" {
+  display_name = "${var.name}: heartbeat absent"
+  combiner     = "OR"
+  user_labels = {
+    kind = "heartbeat_absent"
+    app  = "tpu-orchestrator"
+  }
+
+  conditions {
+    display_name = "heartbeat metric absent"
+    condition_absent {
+      filter   = "metric.type=\"${var.metric_prefix}/heartbeat\" AND resource.type=\"${var.metric_resource_type}\""
+      duration = var.heartbeat_absent_for
+      aggregations {
+        alignment_period     = "60s"
+        per_series_aligner   = "ALIGN_MAX"
+        cross_series_reducer = "REDUCE_MAX"
+        group_by_fields      = local.run_group_by
+      }
+      trigger {
+        count = 1
+      }
+    }
+  }
+
+  alert_strategy {
+    auto_close           = "1800s"
+    notification_prompts = ["OPENED", "CLOSED"]
+  }
+
+  notification_channels = [google_monitoring_notification_channel.alerts_pubsub.id]
+
+  documentation {
+    content   = "The training run stopped reporting heartbeats. The autoresume service resubmits it from its latest checkpoint (deploy/README.md)."
+    mime_type = "text/markdown"
+  }
+}
+
+resource "google_monitoring_alert_policy" "mfu_low" {
+  display_name = "${var.name}: MFU below threshold"
+  combiner     = "OR"
+  user_labels = {
+    kind = "mfu_low"
+    app  = "tpu-orchestrator"
+  }
+
+  conditions {
+    display_name = "MFU below ${var.mfu_threshold}"
+    condition_threshold {
+      filter          = "metric.type=\"${var.metric_prefix}/mfu\" AND resource.type=\"${var.metric_resource_type}\""
+      comparison      = "COMPARISON_LT"
+      threshold_value = var.mfu_threshold
+      duration        = var.mfu_duration
+      aggregations {
+        alignment_period     = "300s"
+        per_series_aligner   = "ALIGN_MEAN"
+        cross_series_reducer = "REDUCE_MEAN"
+        group_by_fields      = local.run_group_by
+      }
+      trigger {
+        count = 1
+      }
+    }
+  }
+
+  alert_strategy {
+    auto_close           = "3600s"
+    notification_prompts = ["OPENED", "CLOSED"]
+  }
+
+  notification_channels = [google_monitoring_notification_channel.alerts_pubsub.id]
+
+  documentation {
+    content   = "Model FLOPs utilization stayed below the threshold. Autoresume does not restart on this (a human looks)."
+    mime_type = "text/markdown"
+  }
+}
+
+resource "google_monitoring_alert_policy" "loss_not_finite" {
+  display_name = "${var.name}: loss not finite"
+  combiner     = "OR"
+  user_labels = {
+    kind = "loss_not_finite"
+    app  = "tpu-orchestrator"
+  }
+
+  conditions {
+    display_name = "loss above ${var.loss_ceiling} (NaN/Inf are exported above it)"
+    condition_threshold {
+      filter          = "metric.type=\"${var.metric_prefix}/loss\" AND resource.type=\"${var.metric_resource_type}\""
+      comparison      = "COMPARISON_GT"
+      threshold_value = var.loss_ceiling
+      duration        = "0s"
+      aggregations {
+        alignment_period     = "60s"
+        per_series_aligner   = "ALIGN_MAX"
+        cross_series_reducer = "REDUCE_MAX"
+        group_by_fields      = local.run_group_by
+      }
+      trigger {
+        count = 1
+      }
+    }
+  }
+
+  alert_strategy {
+    auto_close           = "3600s"
+    notification_prompts = ["OPENED", "CLOSED"]
+  }
+
+  notification_channels = [google_monitoring_notification_channel.alerts_pubsub.id]
+
+  documentation {
+    content   = "The training loss is not finite. Autoresume does not restart on this (resuming would replay the divergence)."
+    mime_type = "text/markdown"
+  }
+}

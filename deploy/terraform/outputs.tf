@@ -1,0 +1,33 @@
+output "events_topic" {
+  value = google_pubsub_topic.events.id
+}
+
+output "events_subscription" {
+  description = "Put in the run config: events.pubsub.subscription."
+  value       = google_pubsub_subscription.events_driver.id
+}
+
+output "alerts_subscription" {
+  description = "Put in deploy/kuberay/autoresume.yaml: subscription."
+  value       = google_pubsub_subscription.alerts_autoresume.id
+}
+
+output "dead_letters_topic" {
+  value = google_pubsub_topic.dead_letters.id
+}
+
+output "runs_bucket" {
+  value = google_storage_bucket.runs.name
+}
+
+output "orchestrator_service_account" {
+  value = google_service_account.orchestrator.email
+}
+
+output "autoresume_service_account" {
+  value = google_service_account.autoresume.email
+}
+
+output "get_credentials" {
+  value = "gcloud container clusters get-credentials ${google_container_cluster.this.name} --region ${var.region} --project ${var.project_id}"
+}

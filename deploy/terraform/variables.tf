@@ -1,0 +1,94 @@
+variable "project_id" {
+  description = "GCP project that hosts the cluster, topics and alerts."
+  type        = string
+}
+
+variable "region" {
+  description = "Region of the GKE cluster (TPU v6e: e.g. us-east5, europe-west4)."
+  type        = string
+  default     = "us-east5"
+}
+
+variable "zone" {
+  description = "Zone of the TPU node pools (must offer the TPU type)."
+  type        = string
+  default     = "us-east5-b"
+}
+
+variable "name" {
+  description = "Prefix of every resource name."
+  type        = string
+  default     = "tpu-orchestrator"
+}
+
+variable "namespace" {
+  description = "Kubernetes namespace of the RayCluster and the autoresume service."
+  type        = string
+  default     = "tpu-train"
+}
+
+variable "tpu_machine_type" {
+  description = "TPU VM machine type of each host (ct6e-standard-4t: 4 v6e chips)."
+  type        = string
+  default     = "ct6e-standard-4t"
+}
+
+variable "tpu_topology" {
+  description = "Topology of each slice; must match deploy/kuberay (4x4 = 16 chips = 4 hosts)."
+  type        = string
+  default     = "4x4"
+}
+
+variable "tpu_hosts_per_slice" {
+  description = "Hosts per slice (= chips of the topology / chips per host)."
+  type        = number
+  default     = 4
+}
+
+variable "tpu_slices" {
+  description = "Number of slices (one node pool each, one KubeRay worker group each)."
+  type        = number
+  default     = 2
+}
+
+variable "tpu_spot" {
+  description = "Use Spot TPU VMs (preemptible; the orchestrator drains and autoresume resubmits)."
+  type        = bool
+  default     = true
+}
+
+variable "metric_prefix" {
+  description = "Prefix of the orchestrator's custom metrics in Cloud Monitoring."
+  type        = string
+  default     = "custom.googleapis.com/tpu_orchestrator"
+}
+
+variable "metric_resource_type" {
+  description = "Monitored resource type the metric exporter writes to."
+  type        = string
+  default     = "global"
+}
+
+variable "heartbeat_absent_for" {
+  description = "How long the heartbeat may be missing before the alert opens an incident."
+  type        = string
+  default     = "600s"
+}
+
+variable "mfu_threshold" {
+  description = "MFU (0..1) below which, sustained for mfu_duration, an incident opens."
+  type        = number
+  default     = 0.2
+}
+
+variable "mfu_duration" {
+  description = "How long MFU must stay below mfu_threshold."
+  type        = string
+  default     = "1800s"
+}
+
+variable "loss_ceiling" {
+  description = "A loss above this is treated as diverged (non-finite losses are exported above it)."
+  type        = number
+  default     = 1e30
+}
