@@ -1,0 +1,170 @@
+"""Why the run stopped, classified once at the boundary into a closed set.
+
+Each cause has its own retry budget (``restart_budget.py``), so a crash-looping program cannot
+spend the budget meant for spot preemptions, and a stream of preemptions cannot exhaust the
+budget meant for bugs. Classification uses plain facts (event kind, exception type *name*, exit
+info), never Ray types, so it runs in tests and a fleet simulator without a cluster.
+
+Why seven causes and not five:
+- ``TIMEOUT``: a bounded phase (distributed init, compile, restore, step) passed its bound. It is
+  neither a known hardware fault nor a deterministic bug; it is often transient (a slow host, a
+  host that never joined) but a run that times out on every attempt has a config problem, so it
+  gets a small budget of its own instead of eating the preemption budget.
+- ``HOST_LOST``: a host or its actor vanished without notice (node removed, ``kill -9``, spot
+  preemption whose notice we missed). Calling it a preemption would make a host that crashes
+  every few minutes look like bad luck; calling it a hardware fault would cordon hosts that were
+  simply reclaimed. It gets its own budget and backoff.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class StopCause(StrEnum):
+    """Closed set of reasons the JAX group stopped. Values double as config keys."""
+
+    SPOT_PREEMPTION = "spot_preemption"
+    MAINTENANCE = "maintenance"
+    HARDWARE_HEALTH = "hardware_health"
+    HOST_LOST = "host_lost"
+    TIMEOUT = "timeout"
+    APPLICATION_ERROR = "application_error"
+    OPERATOR = "operator"
+
+    @property
+    def announced(self) -> bool:
+        """True if the cause comes with a notice, so the group can drain and save first."""
+        return self in _ANNOUNCED
+
+    @property
+    def cordons_host(self) -> bool:
+        """True if the hosts involved must never be placed on again in this run."""
+        return self is StopCause.HARDWARE_HEALTH
+
+
+_ANNOUNCED = frozenset(
+    {
+        StopCause.SPOT_PREEMPTION,
+        StopCause.MAINTENANCE,
+        StopCause.HARDWARE_HEALTH,
+        StopCause.OPERATOR,
+    }
+)
+
+# Event kinds (lower-cased) as the event intake names them, and the cause each one means.
+EVENT_KIND_CAUSES: dict[str, StopCause] = {
+    "preemption": StopCause.SPOT_PREEMPTION,
+    "preempted": StopCause.SPOT_PREEMPTION,
+    "spot_preemption": StopCause.SPOT_PREEMPTION,
+    "preempt": StopCause.SPOT_PREEMPTION,
+    "maintenance": StopCause.MAINTENANCE,
+    "maintenance_event": StopCause.MAINTENANCE,
+    "termination": StopCause.MAINTENANCE,
+    "health": StopCause.HARDWARE_HEALTH,
+    "unhealthy": StopCause.HARDWARE_HEALTH,
+    "node_health": StopCause.HARDWARE_HEALTH,
+    "hardware": StopCause.HARDWARE_HEALTH,
+    "operator": StopCause.OPERATOR,
+    "drain": StopCause.OPERATOR,
+    "stop": StopCause.OPERATOR,
+    "cancel": StopCause.OPERATOR,
+    "resize": StopCause.OPERATOR,
+    "node_died": StopCause.HOST_LOST,
+    "actor_died": StopCause.HOST_LOST,
+    "host_lost": StopCause.HOST_LOST,
+}
+
+# Exception type names (as ``type(exc).__name__`` gives them) and the cause each one means.
+ERROR_TYPE_CAUSES: dict[str, StopCause] = {
+    "NodeDiedError": StopCause.HOST_LOST,
+    "ActorUnavailableError": StopCause.HOST_LOST,
+    "ActorDiedError": StopCause.HOST_LOST,
+    "WorkerCrashedError": StopCause.HOST_LOST,
+    "RayActorError": StopCause.HOST_LOST,
+    "GroupFailure": StopCause.HOST_LOST,
+    "BarrierTimeout": StopCause.TIMEOUT,
+    "GetTimeoutError": StopCause.TIMEOUT,
+    "TimeoutError": StopCause.TIMEOUT,
+    "DeadlineExceeded": StopCause.TIMEOUT,
+    "OutOfMemoryError": StopCause.APPLICATION_ERROR,
+}
+
+SIGKILL = 9
+SIGTERM = 15
+
+
+@dataclass(frozen=True, kw_only=True)
+class StopObservation:
+    """Plain facts about one stop, gathered by the controller at the boundary.
+
+    ``event_kind`` is set when an event (notice, operator command) caused the stop;
+    ``error_type`` is the exception class name when a call failed; ``exit_signal`` /
+    ``exit_code`` describe a dead process when known; ``oom`` is True when Ray or the kernel
+    reported the process was killed for memory.
+    """
+
+    event_kind: str | None = None
+    error_type: str | None = None
+    exit_code: int | None = None
+    exit_signal: int | None = None
+    oom: bool = False
+    message: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Classification:
+    """The cause plus a one-line explanation of how it was derived (goes into the timeline)."""
+
+    cause: StopCause
+    reason: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class StopClassifier:
+    """Maps a StopObservation to a StopCause. Events win over errors: a notice explains the
+    error that follows it (the doomed host's actor dies after the notice)."""
+
+    event_kinds: tuple[tuple[str, StopCause], ...] = tuple(EVENT_KIND_CAUSES.items())
+    error_types: tuple[tuple[str, StopCause], ...] = tuple(ERROR_TYPE_CAUSES.items())
+
+    def decide(self, observation: StopObservation) -> Classification:
+        """Classify one stop; unknown facts fall back to APPLICATION_ERROR (smallest budget)."""
+        kinds = dict(self.event_kinds)
+        errors = dict(self.error_types)
+        obs = observation
+        if obs.event_kind:
+            kind = obs.event_kind.strip().lower()
+            if kind in kinds:
+                return Classification(cause=kinds[kind], reason=f"event kind {obs.event_kind!r}")
+        if obs.oom:
+            return Classification(
+                cause=StopCause.APPLICATION_ERROR,
+                reason=f"{obs.error_type or 'process'} killed for memory (OOM)",
+            )
+        if obs.error_type:
+            name = obs.error_type.rsplit(".", 1)[-1]
+            if name in errors:
+                return Classification(cause=errors[name], reason=f"error {name}")
+            return Classification(cause=StopCause.APPLICATION_ERROR, reason=f"error {name}")
+        if obs.exit_signal in (SIGKILL, SIGTERM):
+            return Classification(
+                cause=StopCause.HOST_LOST, reason=f"process ended by signal {obs.exit_signal}"
+            )
+        if obs.exit_code not in (None, 0) or obs.exit_signal is not None:
+            return Classification(
+                cause=StopCause.APPLICATION_ERROR,
+                reason=f"process exited (code={obs.exit_code}, signal={obs.exit_signal})",
+            )
+        return Classification(
+            cause=StopCause.APPLICATION_ERROR, reason="no event, error or exit info: assumed a bug"
+        )
+
+
+def classify(observation: StopObservation) -> Classification:
+    """Classify with the default tables."""
+    return _DEFAULT.decide(observation)
+
+
+_DEFAULT = StopClassifier()

@@ -1,0 +1,153 @@
+"""When to save: a fixed interval, the Young/Daly optimum from observed interruptions, on request.
+
+Young/Daly: with save cost C and mean time between interruptions M, the interval that minimises
+expected lost work plus save overhead is about sqrt(2·C·M) (first-order, valid for C << M). The
+MTBI is estimated as the posterior mean of an exponential rate with a gamma prior: ``prior_weight``
+pseudo-interruptions spread over ``prior_weight * prior_mtbi_s`` seconds, plus what the run saw.
+A young run therefore follows the prior and moves toward the observed rate as evidence grows.
+Policies are combined like orbax's ``AnySavePolicy``: save if any member says so.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, kw_only=True)
+class SaveObservation:
+    """Progress and measurements at a step boundary (driver clock, seconds).
+
+    ``interruptions``: how many interruptions the run has seen over ``observed_s`` seconds of
+    wall time (announced ones included: each costs a re-form either way). ``save_cost_s`` /
+    ``step_time_s``: observed means, None until measured.
+    """
+
+    step: int
+    last_save_step: int | None
+    now: float = 0.0
+    save_requested: bool = False
+    notice_pending: bool = False
+    step_time_s: float | None = None
+    save_cost_s: float | None = None
+    interruptions: int = 0
+    observed_s: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class SaveDecision:
+    """``save`` plus why; ``interval_steps``: the interval in force (None if not interval-based)."""
+
+    save: bool
+    reason: str
+    interval_steps: int | None = None
+
+
+def _steps_since(obs: SaveObservation) -> int:
+    return obs.step - (obs.last_save_step if obs.last_save_step is not None else 0)
+
+
+def _already_saved(obs: SaveObservation) -> bool:
+    return obs.last_save_step is not None and obs.last_save_step >= obs.step
+
+
+@dataclass(frozen=True, kw_only=True)
+class FixedInterval:
+    """Save every ``every_steps`` steps (at steps that are multiples of it)."""
+
+    every_steps: int
+
+    def __post_init__(self) -> None:
+        if self.every_steps < 1:
+            raise ValueError("every_steps must be >= 1")
+
+    def decide(self, observation: SaveObservation) -> SaveDecision:
+        obs = observation
+        if _already_saved(obs) or obs.step <= 0:
+            return SaveDecision(save=False, reason="already saved", interval_steps=self.every_steps)
+        if obs.step % self.every_steps == 0 or _steps_since(obs) >= self.every_steps:
+            return SaveDecision(
+                save=True, reason=f"every {self.every_steps} steps", interval_steps=self.every_steps
+            )
+        return SaveDecision(save=False, reason="not due", interval_steps=self.every_steps)
+
+
+@dataclass(frozen=True, kw_only=True)
+class YoungDaly:
+    """Adaptive interval sqrt(2·save_cost·MTBI), converted to steps, clamped to [min, max].
+
+    Before step time and save cost are measured, ``initial_every_steps`` applies.
+    """
+
+    initial_every_steps: int
+    min_steps: int
+    max_steps: int
+    prior_mtbi_s: float = 3600.0
+    prior_weight: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_steps <= self.initial_every_steps <= self.max_steps:
+            raise ValueError("need 1 <= min_steps <= initial_every_steps <= max_steps")
+        if self.prior_mtbi_s <= 0 or self.prior_weight <= 0:
+            raise ValueError("prior_mtbi_s and prior_weight must be > 0")
+
+    def mtbi_s(self, interruptions: int, observed_s: float) -> float:
+        """Posterior mean time between interruptions (seconds)."""
+        return (self.prior_weight * self.prior_mtbi_s + max(0.0, observed_s)) / (
+            self.prior_weight + max(0, interruptions)
+        )
+
+    def interval_steps(self, observation: SaveObservation) -> int:
+        obs = observation
+        if not obs.step_time_s or obs.step_time_s <= 0 or obs.save_cost_s is None:
+            return self.initial_every_steps
+        seconds = math.sqrt(2.0 * max(0.0, obs.save_cost_s) * self.mtbi_s(
+            obs.interruptions, obs.observed_s))
+        steps = round(seconds / obs.step_time_s)
+        return max(self.min_steps, min(self.max_steps, steps))
+
+    def decide(self, observation: SaveObservation) -> SaveDecision:
+        obs = observation
+        every = self.interval_steps(obs)
+        if _already_saved(obs) or obs.step <= 0:
+            return SaveDecision(save=False, reason="already saved", interval_steps=every)
+        if _steps_since(obs) >= every:
+            return SaveDecision(
+                save=True, reason=f"young/daly interval {every} steps", interval_steps=every
+            )
+        return SaveDecision(save=False, reason="not due", interval_steps=every)
+
+
+@dataclass(frozen=True, kw_only=True)
+class OnRequest:
+    """Save now when an operator asked or a notice is pending (the drain save)."""
+
+    def decide(self, observation: SaveObservation) -> SaveDecision:
+        obs = observation
+        if _already_saved(obs):
+            return SaveDecision(save=False, reason="already saved")
+        if obs.notice_pending:
+            return SaveDecision(save=True, reason="notice pending")
+        if obs.save_requested:
+            return SaveDecision(save=True, reason="save requested")
+        return SaveDecision(save=False, reason="no request")
+
+
+SavePolicy = FixedInterval | YoungDaly | OnRequest
+
+
+@dataclass(frozen=True, kw_only=True)
+class AnySave:
+    """Save if any member policy says so; the first positive member gives the reason."""
+
+    policies: tuple[SavePolicy, ...]
+
+    def decide(self, observation: SaveObservation) -> SaveDecision:
+        interval: int | None = None
+        for policy in self.policies:
+            decision = policy.decide(observation)
+            interval = decision.interval_steps if interval is None else interval
+            if decision.save:
+                every = decision.interval_steps or interval
+                return SaveDecision(save=True, reason=decision.reason, interval_steps=every)
+        return SaveDecision(save=False, reason="no policy due", interval_steps=interval)
