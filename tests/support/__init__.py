@@ -1,0 +1,1 @@
+"""Reusable test support (emulators, local servers) shared by every package's tests."""
