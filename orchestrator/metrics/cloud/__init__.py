@@ -1,0 +1,1 @@
+"""Cloud Monitoring export: metric definitions, window aggregation, the rule-abiding writer."""

@@ -1,0 +1,54 @@
+"""Readable progress lines on the driver's console (stdout by default)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, TextIO
+
+from orchestrator.metrics.goodput import compute_goodput
+from orchestrator.metrics.ledger import StepLedger
+from orchestrator.metrics.records import StepRecord
+from orchestrator.metrics.sink import MetricSink
+
+
+def format_progress(rec: StepRecord, *, goodput: float | None) -> str:
+    """One line a human can scan: step, loss, step time, tokens/s, MFU (with its peak source)."""
+    good = "n/a" if goodput is None else f"{goodput * 100:5.1f}%"
+    return (f"step {rec.step:>7d} | loss {rec.loss:8.4f} | step {rec.step_time_s * 1e3:8.1f} ms | "
+            f"{rec.tokens_per_second:10.0f} tok/s | MFU {rec.mfu * 100:6.2f}% "
+            f"(peak {rec.peak_flops_per_device:.3g} FLOP/s/dev, {rec.peak_source}) | "
+            f"goodput {good} | inc {rec.incarnation} slices {rec.slices}")
+
+
+class ConsoleSink(MetricSink):
+    """Prints every ``every`` steps; goodput comes from the transitions seen so far."""
+
+    name = "console"
+
+    def __init__(self, *, every: int = 10, stream: TextIO | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self._every = max(1, every)
+        self._stream = stream or sys.stdout
+        self._clock = clock
+        self._timeline: list[Mapping[str, Any]] = []
+        self._steps = StepLedger()
+
+    def on_transition(self, t: dict[str, Any]) -> None:
+        self._timeline.append(t)
+        state = t.get("state")
+        print(f"state {t.get('prev')} -> {state} ({t.get('reason', '')}) "
+              f"inc {t.get('incarnation')} slices {len(t.get('slices') or ())} "
+              f"hosts {t.get('hosts')} step {t.get('step')}", file=self._stream, flush=True)
+
+    def on_step(self, rec: StepRecord) -> None:
+        self._steps.add(rec)
+        if rec.step % self._every == 0:
+            print(format_progress(rec, goodput=self._goodput()), file=self._stream, flush=True)
+
+    def _goodput(self) -> float | None:
+        if not self._timeline:
+            return None
+        return compute_goodput(self._timeline, self._steps.items(), now=self._clock(),
+                               samples=2).goodput

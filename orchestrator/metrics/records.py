@@ -1,0 +1,92 @@
+"""The per-step record host 0 reports and every metric sink consumes (see docs/CONTRACTS.md).
+
+One frozen shape crosses the actor boundary and lands in ``metrics.jsonl``; readers of old or
+partial files go through ``StepRecord.from_dict`` so a missing optional field never crashes the
+report.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from orchestrator.errors import OrchestratorError
+
+
+class BadStepRecord(OrchestratorError):
+    """A metrics.jsonl line or a reported dict is not a StepRecord."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepRecord:
+    """One training step as host 0 saw it.
+
+    ``flops`` is the global model FLOPs of the step (all devices); ``mfu`` is already computed
+    against ``peak_flops_per_device`` whose origin ``peak_source`` names ("table:v5e",
+    "configured", "measured:cpu-matmul"). ``wall_time`` is the unix time the step ended.
+    """
+
+    step: int
+    loss: float
+    step_time_s: float
+    tokens: int
+    flops: float
+    grad_norm: float
+    wall_time: float
+    devices: int
+    peak_flops_per_device: float
+    peak_source: str
+    mfu: float
+    incarnation: int
+    slices: int
+    checkpoint_blocking_s: float = 0.0
+    lr: float = 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Throughput of this step; 0 when the step time is not positive."""
+        return self.tokens / self.step_time_s if self.step_time_s > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> StepRecord:
+        """Validate a plain mapping (a JSONL line); unknown keys are ignored for forward compat."""
+        if not isinstance(data, Mapping):
+            raise BadStepRecord(f"a step record must be a mapping, got {type(data).__name__}",
+                                fix="write one JSON object per metrics.jsonl line")
+        kwargs: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            if f.name not in data:
+                if f.default is dataclasses.MISSING:
+                    raise BadStepRecord(f"step record lacks `{f.name}`",
+                                        fix="report every StepRecord field from host 0")
+                continue
+            kwargs[f.name] = _coerce(f.name, f.type, data[f.name])
+        return cls(**kwargs)
+
+
+def _coerce(name: str, tp: Any, value: Any) -> Any:
+    kind = tp if isinstance(tp, str) else getattr(tp, "__name__", str(tp))
+    try:
+        if kind == "int":
+            if isinstance(value, bool) or not float(value).is_integer():
+                raise ValueError
+            return int(value)
+        if kind == "float":
+            if isinstance(value, bool):
+                raise ValueError
+            out = float(value)
+            if math.isnan(out) and name not in ("loss", "grad_norm"):
+                raise ValueError
+            return out
+        if kind == "str":
+            return str(value)
+    except (TypeError, ValueError):
+        raise BadStepRecord(f"step record field `{name}` has bad value {value!r}",
+                            fix=f"report `{name}` as a {kind}") from None
+    return value
