@@ -1,0 +1,168 @@
+"""The one seam to the Ray job API (``ray.job_submission.JobSubmissionClient``).
+
+Everything the service asks Ray goes through ``RayJobs``; failures to reach the cluster become
+``ClusterUnreachableError`` (retryable: the service backs off), so no Ray or HTTP exception type
+leaks into the decision code. Ray 2.60 requires a token by default: see ``auth_headers``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+import structlog
+
+from orchestrator.autoresume.config import RayJobsConfig
+from orchestrator.errors import ClusterUnreachableError, ConfigError
+from policies.autoresume import JobStatus, Submission, restart_number
+
+log = structlog.get_logger(__name__)
+
+RUN_ID_METADATA = "tpu_orchestrator_run_id"
+INCIDENT_METADATA = "tpu_orchestrator_incident"
+
+
+class SubmissionRefused(Exception):
+    """Ray refused the submission id: someone already submitted it (a duplicate, not an error)."""
+
+
+class RayJobsApi(Protocol):
+    """What the service needs from Ray; the real one is ``RayJobs``."""
+
+    def run_submissions(
+        self, run_id: str, extra_ids: tuple[str, ...] = ()
+    ) -> tuple[Submission, ...]: ...
+    def submit(self, *, submission_id: str, entrypoint: str, runtime_env: Mapping[str, Any],
+               metadata: Mapping[str, str]) -> None: ...
+    def stop(self, submission_id: str) -> None: ...
+    def status(self, submission_id: str) -> JobStatus: ...
+
+
+def auth_headers(cfg: RayJobsConfig, env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Bearer token header for auth_mode=token; {} otherwise (auto lets Ray add its own)."""
+    if cfg.auth_mode != "token":
+        return {}
+    env = os.environ if env is None else env
+    token = ""
+    source = ""
+    for path, what in ((cfg.token_file, "ray.token_file"),):
+        if path:
+            token, source = _read_token(path, what), what
+    if not token and env.get("RAY_AUTH_TOKEN", "").strip():
+        token, source = env["RAY_AUTH_TOKEN"].strip(), "RAY_AUTH_TOKEN"
+    if not token and env.get("RAY_AUTH_TOKEN_PATH"):
+        token, source = _read_token(env["RAY_AUTH_TOKEN_PATH"], "RAY_AUTH_TOKEN_PATH"), "path"
+    default = os.path.expanduser("~/.ray/auth_token")
+    if not token and os.path.isfile(default):
+        token, source = _read_token(default, default), default
+    if not token:
+        raise ConfigError("ray.auth_mode", "is token but no Ray auth token was found",
+                          "set ray.token_file, RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH (the token "
+                          "of the cluster: `ray get-auth-token` / the ray-auth-token Secret), or "
+                          "ray.auth_mode=disabled if the cluster runs with RAY_AUTH_MODE=disabled")
+    log.debug("autoresume_ray_token", source=source)
+    return {"Authorization": f"Bearer {token}"}
+
+
+def _read_token(path: str, what: str) -> str:
+    try:
+        with open(os.path.expanduser(path), encoding="utf-8") as fh:
+            token = fh.read().strip()
+    except OSError as exc:
+        raise ConfigError("ray.token_file", f"cannot read the token from {what} ({exc})",
+                          "point it at a readable file holding the cluster's token") from None
+    if not token:
+        raise ConfigError("ray.token_file", f"{what} is empty", "write the token into it")
+    return token
+
+
+def _status(value: object) -> JobStatus:
+    text = str(getattr(value, "value", value)).upper()
+    try:
+        return JobStatus(text)
+    except ValueError:
+        return JobStatus.UNKNOWN
+
+
+def _seconds(ms: object) -> float | None:
+    return float(ms) / 1000.0 if isinstance(ms, (int, float)) and ms > 0 else None
+
+
+def belongs_to(run_id: str, submission_id: str | None, metadata: Mapping[str, str] | None,
+               extra_ids: tuple[str, ...] = ()) -> bool:
+    """A submission is the run's if tagged with its id, named <run>[-r<n>], or recorded by it."""
+    if (metadata or {}).get(RUN_ID_METADATA) == run_id:
+        return True
+    if not submission_id:
+        return False
+    if submission_id == run_id or submission_id in extra_ids:
+        return True
+    return submission_id.startswith(f"{run_id}-r") and restart_number(submission_id) >= 0
+
+
+class RayJobs:
+    """``JobSubmissionClient`` behind the ``RayJobsApi`` seam; the client is made lazily."""
+
+    client_factory: Callable[..., Any] | None = None  # tests may swap the factory
+
+    def __init__(self, cfg: RayJobsConfig) -> None:
+        self._cfg = cfg
+        self._headers = auth_headers(cfg)
+        self._client: Any = None
+
+    def _connect(self) -> Any:
+        if self._client is None:
+            factory = self.client_factory
+            if factory is None:
+                from ray.job_submission import JobSubmissionClient
+                factory = JobSubmissionClient
+            try:
+                self._client = factory(self._cfg.address, headers=dict(self._headers))
+            except Exception as exc:  # the client probes /api/version on construction
+                raise self._unreachable(exc) from None
+        return self._client
+
+    def _unreachable(self, exc: BaseException) -> ClusterUnreachableError:
+        self._client = None
+        return ClusterUnreachableError(
+            f"Ray job API at {self._cfg.address} failed: {type(exc).__name__}: {exc}",
+            fix="check ray.address (kubectl port-forward svc/<cluster>-head-svc 8265), the "
+                "cluster's health, and ray.auth_mode / the token",
+        )
+
+    def _call(self, what: str, fn: Callable[[Any], Any]) -> Any:
+        client = self._connect()
+        try:
+            return fn(client)
+        except RuntimeError as exc:
+            if what == "submit" and "already" in str(exc).lower():
+                raise SubmissionRefused(str(exc)) from None
+            raise self._unreachable(exc) from None
+        except Exception as exc:
+            raise self._unreachable(exc) from None
+
+    def run_submissions(
+        self, run_id: str, extra_ids: tuple[str, ...] = ()
+    ) -> tuple[Submission, ...]:
+        jobs = self._call("list", lambda c: c.list_jobs())
+        out = []
+        for job in jobs:
+            sid = getattr(job, "submission_id", None)
+            if sid and belongs_to(run_id, sid, getattr(job, "metadata", None), extra_ids):
+                out.append(Submission(submission_id=sid, status=_status(job.status),
+                                      start_time=_seconds(getattr(job, "start_time", None)),
+                                      end_time=_seconds(getattr(job, "end_time", None))))
+        return tuple(out)
+
+    def submit(self, *, submission_id: str, entrypoint: str, runtime_env: Mapping[str, Any],
+               metadata: Mapping[str, str]) -> None:
+        self._call("submit", lambda c: c.submit_job(
+            entrypoint=entrypoint, submission_id=submission_id,
+            runtime_env=dict(runtime_env) or None, metadata=dict(metadata)))
+
+    def stop(self, submission_id: str) -> None:
+        self._call("stop", lambda c: c.stop_job(submission_id))
+
+    def status(self, submission_id: str) -> JobStatus:
+        return _status(self._call("status", lambda c: c.get_job_status(submission_id)))

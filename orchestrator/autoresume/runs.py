@@ -1,0 +1,108 @@
+"""Find a run's directory and submission metadata (RUN_DIR/run.json, written by the driver).
+
+The registry scans configured globs each time it is asked: runs come and go, and the scan is a
+few stat calls. A run matches by its ``run_id`` or its ``job`` name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from policies.autoresume import Heartbeat
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunRecord:
+    """What autoresume needs to resubmit a run faithfully."""
+
+    run_id: str
+    job: str
+    run_dir: str
+    entrypoint: tuple[str, ...]
+    runtime_env: dict[str, Any] = field(default_factory=dict)
+    incarnation: int = 0
+    submission_ids: tuple[str, ...] = ()  # ids the driver recorded for itself, if any
+
+
+class RunMetadataError(ValueError):
+    """run.json exists but cannot be used; ``reason`` goes to the audit log."""
+
+
+def read_run_json(run_dir: str) -> RunRecord:
+    path = os.path.join(run_dir, "run.json")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, json.JSONDecodeError) as exc:
+        raise RunMetadataError(f"{path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise RunMetadataError(f"{path}: not a JSON object")
+    run_id = data.get("run_id")
+    argv = data.get("entrypoint")
+    if not isinstance(run_id, str) or not run_id:
+        raise RunMetadataError(f"{path}: run_id missing")
+    if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
+        raise RunMetadataError(f"{path}: entrypoint must be a non-empty list of strings")
+    env = data.get("runtime_env") or {}
+    if not isinstance(env, dict):
+        raise RunMetadataError(f"{path}: runtime_env must be an object")
+    subs = data.get("submission_ids") or []
+    if isinstance(data.get("submission_id"), str):
+        subs = [*subs, data["submission_id"]]
+    incarnation = data.get("incarnation", 0)
+    return RunRecord(
+        run_id=run_id, job=str(data.get("job") or run_id), run_dir=run_dir,
+        entrypoint=tuple(argv), runtime_env=env,
+        incarnation=incarnation if isinstance(incarnation, int) else 0,
+        submission_ids=tuple(s for s in subs if isinstance(s, str)),
+    )
+
+
+class RunRegistry:
+    """Run directories under the configured globs, looked up by run id or job name."""
+
+    def __init__(self, patterns: tuple[str, ...]) -> None:
+        self._patterns = patterns
+
+    def find(self, name: str) -> RunRecord | None:
+        for pattern in self._patterns:
+            for run_dir in sorted(glob.glob(pattern)):
+                if not os.path.isfile(os.path.join(run_dir, "run.json")):
+                    continue
+                try:
+                    record = read_run_json(run_dir)
+                except RunMetadataError as exc:
+                    log.warning("autoresume_bad_run_json", run_dir=run_dir, reason=str(exc))
+                    continue
+                if name in (record.run_id, record.job):
+                    return record
+        return None
+
+
+def last_heartbeat(run_dir: str, *, tail_bytes: int = 16384) -> Heartbeat | None:
+    """Last step record in RUN_DIR/metrics.jsonl (step, wall_time), if any; None when unknown."""
+    path = os.path.join(run_dir, "metrics.jsonl")
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - tail_bytes))
+            lines = fh.read().decode("utf-8", errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        with contextlib.suppress(ValueError, TypeError, KeyError):
+            rec = json.loads(line)
+            step, at = rec["step"], rec["wall_time"]
+            if isinstance(step, int) and isinstance(at, (int, float)):
+                return Heartbeat(step=step, at=float(at))
+    return None
