@@ -1,0 +1,130 @@
+"""Ray as an event source: actor death and node death of the run's hosts become HOST_LOST.
+
+Two paths, both classified once here (a closed set, like levanter's TpuPreempted/TpuFailed):
+
+* ``event_from_exception(exc, host, ...)``: what a failed call on a host actor means. Died actor,
+  crashed worker, dead node -> HOST_LOST; an actor only *unavailable* (network blip, node going
+  away but not yet declared dead) -> HOST_UNHEALTHY.
+* ``RayNodeWatcher``: polls the cluster's node table (a seam, ``ray.nodes`` by default) and
+  reports mesh hosts whose node is no longer alive.
+
+Ids are stable per (host node, incarnation), so the many exceptions one death produces dedupe
+into one event.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import structlog
+
+from orchestrator.events.model import Event, EventKind, Target
+from orchestrator.hosts import HostRef
+
+log = structlog.get_logger(__name__)
+
+SOURCE = "ray"
+
+_LOST = ("ActorDiedError", "RayActorError", "WorkerCrashedError", "NodeDiedError",
+         "OwnerDiedError", "LocalRayletDiedError", "ObjectLostError")
+_UNHEALTHY = ("ActorUnavailableError", "GetTimeoutError", "RaySystemError")
+
+
+def classify_exception(exc: BaseException) -> EventKind | None:
+    """HOST_LOST / HOST_UNHEALTHY for Ray failures (by class, MRO included), None otherwise."""
+    names = [cls.__name__ for cls in type(exc).__mro__]
+    for name in names:  # most specific class first
+        if name in _UNHEALTHY:
+            return EventKind.HOST_UNHEALTHY
+        if name in _LOST:
+            return EventKind.HOST_LOST
+    return None
+
+
+def event_from_exception(exc: BaseException, host: HostRef, *, job: str | None = None,
+                         incarnation: int | None = None, now: float | None = None) -> Event:
+    """The event a failed call on ``host``'s actor stands for (HOST_UNHEALTHY if unknown)."""
+    kind = classify_exception(exc) or EventKind.HOST_UNHEALTHY
+    now = time.time() if now is None else now
+    suffix = "" if incarnation is None else f":{incarnation}"
+    return Event(
+        kind=kind,
+        target=Target(job=job, slice=host.slice_name, host=host.node_id or host.instance),
+        source=SOURCE, id=f"ray:{kind.value}:{host.node_id}{suffix}", observed_at=now,
+        incarnation=incarnation, message=f"{type(exc).__name__}: {str(exc)[:500]}",
+        labels={"ray.error": type(exc).__name__, "ray.node_id": host.node_id,
+                "host.index": str(host.index)},
+    )
+
+
+def node_lost_event(host: HostRef, *, job: str | None = None, now: float,
+                    state: str = "DEAD") -> Event:
+    return Event(
+        kind=EventKind.HOST_LOST,
+        target=Target(job=job, slice=host.slice_name, host=host.node_id or host.instance),
+        source=SOURCE, id=f"ray:node_dead:{host.node_id}", observed_at=now,
+        message=f"Ray node {host.node_id} of host {host.index} is {state}",
+        labels={"ray.node_id": host.node_id, "ray.node_state": state,
+                "host.index": str(host.index)},
+    )
+
+
+def ray_nodes() -> list[dict[str, Any]]:
+    """The default seam: Ray's node table (needs ``ray.init`` in this process)."""
+    import ray
+
+    return list(ray.nodes())
+
+
+class RayNodeWatcher:
+    """Reports run hosts whose Ray node died; optionally as a polling thread feeding ``submit``."""
+
+    def __init__(self, *, job: str | None = None,
+                 nodes: Callable[[], list[dict[str, Any]]] = ray_nodes,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.job = job
+        self._nodes = nodes
+        self._clock = clock
+        self._reported: set[str] = set()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def check(self, hosts: Sequence[HostRef]) -> list[Event]:
+        """HOST_LOST for each host whose node is listed dead or no longer listed (once each)."""
+        try:
+            table = self._nodes()
+        except Exception as exc:  # GCS unreachable: say so, report nothing
+            log.warning("ray_node_table_unavailable", error=str(exc)[:300])
+            return []
+        alive = {str(n.get("NodeID")) for n in table if n.get("Alive")}
+        known = {str(n.get("NodeID")): n for n in table}
+        out = []
+        now = self._clock()
+        for host in hosts:
+            if host.node_id in alive or host.node_id in self._reported:
+                continue
+            state = "DEAD" if host.node_id in known else "MISSING"
+            self._reported.add(host.node_id)
+            out.append(node_lost_event(host, job=self.job, now=now, state=state))
+        return out
+
+    def start(self, submit: Callable[[Event], None], hosts: Callable[[], Sequence[HostRef]],
+              interval_s: float = 1.0) -> None:
+        def run() -> None:
+            while not self._stop.wait(interval_s):
+                try:
+                    for event in self.check(hosts()):
+                        submit(event)
+                except Exception:
+                    log.exception("ray_node_watch_failed")
+
+        self._thread = threading.Thread(target=run, name="events-ray-nodes", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
