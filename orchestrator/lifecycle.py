@@ -189,7 +189,7 @@ class Transition:
         """The shape fixed in docs/CONTRACTS.md, plus ``payload`` (null or an object)."""
         payload: dict[str, Any] | None = None
         if self.payload is not None:
-            payload = {"type": type(self.payload).__name__, **asdict(self.payload)}
+            payload = {"type": type(self.payload).__name__, **_plain(asdict(self.payload))}
         return {
             "seq": self.seq,
             "state": self.state.value,
@@ -357,6 +357,17 @@ class Lifecycle:
         except OSError as exc:
             log.error("timeline_read_failed", path=str(self._path), error=str(exc))
         return last + 1
+
+
+def _plain(value: Any) -> Any:
+    """JSON-native copy: enums to their values, tuples to lists."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, StrEnum):
+        return value.value
+    return value
 
 
 def _check_payload(to: RunState, payload: Payload | None) -> None:

@@ -143,11 +143,9 @@ class AnySave:
     policies: tuple[SavePolicy, ...]
 
     def decide(self, observation: SaveObservation) -> SaveDecision:
-        interval: int | None = None
-        for policy in self.policies:
-            decision = policy.decide(observation)
-            interval = decision.interval_steps if interval is None else interval
+        decisions = [policy.decide(observation) for policy in self.policies]
+        interval = next((d.interval_steps for d in decisions if d.interval_steps), None)
+        for decision in decisions:
             if decision.save:
-                every = decision.interval_steps or interval
-                return SaveDecision(save=True, reason=decision.reason, interval_steps=every)
+                return SaveDecision(save=True, reason=decision.reason, interval_steps=interval)
         return SaveDecision(save=False, reason="no policy due", interval_steps=interval)

@@ -1,0 +1,64 @@
+"""Stop-cause classification from plain facts."""
+
+from __future__ import annotations
+
+import pytest
+
+from policies.causes import StopCause, StopClassifier, StopObservation, classify
+
+
+@pytest.mark.parametrize(
+    ("obs", "cause"),
+    [
+        (StopObservation(event_kind="preemption"), StopCause.SPOT_PREEMPTION),
+        (StopObservation(event_kind="PREEMPTED"), StopCause.SPOT_PREEMPTION),
+        (StopObservation(event_kind="maintenance"), StopCause.MAINTENANCE),
+        (StopObservation(event_kind="unhealthy"), StopCause.HARDWARE_HEALTH),
+        (StopObservation(event_kind="drain"), StopCause.OPERATOR),
+        (StopObservation(error_type="ActorDiedError"), StopCause.HOST_LOST),
+        (StopObservation(error_type="ray.exceptions.NodeDiedError"), StopCause.HOST_LOST),
+        (StopObservation(error_type="ActorUnavailableError"), StopCause.HOST_LOST),
+        (StopObservation(error_type="BarrierTimeout"), StopCause.TIMEOUT),
+        (StopObservation(error_type="GetTimeoutError"), StopCause.TIMEOUT),
+        (StopObservation(error_type="FloatingPointError"), StopCause.APPLICATION_ERROR),
+        (StopObservation(error_type="ActorDiedError", oom=True), StopCause.APPLICATION_ERROR),
+        (StopObservation(exit_signal=9), StopCause.HOST_LOST),
+        (StopObservation(exit_code=1), StopCause.APPLICATION_ERROR),
+        (StopObservation(exit_signal=11), StopCause.APPLICATION_ERROR),
+        (StopObservation(), StopCause.APPLICATION_ERROR),
+    ],
+)
+def test_classify(obs, cause):
+    """Each fact maps to its documented cause."""
+    assert classify(obs).cause is cause
+
+
+def test_event_wins_over_the_error_it_explains():
+    """The doomed host's actor dies after its notice: still a preemption, not a lost host."""
+    obs = StopObservation(event_kind="preemption", error_type="ActorDiedError", exit_signal=9)
+    result = classify(obs)
+    assert result.cause is StopCause.SPOT_PREEMPTION
+    assert "preemption" in result.reason
+
+
+def test_unknown_event_kind_falls_through_to_error():
+    """An event kind the table does not know does not hide the error."""
+    assert classify(StopObservation(event_kind="mystery", error_type="NodeDiedError")).cause \
+        is StopCause.HOST_LOST
+
+
+def test_custom_tables():
+    """The classifier's tables can be replaced (e.g. a new event source)."""
+    clf = StopClassifier(event_kinds=(("reclaim", StopCause.SPOT_PREEMPTION),), error_types=())
+    assert clf.decide(StopObservation(event_kind="reclaim")).cause is StopCause.SPOT_PREEMPTION
+    assert clf.decide(StopObservation(error_type="NodeDiedError")).cause \
+        is StopCause.APPLICATION_ERROR
+
+
+def test_cause_properties():
+    """Announced causes can drain first; only hardware health cordons."""
+    assert {c for c in StopCause if c.announced} == {
+        StopCause.SPOT_PREEMPTION, StopCause.MAINTENANCE, StopCause.HARDWARE_HEALTH,
+        StopCause.OPERATOR,
+    }
+    assert [c for c in StopCause if c.cordons_host] == [StopCause.HARDWARE_HEALTH]
