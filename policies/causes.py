@@ -53,8 +53,16 @@ _ANNOUNCED = frozenset(
     }
 )
 
-# Event kinds (lower-cased) as the event intake names them, and the cause each one means.
+# Event kinds (lower-cased) and the cause each one means: the intake's EventKind values
+# (orchestrator/events/model.py) first, then short aliases used by chaos and the CLI.
 EVENT_KIND_CAUSES: dict[str, StopCause] = {
+    "preemption_notice": StopCause.SPOT_PREEMPTION,
+    "maintenance_scheduled": StopCause.MAINTENANCE,
+    "host_unhealthy": StopCause.HARDWARE_HEALTH,
+    "host_lost": StopCause.HOST_LOST,
+    "slice_lost": StopCause.HOST_LOST,
+    "operator_drain": StopCause.OPERATOR,
+    "operator_stop": StopCause.OPERATOR,
     "preemption": StopCause.SPOT_PREEMPTION,
     "preempted": StopCause.SPOT_PREEMPTION,
     "spot_preemption": StopCause.SPOT_PREEMPTION,
@@ -73,7 +81,8 @@ EVENT_KIND_CAUSES: dict[str, StopCause] = {
     "resize": StopCause.OPERATOR,
     "node_died": StopCause.HOST_LOST,
     "actor_died": StopCause.HOST_LOST,
-    "host_lost": StopCause.HOST_LOST,
+    "kill": StopCause.HOST_LOST,
+    "hang": StopCause.TIMEOUT,
 }
 
 # Exception type names (as ``type(exc).__name__`` gives them) and the cause each one means.

@@ -62,3 +62,25 @@ def test_cause_properties():
         StopCause.OPERATOR,
     }
     assert [c for c in StopCause if c.cordons_host] == [StopCause.HARDWARE_HEALTH]
+
+
+def test_every_stopping_event_kind_is_classified():
+    """Each EventKind the intake emits that stops the group maps to a cause (not a guess)."""
+    from orchestrator.events.model import EventKind
+
+    not_stops = {EventKind.OPERATOR_RESUME, EventKind.ALERT_FIRING, EventKind.ALERT_RESOLVED}
+    for kind in EventKind:
+        if kind in not_stops:
+            continue
+        assert classify(StopObservation(event_kind=kind.value)).reason == \
+            f"event kind {kind.value!r}", kind
+
+
+def test_chaos_fault_kinds_are_classified():
+    """Each chaos fault kind, used as an event kind, maps to the cause it simulates."""
+    from policies.chaos import FaultKind
+
+    expected = {FaultKind.PREEMPT: StopCause.SPOT_PREEMPTION, FaultKind.KILL: StopCause.HOST_LOST,
+                FaultKind.HANG: StopCause.TIMEOUT, FaultKind.UNHEALTHY: StopCause.HARDWARE_HEALTH}
+    for kind, cause in expected.items():
+        assert classify(StopObservation(event_kind=kind.value)).cause is cause
