@@ -7,6 +7,8 @@ import json
 from collections import deque
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
 from orchestrator.errors import OrchestratorError
@@ -333,3 +335,24 @@ def test_string_states_are_accepted():
     assert lc.state is S.FORMING
     with pytest.raises(ValueError):
         go(lc, "EXPLODING")
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(list(RunState)), st.floats(0, 100)), max_size=40))
+def test_random_walks_keep_invariants(moves):
+    """Any sequence of requests: state follows the table, seq is gapless, durations add up."""
+    clock = FakeClock(0.0)
+    lc = Lifecycle(clock=clock)
+    for to, dt in moves:
+        clock.advance(dt)
+        if to in TRANSITIONS[lc.state]:
+            go(lc, to)
+        else:
+            with pytest.raises(IllegalTransition):
+                go(lc, to)
+    assert [t.seq for t in lc.timeline] == list(range(len(lc.timeline)))
+    for a, b in itertools.pairwise(lc.timeline):
+        assert b.prev is a.state and b.state in TRANSITIONS[a.state]
+        assert b.prev_duration_s == pytest.approx(b.at - a.at)
+    assert sum(lc.durations(now=clock.t).values()) == pytest.approx(
+        (clock.t if not lc.terminal else lc.timeline[-1].at) - lc.timeline[0].at)
