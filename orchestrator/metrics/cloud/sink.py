@@ -37,7 +37,8 @@ class CloudMonitoringSink(MetricSink):
     def __init__(self, cfg: CloudMonitoringConfig, *, identity: ResourceIdentity, client: Any,
                  clock: Callable[[], float] = time.time,
                  sleep: Callable[[float], None] = time.sleep,
-                 rolling_window_s: float = 300.0, ticker: bool = True) -> None:
+                 rolling_window_s: float = 300.0, ticker: bool = True,
+                 tick_s: float | None = None) -> None:
         if not cfg.project:
             raise ValueError("CloudMonitoringConfig.project is required")
         self.queue_size = cfg.queue_size
@@ -59,6 +60,7 @@ class CloudMonitoringSink(MetricSink):
         self._descriptors_done = False
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._tick_s = tick_s if tick_s is not None else cfg.window_s / 2
         self._ticker: threading.Thread | None = None
         if ticker:
             self._ticker = threading.Thread(target=self._tick, name="metrics-cloud-ticker",
@@ -90,8 +92,8 @@ class CloudMonitoringSink(MetricSink):
         if self._ticker is not None:
             self._ticker.join(timeout=5.0)
         with self._lock:
-            end = max(self._clock(), self._last_export + MIN_POINT_SPACING_S)
-            self._export(end)
+            now = self._clock()
+            self._export(max(now, self._last_export + MIN_POINT_SPACING_S), now=now)
         log.info("metrics.cloud_closed", **self.stats())
 
     def stats(self) -> dict[str, Any]:
@@ -102,7 +104,7 @@ class CloudMonitoringSink(MetricSink):
 
     # -- internals ------------------------------------------------------------------------
     def _tick(self) -> None:
-        while not self._stop.wait(self._cfg.window_s / 2):
+        while not self._stop.wait(self._tick_s):
             try:
                 with self._lock:
                     self._maybe_export()
@@ -139,11 +141,12 @@ class CloudMonitoringSink(MetricSink):
                 break  # transient: try the rest at the next window
         self._descriptors_done = ok
 
-    def _export(self, end: float) -> None:
+    def _export(self, end: float, *, now: float | None = None) -> None:
+        """Write points stamped ``end``; values as of ``now`` (defaults to ``end``)."""
         self._last_export = end
         try:
             self._ensure_descriptors()
-            self._writer.write(self._points(end))
+            self._writer.write(self._points(end, end if now is None else now))
         except Exception as exc:  # never into the pipeline thread's loop
             log.error("metrics.cloud_export_failed", error=repr(exc))
 
@@ -154,7 +157,7 @@ class CloudMonitoringSink(MetricSink):
                      labels=tuple(sorted((*labels, *self._extra))), value=value, end=end,
                      start=self._started)
 
-    def _points(self, end: float) -> list[Point]:
+    def _points(self, end: float, now: float) -> list[Point]:
         out: list[Point] = []
         w = self._window.take()
         if w is not None:
@@ -165,7 +168,7 @@ class CloudMonitoringSink(MetricSink):
             out.extend(self._point(k, v, end) for k, v in values.items() if math.isfinite(v))
             out.append(self._point("heartbeat", w.last_step, end))
         if self._timeline:
-            g = compute_goodput(self._timeline, self._ledger.items(), now=end,
+            g = compute_goodput(self._timeline, self._ledger.items(), now=now,
                                 rolling_window_s=self._rolling, samples=2)
             out.append(self._point("goodput", g.goodput, end,
                                    (("slice", "all"), ("window", "cumulative"))))
