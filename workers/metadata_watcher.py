@@ -132,9 +132,14 @@ class MetadataWatcher:
         conn_cls = (http.client.HTTPSConnection if self._scheme == "https"
                     else http.client.HTTPConnection)
         conn = conn_cls(self._netloc, timeout=self.timeout_s + 10 if wait else 10)
-        with self._lock:
-            self._conns[key] = conn
         try:
+            conn.connect()
+            # register, then re-check stop: stop() sets the flag before it reads the registry,
+            # so either it sees this connection or we see the flag (no missed long-poll)
+            with self._lock:
+                self._conns[key] = conn
+            if self._stop.is_set():
+                raise MetadataError("stopping")
             conn.request("GET", path, headers={"Metadata-Flavor": "Google"})
             resp = conn.getresponse()
             body = resp.read(64 * 1024)
