@@ -2,8 +2,9 @@
 # topic) that the autoresume service pulls.
 #
 # Contract with orchestrator/autoresume (deploy/README.md, "Alert labels"):
-#   * every condition aggregates by metric.label.run_id (and job), so the incident's
-#     `metric.labels` carry `run_id` - autoresume finds the run by it;
+#   * every condition aggregates by resource.label.job (generic_task, written by the metric
+#     exporter) and metric.label.run_id, so the incident's `resource.labels.job` /
+#     `metric.labels.run_id` name the run - autoresume finds RUN_DIR/run.json by them;
 #   * every policy carries `user_labels.kind` (heartbeat_absent, mfu_low, loss_not_finite): the
 #     notification repeats them as `policy_user_labels`, and autoresume acts on the kind.
 
@@ -24,7 +25,8 @@ resource "google_pubsub_topic_iam_member" "monitoring_notifier_publisher" {
 }
 
 locals {
-  run_group_by = ["metric.label.run_id", "metric.label.job"]
+  # generic_task resource label `job` (the exporter's run name) and the optional run_id metric label.
+  run_group_by = ["resource.label.job", "metric.label.run_id"]
 }
 
 resource "google_monitoring_alert_policy" "heartbeat_absent" {

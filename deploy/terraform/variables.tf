@@ -64,9 +64,9 @@ variable "metric_prefix" {
 }
 
 variable "metric_resource_type" {
-  description = "Monitored resource type the metric exporter writes to."
+  description = "Monitored resource type the metric exporter writes to (orchestrator/metrics)."
   type        = string
-  default     = "global"
+  default     = "generic_task"
 }
 
 variable "heartbeat_absent_for" {
