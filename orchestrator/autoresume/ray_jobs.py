@@ -31,7 +31,7 @@ class RayJobsApi(Protocol):
     """What the service needs from Ray; the real one is ``RayJobs``."""
 
     def run_submissions(
-        self, run_id: str, extra_ids: tuple[str, ...] = ()
+        self, run_id: str, extra_ids: tuple[str, ...] = (), aliases: tuple[str, ...] = ()
     ) -> tuple[Submission, ...]: ...
     def submit(self, *, submission_id: str, entrypoint: str, runtime_env: Mapping[str, Any],
                metadata: Mapping[str, str]) -> None: ...
@@ -90,15 +90,18 @@ def _seconds(ms: object) -> float | None:
 
 
 def belongs_to(run_id: str, submission_id: str | None, metadata: Mapping[str, str] | None,
-               extra_ids: tuple[str, ...] = ()) -> bool:
-    """A submission is the run's if tagged with its id, named <run>[-r<n>], or recorded by it."""
-    if (metadata or {}).get(RUN_ID_METADATA) == run_id:
+               extra_ids: tuple[str, ...] = (), aliases: tuple[str, ...] = ()) -> bool:
+    """A submission is the run's if tagged with its id, named <run>[-r<n>] (or after an alias,
+    e.g. the job name the user submitted under), or recorded in run.json."""
+    names = (run_id, *aliases)
+    if (metadata or {}).get(RUN_ID_METADATA) in names:
         return True
     if not submission_id:
         return False
-    if submission_id == run_id or submission_id in extra_ids:
+    if submission_id in names or submission_id in extra_ids:
         return True
-    return submission_id.startswith(f"{run_id}-r") and restart_number(submission_id) >= 0
+    return any(submission_id.startswith(f"{n}-r") and restart_number(submission_id) >= 0
+               for n in names)
 
 
 class RayJobs:
@@ -143,13 +146,14 @@ class RayJobs:
             raise self._unreachable(exc) from None
 
     def run_submissions(
-        self, run_id: str, extra_ids: tuple[str, ...] = ()
+        self, run_id: str, extra_ids: tuple[str, ...] = (), aliases: tuple[str, ...] = ()
     ) -> tuple[Submission, ...]:
         jobs = self._call("list", lambda c: c.list_jobs())
         out = []
         for job in jobs:
             sid = getattr(job, "submission_id", None)
-            if sid and belongs_to(run_id, sid, getattr(job, "metadata", None), extra_ids):
+            if sid and belongs_to(run_id, sid, getattr(job, "metadata", None), extra_ids,
+                                      aliases):
                 out.append(Submission(submission_id=sid, status=_status(job.status),
                                       start_time=_seconds(getattr(job, "start_time", None)),
                                       end_time=_seconds(getattr(job, "end_time", None))))

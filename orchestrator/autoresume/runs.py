@@ -56,8 +56,9 @@ def read_run_json(run_dir: str) -> RunRecord:
     if not isinstance(env, dict):
         raise RunMetadataError(f"{path}: runtime_env must be an object")
     subs = data.get("submission_ids") or []
-    if isinstance(data.get("submission_id"), str):
-        subs = [*subs, data["submission_id"]]
+    for key in ("submission_id", "ray_job_submission_id"):
+        if isinstance(data.get(key), str):
+            subs = [*subs, data[key]]
     incarnation = data.get("incarnation", 0)
     return RunRecord(
         run_id=run_id, job=str(data.get("job") or run_id), run_dir=run_dir,

@@ -132,7 +132,8 @@ class AutoresumeService:
                          now, message_id=message_id)
             return "closed"
         try:
-            submissions = self.ray.run_submissions(run.run_id, run.submission_ids)
+            submissions = self.ray.run_submissions(
+                run.run_id, run.submission_ids, (run.job,) if run.job != run.run_id else ())
         except ClusterUnreachableError as exc:
             return self._retry_unreachable(incident, attempts, exc, now, message_id)
         obs = Observation(incident=incident, submissions=submissions,

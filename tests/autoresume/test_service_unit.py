@@ -30,8 +30,9 @@ class TableRay:
         self.submitted: list[tuple[str, str, dict]] = []
         self.t = 0.0
 
-    def run_submissions(self, run_id, extra_ids=()):
-        return tuple(s for k, s in self.jobs.items() if belongs_to(run_id, k, None, extra_ids))
+    def run_submissions(self, run_id, extra_ids=(), aliases=()):
+        return tuple(s for k, s in self.jobs.items()
+                     if belongs_to(run_id, k, None, extra_ids, aliases))
 
     def submit(self, *, submission_id, entrypoint, runtime_env, metadata):
         if submission_id in self.jobs:
@@ -244,6 +245,24 @@ def test_unreachable_ray_retries_with_backoff_never_raises(tmp_path):
     assert delays == [5.0, 10.0, 15.0]
     warned = [e for e in logs if e["event"] == "autoresume_ray_unreachable"]
     assert [e["attempt"] for e in warned] == [1, 2, 3, 4]
+
+
+def test_submissions_found_by_job_name_alias(tmp_path):
+    """run.json's run_id differs from the job name the user submitted under: still the run's."""
+    run_dir = make_run(tmp_path, "run-a")
+    meta = json.loads((run_dir / "run.json").read_text())
+    meta.update(run_id="run-a-1234abcd", ray_job_submission_id="raysubmit_x")
+    (run_dir / "run.json").write_text(json.dumps(meta))
+    ray, clock = TableRay(), Clock()
+    ray.jobs["run-a-r0"] = Submission(submission_id="run-a-r0", status=JobStatus.RUNNING,
+                                      start_time=clock.t - 10)
+    svc = service(tmp_path, ray, clock, startup_grace_s=600.0)
+    assert svc.handle_message(encode(notification(incident_id="i-1", run_id="run-a"))) == (
+        "nothing")
+    ray.finish("run-a-r0", JobStatus.FAILED)
+    assert svc.handle_message(encode(notification(incident_id="i-2", run_id="run-a"))) == (
+        "submitted")
+    assert ray.submitted[0][0] == "run-a-1234abcd-r1"
 
 
 def test_auth_headers_modes(tmp_path):
