@@ -24,11 +24,13 @@ READY_TIMEOUT_S = 90.0
 
 
 @contextlib.contextmanager
-def ray_job_server() -> Iterator[str]:
+def ray_job_server(num_cpus: int = 2) -> Iterator[str]:
     """Yield the job API URL of a fresh `ray start --head` (RAY_AUTH_MODE=disabled)."""
     temp_dir = Path(tempfile.mkdtemp(prefix="arr-", dir="/tmp"))
     dash = free_port()
-    env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
+    venv_bin = str(Path(sys.executable).parent)
+    env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0",
+               PATH=f"{venv_bin}:{os.environ.get('PATH', '')}")  # `python` in jobs = this venv
     env.pop("RAY_ADDRESS", None)
     ray_bin = str(Path(sys.executable).parent / "ray")
     log = open(temp_dir / "head.log", "wb")  # noqa: SIM115 - closed in finally
@@ -36,7 +38,7 @@ def ray_job_server() -> Iterator[str]:
         [ray_bin, "start", "--head", "--block", f"--port={free_port()}",
          f"--dashboard-port={dash}", "--dashboard-host=127.0.0.1", "--include-dashboard=true",
          f"--ray-client-server-port={free_port()}",
-         f"--dashboard-agent-listen-port={free_port()}", "--num-cpus=2", "--num-gpus=0",
+         f"--dashboard-agent-listen-port={free_port()}", f"--num-cpus={num_cpus}", "--num-gpus=0",
          f"--temp-dir={temp_dir}", "--disable-usage-stats"],
         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
         start_new_session=True,
