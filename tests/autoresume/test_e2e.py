@@ -45,6 +45,7 @@ E2E_OVERRIDES = [
     "cluster.emulate.hosts_per_slice=2",
     "cluster.emulate.devices_per_host=2",
     "metrics.cloud_monitoring.enabled=false",
+    "controller.checkpoint_interval.every_steps=10",
 ]
 TIMEOUT_S = 420
 
