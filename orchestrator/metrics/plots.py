@@ -1,0 +1,152 @@
+"""The report's figure: loss, MFU, step time, goodput over time, the state timeline with events
+and shrink/grow marked, and the badput breakdown (matplotlib, Agg backend: no display needed)."""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
+
+from orchestrator.metrics.causes import restart_cause
+from orchestrator.metrics.goodput import CAUSES
+from orchestrator.metrics.rundir import RunData, event_label, event_time
+
+STATE_COLORS = {
+    "PLANNING": "#bdbdbd", "FORMING": "#9e9ac8", "RESTORING": "#6baed6", "COMPILING": "#fdae6b",
+    "RUNNING": "#31a354", "DRAINING": "#e6550d", "CHECKPOINTING": "#3182bd",
+    "RELEASING": "#969696", "WAITING_FOR_CAPACITY": "#de2d26", "BACKOFF": "#fd8d3c",
+    "SUCCEEDED": "#006d2c", "FAILED": "#a50f15",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Marker:
+    """Something worth a vertical line on every time axis."""
+
+    t: float
+    label: str
+    color: str
+
+
+def markers(data: RunData, limit: int = 60) -> list[Marker]:
+    """Drains, re-forms, waits, shrink/grow from the timeline; handled events from events.jsonl."""
+    out: list[Marker] = []
+    prev_slices: int | None = None
+    for row in data.timeline:
+        t, state = float(row["at"]), row["state"]
+        if state == "DRAINING":
+            out.append(Marker(t=t, label=f"drain ({row.get('reason', '')})", color="#e6550d"))
+        cause = restart_cause(row)
+        if cause is not None:
+            out.append(Marker(t=t, label=f"re-form ({cause})", color="#756bb1"))
+        if state == "WAITING_FOR_CAPACITY":
+            out.append(Marker(t=t, label="waiting for capacity", color="#de2d26"))
+        n = len(row.get("slices") or ())
+        if n and prev_slices and n != prev_slices:
+            word = "grow" if n > prev_slices else "shrink"
+            out.append(Marker(t=t, label=f"{word} {prev_slices}->{n} slices",
+                              color="#2ca25f" if n > prev_slices else "#f03b20"))
+        if n:
+            prev_slices = n
+    for row in data.events:
+        t = event_time(row)
+        if t is not None and row.get("decision") not in ("duplicate", "stale", "ignored"):
+            out.append(Marker(t=t, label=event_label(row), color="#c51b8a"))
+    out.sort(key=lambda m: m.t)
+    return out[:limit]
+
+
+def _mark(ax: Any, ms: list[Marker], t0: float) -> None:
+    for m in ms:
+        ax.axvline((m.t - t0) / 60.0, color=m.color, lw=0.8, ls="--", alpha=0.7)
+
+
+def build_figure(data: RunData) -> Figure:
+    g = data.goodput
+    t0 = g.start if g.wall_s > 0 else (data.steps[0].wall_time if data.steps else data.now)
+    ms = markers(data)
+    fig, axes = plt.subplots(6, 1, figsize=(12, 17), dpi=80,
+                             gridspec_kw={"height_ratios": [3, 2, 2, 2, 1.6, 2.4]})
+    ax_loss, ax_mfu, ax_time, ax_good, ax_state, ax_bad = axes
+    xs = [(r.wall_time - t0) / 60.0 for r in data.steps]
+    incs = sorted({r.incarnation for r in data.steps})
+    for inc in incs:
+        pts = [(x, r) for x, r in zip(xs, data.steps, strict=True) if r.incarnation == inc]
+        ax_loss.plot([x for x, _ in pts], [r.loss for _, r in pts], lw=1, label=f"inc {inc}")
+        ax_mfu.plot([x for x, _ in pts], [r.mfu * 100 for _, r in pts], lw=1)
+        ax_time.plot([x for x, _ in pts], [r.step_time_s * 1e3 for _, r in pts], lw=1)
+    peak = data.steps[-1].peak_source if data.steps else "n/a"
+    ax_loss.set_ylabel("loss")
+    ax_loss.set_title(f"{data.run_info.get('run_id') or data.run_dir.name}: "
+                      f"{data.total_steps} step records, "
+                      f"{'finished' if data.finished else 'still running'}")
+    if incs:
+        ax_loss.legend(loc="upper right", fontsize=8, title="incarnation")
+    ax_mfu.set_ylabel(f"MFU % ({peak})")
+    ax_time.set_ylabel("step time (ms)")
+    ax_good.plot([(s.t - t0) / 60.0 for s in g.series], [s.cumulative * 100 for s in g.series],
+                 label="cumulative", color="#31a354")
+    ax_good.plot([(s.t - t0) / 60.0 for s in g.series], [s.rolling * 100 for s in g.series],
+                 label=f"rolling {g.rolling_window_s:g} s", color="#3182bd", alpha=0.8)
+    ax_good.set_ylim(-2, 102)
+    ax_good.set_ylabel("goodput %")
+    ax_good.legend(loc="lower right", fontsize=8)
+
+    seen: set[str] = set()
+    for iv in g.intervals:
+        if iv.duration_s <= 0:
+            continue
+        color = STATE_COLORS.get(iv.state, "#636363")
+        ax_state.broken_barh([((iv.start - t0) / 60.0, iv.duration_s / 60.0)], (0, 1),
+                             color=color, label=iv.state if iv.state not in seen else None)
+        seen.add(iv.state)
+    ax_state.set_yticks([])
+    ax_state.set_ylabel("state")
+    ax_slices = ax_state.twinx()
+    if g.intervals:
+        ax_slices.step([(iv.start - t0) / 60.0 for iv in g.intervals] + [(g.end - t0) / 60.0],
+                       [len(iv.slices) for iv in g.intervals] + [len(g.intervals[-1].slices)],
+                       where="post", color="black", lw=1.2)
+    ax_slices.set_ylabel("slices")
+    ax_state.legend(loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=6, fontsize=7)
+    for i, m in enumerate(ms):
+        ax_state.annotate(m.label[:40], ((m.t - t0) / 60.0, 1.0), xytext=(2, 2 + 9 * (i % 3)),
+                          textcoords="offset points", fontsize=6, color=m.color, rotation=0)
+    for ax in (ax_loss, ax_mfu, ax_time, ax_good, ax_state):
+        _mark(ax, ms, t0)
+        ax.grid(alpha=0.3)
+    ax_state.set_xlabel("minutes since the run started")
+    lo = min([0.0, *xs])
+    hi = max([(g.end - t0) / 60.0, *xs, 1e-3])
+    for ax in (ax_loss, ax_mfu, ax_time, ax_good, ax_state):
+        ax.set_xlim(lo, hi)
+
+    causes = [c for c in CAUSES if g.badput_s.get(c, 0.0) > 0]
+    values = [g.badput_s[c] for c in causes]
+    ax_bad.barh(["productive", *causes], [g.productive_s, *values],
+                color=["#31a354", *["#de2d26"] * len(causes)])
+    for y, v in enumerate([g.productive_s, *values]):
+        pct = 100 * v / g.wall_s if g.wall_s > 0 else 0.0
+        ax_bad.text(v, y, f" {v:,.1f} s ({pct:.1f}%)", va="center", fontsize=8)
+    ax_bad.set_xlabel("seconds")
+    ax_bad.set_title(f"goodput {g.goodput * 100:.1f}% of {g.wall_s:,.0f} s wall time; "
+                     "badput by cause")
+    ax_bad.invert_yaxis()
+    fig.tight_layout()
+    return fig
+
+
+def figure_png(data: RunData) -> bytes:
+    fig = build_figure(data)
+    try:
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png")
+        return buf.getvalue()
+    finally:
+        plt.close(fig)
