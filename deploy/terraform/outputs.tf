@@ -3,7 +3,7 @@ output "events_topic" {
 }
 
 output "events_subscription" {
-  description = "Put in the run config: events.pubsub.subscription."
+  description = "Run config: events.pubsub.subscription takes the short name (last path part)."
   value       = google_pubsub_subscription.events_driver.id
 }
 
