@@ -14,7 +14,7 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
 from orchestrator.metrics.causes import restart_cause
-from orchestrator.metrics.goodput import CAUSES
+from orchestrator.metrics.goodput import CAUSES, lost_step_records
 from orchestrator.metrics.rundir import RunData, event_label, event_time
 
 STATE_COLORS = {
@@ -76,6 +76,11 @@ def build_figure(data: RunData) -> Figure:
     ax_loss, ax_mfu, ax_time, ax_good, ax_state, ax_bad = axes
     xs = [(r.wall_time - t0) / 60.0 for r in data.steps]
     incs = sorted({r.incarnation for r in data.steps})
+    lost = {id(r) for r in lost_step_records(data.timeline, data.steps)}
+    if lost:
+        lx = [x for x, r in zip(xs, data.steps, strict=True) if id(r) in lost]
+        ly = [r.loss for r in data.steps if id(r) in lost]
+        ax_loss.scatter(lx, ly, s=8, color="#bdbdbd", zorder=3, label="lost (re-done)")
     for inc in incs:
         pts = [(x, r) for x, r in zip(xs, data.steps, strict=True) if r.incarnation == inc]
         ax_loss.plot([x for x, _ in pts], [r.loss for _, r in pts], lw=1, label=f"inc {inc}")
@@ -114,9 +119,9 @@ def build_figure(data: RunData) -> Figure:
                        [len(iv.slices) for iv in g.intervals] + [len(g.intervals[-1].slices)],
                        where="post", color="black", lw=1.2)
     ax_slices.set_ylabel("slices")
-    ax_state.legend(loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=6, fontsize=7)
+    ax_state.legend(loc="upper center", bbox_to_anchor=(0.5, -0.45), ncol=6, fontsize=7)
     for i, m in enumerate(ms):
-        ax_state.annotate(m.label[:40], ((m.t - t0) / 60.0, 1.0), xytext=(2, 2 + 9 * (i % 3)),
+        ax_state.annotate(m.label[:40], ((m.t - t0) / 60.0, 1.0), xytext=(2, 2 + 8 * (i % 4)),
                           textcoords="offset points", fontsize=6, color=m.color, rotation=0)
     for ax in (ax_loss, ax_mfu, ax_time, ax_good, ax_state):
         _mark(ax, ms, t0)

@@ -73,3 +73,12 @@ def test_peak_resolution_without_any_source_names_the_fix():
     assert "metrics.cpu_peak_flops_per_device" in str(err.value)
     with pytest.raises(ConfigError):
         resolve_peak(None, -5.0, None)
+
+
+def test_cpu_peak_measurement_is_positive_and_usable_as_a_peak():
+    """The measured CPU matmul rate feeds resolve_peak with its source label."""
+    from orchestrator.metrics.peak import measure_cpu_matmul_flops
+
+    flops = measure_cpu_matmul_flops(n=128, repeats=2)
+    assert flops > 1e6
+    assert resolve_peak(None, None, flops) == (flops, "measured:cpu-matmul")
