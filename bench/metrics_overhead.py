@@ -8,12 +8,15 @@ times and the loop's wall time ratio. Usage: .venv/bin/python bench/metrics_over
 
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # a busy-waiting BLAS pool blurs CPU times
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -29,7 +32,37 @@ from orchestrator.metrics.sink import MetricSink
 from tests.support.metric_service import LocalMetricService
 
 
-def run(sinks: list[MetricSink], steps: int, work: tuple[np.ndarray, np.ndarray]) -> dict:
+class CpuTimed(MetricSink):
+    """Counts the CPU time a sink spends on its worker thread (robust to other load)."""
+
+    def __init__(self, inner: MetricSink) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.queue_size = inner.queue_size
+        self.cpu_s = 0.0
+
+    def _timed(self, fn, *args) -> None:
+        t = time.thread_time()
+        try:
+            fn(*args)
+        finally:
+            self.cpu_s += time.thread_time() - t
+
+    def on_step(self, rec):
+        self._timed(self.inner.on_step, rec)
+
+    def on_transition(self, t):
+        self._timed(self.inner.on_transition, t)
+
+    def flush(self):
+        self._timed(self.inner.flush)
+
+    def close(self):
+        self._timed(self.inner.close)
+
+
+def run(raw_sinks: list[MetricSink], steps: int, work: tuple[np.ndarray, np.ndarray]) -> dict:
+    sinks = [CpuTimed(s) for s in raw_sinks]
     pipe = MetricsPipeline(sinks, queue_size=10_000)
     a, b = work
     calls: list[float] = []
@@ -55,7 +88,9 @@ def run(sinks: list[MetricSink], steps: int, work: tuple[np.ndarray, np.ndarray]
     pipe.close(timeout=30)
     cpu_s = time.process_time() - cpu0  # all threads: the sinks' work included
     calls.sort()
-    return {"loop_s": loop_s, "cpu_s": cpu_s, "call_mean_us": statistics.fmean(calls) * 1e6,
+    return {"loop_s": loop_s, "cpu_s": cpu_s,
+            "sink_cpu_us_per_step": {s.name: s.cpu_s / steps * 1e6 for s in sinks},
+            "call_mean_us": statistics.fmean(calls) * 1e6,
             "call_p99_us": calls[int(0.99 * len(calls))] * 1e6, "stats": pipe.stats()}
 
 
@@ -91,6 +126,10 @@ def main() -> None:
         print(f"{name:26s} loop median {med(rs, 'loop_s'):.3f} s (runs {runs}) | on_step mean "
               f"{med(rs, 'call_mean_us'):.1f} us, p99 {med(rs, 'call_p99_us'):.1f} us | "
               f"process CPU median {med(rs, 'cpu_s'):.3f} s")
+    cloud_cpu = statistics.median(r["sink_cpu_us_per_step"]["cloud_monitoring"] for r in cloud_runs)
+    jsonl_cpu = statistics.median(r["sink_cpu_us_per_step"]["jsonl"] for r in cloud_runs)
+    print(f"sink CPU per step (worker threads): cloud_monitoring {cloud_cpu:.1f} us, "
+          f"jsonl {jsonl_cpu:.1f} us; step ~{med(base, 'loop_s') / steps * 1e6:.0f} us")
     print(f"cloud: {accepted} points accepted, {rejected} rejected; sink stats {sink_stats}")
     print("ratio loop time with/without cloud export: "
           f"{med(cloud_runs, 'loop_s') / med(base, 'loop_s'):.3f}")

@@ -122,6 +122,8 @@ class MetricsPipeline:
 
     def flush(self, timeout: float = 30.0) -> bool:
         """Wait until every sink handled what was queued and flushed; False on timeout."""
+        if self._closed:
+            return True
         deadline = time.monotonic() + timeout
         markers = []
         for w in self._workers:

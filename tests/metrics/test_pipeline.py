@@ -236,3 +236,24 @@ def test_on_step_never_waits_for_a_stuck_sink():
     stats = pipe.stats()["stuck"]
     assert stats["dropped"] >= 10_000 - 10 - 1
     assert stats["delivered"] + stats["dropped"] == 10_000
+
+
+@pytest.mark.cluster
+def test_ray_sink_publishes_with_a_local_ray():
+    """With Ray up, gauges and the restart counter are created and set without error."""
+    import ray
+
+    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
+    try:
+        sink = RayMetricsSink(job="j")
+        pipe = MetricsPipeline([sink])
+        pipe.on_transition(transition(0, "RUNNING", None, T0, slices=["s0"]))
+        for r in recs(3):
+            pipe.on_step(r)
+        pipe.on_transition(transition(1, "FORMING", "RUNNING", T0 + 5, inc=1, reason="preempted"))
+        pipe.close(timeout=30)
+        assert pipe.stats()["ray_metrics"] == {"delivered": 5, "dropped": 0, "errors": 0,
+                                               "queued": 0}
+        assert sink._gauges is not None and set(sink._gauges) >= {"loss", "mfu", "step"}
+    finally:
+        ray.shutdown()
