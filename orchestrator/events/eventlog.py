@@ -35,7 +35,7 @@ class JsonlWriter:
         with self._lock:
             self._seq += 1
             line = json.dumps({"seq": self._seq, **record}, default=_json_default,
-                              ensure_ascii=False, separators=(",", ":"))
+                              ensure_ascii=True, separators=(",", ":"))
             self._fh.write(line + "\n")
             self._fh.flush()
             if self._fsync:

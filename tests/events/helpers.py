@@ -40,4 +40,4 @@ def lines(path: Path) -> list[dict]:
 
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [json.loads(line) for line in path.read_text().split("\n") if line.strip()]

@@ -56,4 +56,5 @@ class PubSubFixture:
 
     def close(self) -> None:
         self.subscriber.close()
+        self.publisher.stop()  # flush batches before the channel goes
         self.publisher.transport.close()
