@@ -14,7 +14,10 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from orchestrator import configtools
+from orchestrator.controller_config import ControllerConfig
 from orchestrator.errors import ConfigError
+from orchestrator.events.config import EventsConfig
+from orchestrator.metrics.config import MetricsConfig
 
 
 def _positive(setting: str, value: float, fix: str = "") -> None:
@@ -223,14 +226,12 @@ class TrainConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class CheckpointConfig:
-    """Orbax checkpointing into RUN_DIR/checkpoints."""
+    """Orbax checkpointing into RUN_DIR/checkpoints. How often: controller.checkpoint_interval."""
 
-    every_steps: int = 50
     keep: int = 3
     async_save: bool = True
 
     def __post_init__(self) -> None:
-        _positive("checkpoint.every_steps", self.every_steps)
         _positive("checkpoint.keep", self.keep)
 
 
@@ -252,14 +253,6 @@ class TimeoutsConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
-class PerfConfig:
-    """Peak FLOP/s used for MFU. On CPU nothing is assumed: configure it or measure it."""
-
-    peak_flops_per_device: float | None = None
-    measure_cpu_peak: bool = True
-
-
-@dataclass(frozen=True, kw_only=True)
 class RunConfig:
     run: RunSection = field(default_factory=RunSection)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
@@ -268,7 +261,9 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     timeouts: TimeoutsConfig = field(default_factory=TimeoutsConfig)
-    perf: PerfConfig = field(default_factory=PerfConfig)
+    controller: ControllerConfig = field(default_factory=ControllerConfig)
+    events: EventsConfig = field(default_factory=EventsConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
 
     def validate_for(self, *, slices: int, hosts_per_slice: int, devices_per_host: int) -> MeshShape:
         """Check the mesh and batch against a topology; return the resolved mesh shape."""

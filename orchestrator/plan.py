@@ -65,11 +65,11 @@ class MeshPlan:
 
 
 def plan_mesh(cfg: RunConfig, hosts: Sequence[HostRef], *, platform: str,
-              max_slices: int | None = None) -> MeshPlan:
+              hosts_per_slice: int | None = None, max_slices: int | None = None) -> MeshPlan:
     """Group hosts by slice, keep whole slices only, order them, and resolve the mesh shape.
 
-    A slice with fewer hosts than the largest is incomplete (a host is missing) and is left out;
-    ``max_slices`` caps how many slices are used (the rest stay spare).
+    A slice with fewer than ``hosts_per_slice`` hosts (default: the largest slice's count) is
+    incomplete (a host is missing) and is left out; ``max_slices`` caps how many slices are used.
     """
     by_slice: dict[str, list[HostRef]] = {}
     for h in hosts:
@@ -77,8 +77,11 @@ def plan_mesh(cfg: RunConfig, hosts: Sequence[HostRef], *, platform: str,
     if not by_slice:
         raise TopologyError("No hosts are available to form a mesh.",
                             fix="add TPU nodes to the Ray cluster, or run with cluster.mode=emulate")
-    full = max(len(v) for v in by_slice.values())
-    complete = sorted(name for name, v in by_slice.items() if len(v) == full)
+    full = hosts_per_slice or max(len(v) for v in by_slice.values())
+    complete = sorted(name for name, v in by_slice.items() if len(v) >= full)
+    if not complete:
+        raise TopologyError(f"No slice has all {full} of its hosts available.",
+                            fix="wait for the slice to be repaired or add a replacement slice")
     if max_slices is not None:
         complete = complete[:max_slices]
     devices = {h.devices for name in complete for h in by_slice[name]}
@@ -89,7 +92,7 @@ def plan_mesh(cfg: RunConfig, hosts: Sequence[HostRef], *, platform: str,
     shape = cfg.validate_for(slices=len(complete), hosts_per_slice=full, devices_per_host=dph)
     ordered: list[HostRef] = []
     for name in complete:
-        for h in sorted(by_slice[name], key=lambda x: x.worker_id):
+        for h in sorted(by_slice[name], key=lambda x: x.worker_id)[:full]:
             ordered.append(HostRef(index=len(ordered), slice_name=h.slice_name,
                                    worker_id=h.worker_id, node_id=h.node_id, node_ip=h.node_ip,
                                    instance=h.instance, devices=h.devices))

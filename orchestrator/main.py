@@ -1,0 +1,315 @@
+"""``python -m orchestrator.main [--config FILE] [key.sub=value ...]``: the Ray driver.
+
+Validates the config before anything starts, connects to Ray (or starts the emulated local
+cluster), wires the event intake and the metrics pipeline to the run controller, and exits with
+the run's outcome: 0 succeeded, 1 failed (reason logged and in summary.json), 2 bad input
+(config, cluster, checkpoint) with a one-paragraph message naming the fix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+import textwrap
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from orchestrator import logs
+from orchestrator.config import RunConfig, load_config
+from orchestrator.errors import (
+    CheckpointError,
+    ClusterUnreachableError,
+    ConfigError,
+    OrchestratorError,
+    TopologyError,
+)
+
+log = structlog.get_logger("orchestrator.main")
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m orchestrator.main",
+        description="Fault-tolerant JAX training on a Ray cluster of TPU hosts (or emulated ones).",
+        epilog="Overrides: dotted keys, e.g. model.num_layers=4 mesh.ici.fsdp=2 run.total_steps=50")
+    p.add_argument("--config", help="YAML config file (defaults are used for what it omits)")
+    p.add_argument("--log-format", choices=("console", "json"), default=None,
+                   help="console for people (default on a TTY), json for Cloud Logging")
+    p.add_argument("--log-level", default="info")
+    p.add_argument("overrides", nargs="*", help="key.sub=value settings")
+    return p.parse_args(list(argv))
+
+
+def explain(exc: OrchestratorError) -> str:
+    """The one-paragraph message a user sees for bad input."""
+    kind = {ConfigError: "Configuration error", ClusterUnreachableError: "Ray cluster unreachable",
+            CheckpointError: "Checkpoint problem", TopologyError: "Cluster too small"}
+    title = next((v for k, v in kind.items() if isinstance(exc, k)), "Cannot start the run")
+    body = exc.message + (f" Fix: {exc.fix}" if exc.fix else "")
+    return textwrap.fill(f"{title}: {body}", width=100)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    json_logs = args.log_format == "json" if args.log_format else not sys.stderr.isatty()
+    logs.configure(json_logs=json_logs, level=args.log_level)
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except ConfigError as exc:
+        print(explain(exc), file=sys.stderr)
+        return EXIT_BAD_INPUT
+    driver = Driver(cfg, argv=list(sys.argv[1:] if argv is None else argv))
+    try:
+        return driver.run()
+    except (ConfigError, ClusterUnreachableError, CheckpointError, TopologyError) as exc:
+        print(explain(exc), file=sys.stderr)
+        return EXIT_BAD_INPUT
+    finally:
+        driver.close()
+
+
+class Driver:
+    """Builds the run's parts in order and tears every one of them down, whatever happens."""
+
+    def __init__(self, cfg: RunConfig, *, argv: list[str]) -> None:
+        self.cfg = cfg
+        self.argv = argv
+        self.run_dir = Path(cfg.run.run_dir).absolute()
+        self.emulated: Any = None
+        self.intake: Any = None
+        self.metrics: Any = None
+        self._ray_started = False
+
+    def run(self) -> int:
+        from orchestrator.controller import RayClusterView, RunController
+
+        self._prepare_run_dir()
+        self._connect()
+        cluster = RayClusterView()
+        self._check_capacity(cluster)
+        self.metrics = self._build_metrics()
+        self.intake = self._build_intake()
+        peak_box: dict[str, Any] = {}
+        controller = RunController(self.cfg, self.cfg.controller, run_dir=self.run_dir,
+                                   cluster=cluster, intake=self.intake, metrics=self.metrics,
+                                   on_step=lambda rec, ctx: self._on_step(rec, ctx, peak_box))
+        controller.peak_resolver = lambda measure: self._resolve_peak(cluster, measure, peak_box)
+        summary = controller.run()
+        self._print_summary(summary)
+        return EXIT_OK if summary.state == "SUCCEEDED" else EXIT_FAILED
+
+    # ---- parts --------------------------------------------------------------------------
+
+    def _prepare_run_dir(self) -> None:
+        import yaml
+
+        from orchestrator import configtools
+
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        meta_path = self.run_dir / "run.json"
+        prev: dict = {}
+        if meta_path.exists():
+            try:
+                prev = json.loads(meta_path.read_text())
+            except (OSError, ValueError):
+                prev = {}
+        meta = {
+            "run_id": prev.get("run_id") or f"{self.cfg.run.name}-{uuid.uuid4().hex[:8]}",
+            "job": self.cfg.run.name,
+            "entrypoint": ["python", "-m", "orchestrator.main", *self.argv],
+            "entrypoint_shell": shlex.join(["python", "-m", "orchestrator.main", *self.argv]),
+            "cwd": os.getcwd(),
+            "runtime_env": _current_runtime_env(),
+            "incarnation": int(prev.get("incarnation", 0)) + 1,
+            "config_digest": self.cfg.digest(),
+            "run_dir": str(self.run_dir),
+            "started_at": time.time(),
+            "ray_job_submission_id": os.environ.get("RAY_JOB_SUBMISSION_ID")
+            or os.environ.get("RAY_SUBMISSION_ID"),
+        }
+        tmp = meta_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(meta, indent=2))
+        tmp.replace(meta_path)
+        (self.run_dir / "config.yaml").write_text(
+            yaml.safe_dump(configtools.to_dict(self.cfg), sort_keys=False))
+        structlog.contextvars.bind_contextvars(run_id=meta["run_id"], job=self.cfg.run.name)
+        log.info("run_dir_ready", run_dir=str(self.run_dir), incarnation=meta["incarnation"])
+
+    def _connect(self) -> None:
+        import ray
+
+        from orchestrator.topology import EmulatedCluster, connect_ray
+
+        c = self.cfg.cluster
+        address = c.address or os.environ.get("RAY_ADDRESS")
+        if c.mode == "emulate" or (c.mode == "auto" and not address):
+            em = c.emulate
+            self.emulated = EmulatedCluster(devices_per_host=em.devices_per_host)
+            t0 = time.perf_counter()
+            addr = self.emulated.start()
+            for _ in range(em.slices + em.spare_slices):
+                self.emulated.add_slice(em.hosts_per_slice)
+            connect_ray(addr, timeout_s=c.connect_timeout_s)
+            log.info("emulated_cluster_started", slices=em.slices, spare=em.spare_slices,
+                     hosts_per_slice=em.hosts_per_slice, devices_per_host=em.devices_per_host,
+                     seconds=round(time.perf_counter() - t0, 2))
+        else:
+            connect_ray(address, timeout_s=c.connect_timeout_s)
+        self._ray_started = ray.is_initialized()
+
+    def _check_capacity(self, cluster: Any) -> None:
+        """Fail fast (before any actor) when the cluster cannot host the requested mesh."""
+        from orchestrator.plan import plan_mesh
+
+        hosts = cluster.hosts()
+        if not hosts:
+            raise TopologyError(
+                "The Ray cluster has no TPU hosts (nodes with `TPU` resources and a "
+                "ray.io/tpu-slice-name label).",
+                fix="add TPU worker nodes, or run with cluster.mode=emulate")
+        c = self.cfg.cluster
+        hps = c.emulate.hosts_per_slice if c.mode != "tpu" else None
+        plan = plan_mesh(self.cfg, hosts, platform=cluster.platform(), hosts_per_slice=hps)
+        want = c.slices or (c.emulate.slices if c.mode != "tpu" else plan.num_slices)
+        if plan.num_slices < want:
+            raise TopologyError(
+                f"The mesh needs {want} complete slice(s) but the cluster has "
+                f"{plan.num_slices} ({len(hosts)} TPU hosts).",
+                fix="add hosts/slices to the cluster or lower cluster.slices / "
+                    "cluster.emulate.slices")
+
+    def _build_metrics(self) -> Any:
+        from orchestrator.metrics.pipeline import MetricsPipeline, build_sinks, identity_for
+
+        m = self.cfg.metrics
+        identity = identity_for(m, run_name=self.cfg.run.name)
+        sinks = build_sinks(m, run_dir=self.run_dir, identity=identity)
+        return MetricsPipeline(sinks, queue_size=m.queue_size)
+
+    def _build_intake(self) -> Any:
+        from orchestrator.events.intake import EventIntake
+
+        intake = EventIntake(self.cfg.events, run_dir=self.run_dir, job=self.cfg.run.name)
+        intake.start()
+        return intake
+
+    def _resolve_peak(self, cluster: Any, measure: Any, box: dict) -> tuple[float, str]:
+        from orchestrator.metrics.mfu import resolve_peak
+        from orchestrator.topology import accelerator_of
+
+        if "peak" not in box:
+            import ray
+
+            accel = self.cfg.cluster.accelerator or accelerator_of(ray.nodes())
+            configured = self.cfg.metrics.cpu_peak_flops_per_device
+            measured = None
+            if configured is None and accel is None:
+                measured = measure()
+            box["peak"] = resolve_peak(accel, configured, measured)
+            log.info("mfu_peak", peak_flops_per_device=box["peak"][0], source=box["peak"][1])
+        return box["peak"]
+
+    def _on_step(self, rec: dict, ctx: dict, box: dict) -> None:
+        from orchestrator.metrics.mfu import mfu
+        from orchestrator.metrics.records import StepRecord
+
+        peak, source = box.get("peak", (0.0, "unknown"))
+        flops = ctx["flops"] or 0.0
+        value = mfu(flops, rec["step_time_s"], ctx["devices"], peak) if peak else 0.0
+        self.metrics.on_step(StepRecord(
+            step=rec["step"], loss=rec["loss"], step_time_s=rec["step_time_s"],
+            tokens=ctx["tokens"], flops=flops, grad_norm=rec["grad_norm"],
+            wall_time=rec["wall_time"], devices=ctx["devices"], peak_flops_per_device=peak,
+            peak_source=source, mfu=value, incarnation=ctx["incarnation"], slices=ctx["slices"],
+            checkpoint_blocking_s=rec["checkpoint_blocking_s"], lr=rec["lr"]))
+
+    def _print_summary(self, summary: Any) -> None:
+        from orchestrator.metrics.goodput import compute_goodput
+        from orchestrator.metrics.records import StepRecord
+
+        good = None
+        try:
+            if self.metrics is not None:
+                self.metrics.flush(timeout=10.0)
+            timeline = _read_jsonl(self.run_dir / "timeline.jsonl")
+            steps = [StepRecord.from_dict(d) for d in _read_jsonl(self.run_dir / "metrics.jsonl")]
+            good = compute_goodput(timeline, steps, now=time.time()).goodput
+        except Exception as exc:  # the summary must print whatever the metrics state
+            log.warning("goodput_unavailable", error=str(exc))
+        summary.goodput = good
+        (self.run_dir / "summary.json").write_text(json.dumps(summary.to_json(), indent=2,
+                                                              default=str))
+        lines = [
+            f"Run {summary.state}: {summary.reason}",
+            f"  steps {summary.step}/{summary.total_steps}, lost steps {summary.lost_steps}, "
+            f"restarts {summary.restarts or 'none'}",
+            f"  loss {_fmt(summary.first_loss)} -> {_fmt(summary.last_loss)}, median step "
+            f"{_fmt(summary.median_step_s, 's')}, compile {summary.compile_s} s",
+            f"  goodput {_fmt(good, '', pct=True)}, wall {summary.wall_s:.1f} s",
+            "  time per phase: " + ", ".join(f"{k} {v:.1f}s" for k, v in summary.phases_s.items()),
+        ]
+        for r in summary.recoveries:
+            lines.append(f"  recovery ({r.get('kind')}, {r.get('cause')}): "
+                         f"to first step {_fmt(r.get('to_first_step_s'), 's')}, lost "
+                         f"{r.get('lost_steps', 0)}, phases {r.get('phases_s')}")
+        lines.append(f"  run dir: {self.run_dir}")
+        print("\n".join(lines), flush=True)
+
+    def close(self) -> None:
+        for name, part in (("intake", self.intake), ("metrics", self.metrics)):
+            if part is None:
+                continue
+            try:
+                part.close()
+            except Exception as exc:
+                log.warning("close_failed", part=name, error=str(exc))
+        if self._ray_started:
+            import ray
+
+            ray.shutdown()
+        if self.emulated is not None:
+            self.emulated.shutdown()
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    """Lines of a JSONL file; a torn last line (a run still writing) is skipped."""
+    out: list[dict] = []
+    if not path.exists():
+        return out
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out
+
+
+def _current_runtime_env() -> dict:
+    """The Ray job's runtime env when launched by ``ray job submit`` (else empty)."""
+    raw = os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR")
+    if raw:
+        try:
+            return json.loads(raw).get("runtime_env", {}) or {}
+        except ValueError:
+            return {}
+    return {}
+
+
+def _fmt(v: float | None, unit: str = "", *, pct: bool = False) -> str:
+    if v is None:
+        return "n/a"
+    return f"{v * 100:.1f}%" if pct else f"{v:.4g}{unit}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,160 @@
+"""Topology discovery from the Ray cluster, and the emulated local cluster.
+
+A host is an alive Ray node with ``TPU`` resources and a ``ray.io/tpu-slice-name`` label; a slice
+is the set of such nodes sharing that label. The emulated cluster starts Ray nodes on this machine
+carrying the very same labels and resources, so discovery is one code path for both.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from orchestrator.errors import ClusterUnreachableError
+from orchestrator.hosts import HostRef
+
+log = structlog.get_logger(__name__)
+
+SLICE_LABEL = "ray.io/tpu-slice-name"
+WORKER_LABEL = "ray.io/tpu-worker-id"
+POD_TYPE_LABEL = "ray.io/tpu-pod-type"
+TOPOLOGY_LABEL = "ray.io/tpu-topology"
+INSTANCE_LABEL = "tpu-orchestrator.dev/instance"
+EMULATED_LABEL = "tpu-orchestrator.dev/emulated"
+LOOPBACK = "127.0.0.1"
+
+
+def hosts_from_nodes(nodes: Sequence[dict[str, Any]], *, exclude: Sequence[str] = ()) -> list[HostRef]:
+    """Alive TPU nodes (``ray.nodes()`` entries) as unordered HostRefs (index = -1)."""
+    out: list[HostRef] = []
+    for n in nodes:
+        labels = n.get("Labels") or {}
+        chips = int(n.get("Resources", {}).get("TPU", 0))
+        slice_name = labels.get(SLICE_LABEL)
+        if not n.get("Alive") or chips <= 0 or not slice_name or n["NodeID"] in exclude:
+            continue
+        out.append(HostRef(
+            index=-1, slice_name=slice_name, worker_id=int(labels.get(WORKER_LABEL, 0)),
+            node_id=n["NodeID"], node_ip=n.get("NodeManagerAddress", ""),
+            instance=labels.get(INSTANCE_LABEL) or n.get("NodeManagerHostname", ""),
+            devices=chips))
+    return out
+
+
+def platform_of(nodes: Sequence[dict[str, Any]]) -> str:
+    """"cpu" when the TPU nodes are emulated, else "tpu"."""
+    for n in nodes:
+        labels = n.get("Labels") or {}
+        if labels.get(SLICE_LABEL) and n.get("Alive"):
+            return "cpu" if labels.get(EMULATED_LABEL) == "true" else "tpu"
+    return "cpu"
+
+
+def accelerator_of(nodes: Sequence[dict[str, Any]]) -> str | None:
+    """Chip generation from the pod-type label (``v5litepod-16`` → ``v5e``)."""
+    for n in nodes:
+        pod = (n.get("Labels") or {}).get(POD_TYPE_LABEL, "")
+        if pod and (n.get("Labels") or {}).get(EMULATED_LABEL) != "true":
+            gen = pod.split("-")[0]
+            return {"v5litepod": "v5e", "v6e": "v6e", "v5p": "v5p", "v4": "v4"}.get(gen, gen)
+    return None
+
+
+@dataclass
+class EmulatedCluster:
+    """A multi-node Ray cluster on this machine whose worker nodes look like TPU hosts.
+
+    Nodes bind to loopback. ``add_slice`` brings replacement capacity; ``remove_host`` takes a
+    host away without notice (node death), as a preemption does.
+    """
+
+    devices_per_host: int
+    cluster: Any = None
+    nodes: dict[tuple[str, int], Any] = None  # (slice, worker) -> ray node handle
+    _next_slice: int = 0
+
+    def start(self, *, include_dashboard: bool = False) -> str:
+        from ray.cluster_utils import Cluster
+
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        _pin_ray_to_loopback()
+        self.nodes = {}
+        self.cluster = Cluster(initialize_head=True, head_node_args={
+            "num_cpus": 2, "include_dashboard": include_dashboard,
+            "node_ip_address": LOOPBACK, "object_store_memory": 150 * 1024 * 1024})
+        return self.cluster.address
+
+    def add_slice(self, hosts: int, *, name: str | None = None) -> str:
+        name = name or f"emu-slice-{self._next_slice}"
+        self._next_slice += 1
+        for w in range(hosts):
+            labels = {SLICE_LABEL: name, WORKER_LABEL: str(w), INSTANCE_LABEL: f"{name}-w{w}",
+                      POD_TYPE_LABEL: f"cpu-emu-{hosts * self.devices_per_host}",
+                      TOPOLOGY_LABEL: f"{hosts}x{self.devices_per_host}", EMULATED_LABEL: "true"}
+            resources = {"TPU": self.devices_per_host}
+            if w == 0:
+                resources[f"TPU-cpu-emu-{hosts * self.devices_per_host}-head"] = 1
+            self.nodes[(name, w)] = self.cluster.add_node(
+                num_cpus=1, resources=resources, labels=labels, node_ip_address=LOOPBACK,
+                object_store_memory=80 * 1024 * 1024)
+        return name
+
+    def remove_host(self, slice_name: str, worker_id: int) -> None:
+        node = self.nodes.pop((slice_name, worker_id))
+        self.cluster.remove_node(node, allow_graceful=False)
+
+    def shutdown(self) -> None:
+        if self.cluster is not None:
+            self.cluster.shutdown()
+            self.cluster = None
+
+
+def _pin_ray_to_loopback() -> None:
+    """Keep the emulated cluster on 127.0.0.1.
+
+    ``ray.init`` rewrites a loopback bootstrap address to the machine's external address unless
+    Ray believes multi-node clusters are disabled (its macOS/Windows mode). Only the emulated
+    cluster, which lives on this machine alone, flips that switch; a real cluster never does.
+    """
+    from ray._private import ray_constants
+
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
+
+
+def connect_ray(address: str | None, *, timeout_s: float,
+                init: Callable[..., Any] | None = None) -> None:
+    """``ray.init`` bounded by ``timeout_s``; an unreachable address becomes an error naming the fix.
+
+    Ray retries an unreachable GCS forever, so the call runs in a daemon thread and the driver
+    gives up after the timeout (the process exits right after, taking the thread with it).
+    """
+    import threading
+
+    import ray
+
+    init = init or ray.init
+    outcome: dict[str, BaseException | None] = {}
+
+    def _connect() -> None:
+        try:
+            init(address=address, log_to_driver=True, ignore_reinit_error=True)
+            outcome["error"] = None
+        except BaseException as exc:
+            outcome["error"] = exc
+
+    t = threading.Thread(target=_connect, name="ray-connect", daemon=True)
+    t.start()
+    t.join(timeout_s)
+    fix = ("start it (`ray start --head`), fix cluster.address / RAY_ADDRESS, or unset both to "
+           "run on a local emulated cluster")
+    if "error" not in outcome:
+        raise ClusterUnreachableError(
+            f"Cannot reach the Ray cluster at {address!r} within {timeout_s:g}s.", fix=fix)
+    if outcome["error"] is not None:
+        raise ClusterUnreachableError(
+            f"Cannot reach the Ray cluster at {address!r}: {outcome['error']}", fix=fix)
