@@ -224,3 +224,25 @@ class MetadataWatcher:
             "labels": {"metadata.key": key, "metadata.value": value[:200]},
             "raw": {"key": key, "value": value[:1024], "etag": etag},
         }
+
+
+def start_watcher(settings: dict[str, Any], *, host: Any,
+                  sink: Callable[[dict[str, Any]], None],
+                  job: str | None = None) -> MetadataWatcher | None:
+    """What the host actor calls: ``settings`` is the ``events.metadata`` section as a dict.
+
+    Returns the running watcher, or None when it should not run here (``enabled: off``, or
+    ``auto`` off GCE). Events name the host by its instance name (what GCE calls it) and carry
+    its slice, so the intake can match them to the mesh (``HostRef.matches``).
+    """
+    opts = dict(settings)
+    if not should_watch(str(opts.pop("enabled", "auto"))):
+        return None
+    name = getattr(host, "instance", None) or str(getattr(host, "index", "")) or None
+    if not name:
+        raise ValueError("start_watcher needs a HostRef-like host with an instance name or index")
+    watcher = MetadataWatcher(callback=sink, host=name,
+                              slice_name=getattr(host, "slice_name", None) or None,
+                              job=opts.pop("job", None) or job, **opts)
+    watcher.start()
+    return watcher

@@ -163,3 +163,26 @@ def _wait(predicate, timeout: float = 10.0) -> None:
     while not predicate():
         assert time.monotonic() < deadline, "condition not reached"
         time.sleep(0.02)
+
+
+def test_start_watcher_as_the_host_actor_calls_it():
+    """settings = the events.metadata section; off -> None, on -> events name the instance."""
+    from dataclasses import asdict
+
+    from orchestrator.events.config import MetadataConfig
+    from tests.events.helpers import hosts
+    from workers.metadata_watcher import start_watcher
+
+    host = hosts(2)[1]
+    assert start_watcher(asdict(MetadataConfig(enabled="off")), host=host, sink=print) is None
+    with fake_metadata_server() as (endpoint, server):
+        server.set(PREEMPTED_KEY, "TRUE")
+        got = Collector()
+        settings = asdict(MetadataConfig(enabled="on", endpoint=endpoint, timeout_s=5,
+                                         backoff_initial_s=0.05))
+        watcher = start_watcher(settings, host=host, sink=got, job="demo")
+        try:
+            events = got.wait_for(1)
+        finally:
+            watcher.stop()
+    assert events[0]["target"] == {"job": "demo", "slice": "slice-a", "host": "vm-1"}
