@@ -101,11 +101,13 @@ def main() -> None:
     work = (rng.standard_normal((256, 256), dtype=np.float32),
             rng.standard_normal((256, 256), dtype=np.float32))
     ident = ResourceIdentity(project_id="bench", job="bench")
+    empty: list[dict] = []
     base: list[dict] = []
     cloud_runs: list[dict] = []
     sink_stats: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp, LocalMetricService() as svc:
-        for i in range(repeats):  # alternate, so machine noise hits both alike
+        for i in range(repeats):  # alternate, so machine noise hits all variants alike
+            empty.append(run([], steps, work))
             base.append(run([JsonlSink(Path(tmp) / f"a{i}.jsonl")], steps, work))
             cfg = CloudMonitoringConfig(enabled=True, project="bench", endpoint=svc.address,
                                         window_s=5.0, job=f"bench-{i}")
@@ -121,7 +123,8 @@ def main() -> None:
 
     print(f"steps per run: {steps}, runs per variant: {repeats}, "
           f"step ~{med(base, 'loop_s') / steps * 1e3:.1f} ms")
-    for name, rs in (("jsonl only", base), ("jsonl + cloud monitoring", cloud_runs)):
+    for name, rs in (("no sinks", empty), ("jsonl only", base),
+                     ("jsonl + cloud monitoring", cloud_runs)):
         runs = ", ".join(f"{r['loop_s']:.2f}" for r in rs)
         print(f"{name:26s} loop median {med(rs, 'loop_s'):.3f} s (runs {runs}) | on_step mean "
               f"{med(rs, 'call_mean_us'):.1f} us, p99 {med(rs, 'call_p99_us'):.1f} us | "

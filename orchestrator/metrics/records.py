@@ -51,7 +51,8 @@ class StepRecord:
         return self.tokens / self.step_time_s if self.step_time_s > 0 else 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Flat field dict (``dataclasses.asdict`` deep-copies and costs ~20x more per step)."""
+        return {name: getattr(self, name) for name in _FIELD_NAMES}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> StepRecord:
@@ -90,3 +91,6 @@ def _coerce(name: str, tp: Any, value: Any) -> Any:
         raise BadStepRecord(f"step record field `{name}` has bad value {value!r}",
                             fix=f"report `{name}` as a {kind}") from None
     return value
+
+
+_FIELD_NAMES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(StepRecord))

@@ -138,6 +138,22 @@ def test_jsonl_sink_writes_one_line_per_step(tmp_path):
     assert [StepRecord.from_dict(json.loads(x)) for x in lines] == recs(3)
 
 
+def test_jsonl_sink_flushes_on_time_not_per_line(tmp_path):
+    """Lines reach the file after flush_every_s (or flush()), not one system call per step."""
+    now = [0.0]
+    path = tmp_path / "metrics.jsonl"
+    sink = JsonlSink(path, flush_every_s=1.0, clock=lambda: now[0])
+    sink.on_step(recs(1)[0])
+    assert path.read_text() == ""
+    now[0] = 1.5
+    sink.on_step(recs(2)[1])
+    assert len(path.read_text().splitlines()) == 2
+    sink.on_step(recs(3)[2])
+    sink.flush()
+    assert len(path.read_text().splitlines()) == 3
+    sink.close()
+
+
 def test_step_record_from_dict_names_the_bad_field():
     """A bad value or a missing field is a BadStepRecord naming the field."""
     good = recs(1)[0].to_dict()
@@ -257,3 +273,20 @@ def test_ray_sink_publishes_with_a_local_ray():
         assert sink._gauges is not None and set(sink._gauges) >= {"loss", "mfu", "step"}
     finally:
         ray.shutdown()
+
+
+def test_console_goodput_is_cached_briefly_then_refreshed():
+    """Goodput is recomputed at most every goodput_every_s seconds and after each transition."""
+    now = [T0 + 10.0]
+    out = io.StringIO()
+    sink = ConsoleSink(every=1, stream=out, clock=lambda: now[0], goodput_every_s=2.0)
+    sink.on_transition(transition(0, "COMPILING", None, T0, slices=["s0"]))
+    sink.on_transition(transition(1, "RUNNING", "COMPILING", T0 + 5, slices=["s0"]))
+    sink.on_step(recs(1)[0])  # 5 of 10 s productive
+    now[0] = T0 + 11.0
+    sink.on_step(recs(2)[1])  # cached: still 50%
+    now[0] = T0 + 15.0
+    sink.on_step(recs(3)[2])  # refreshed: 10 of 15 s
+    goodputs = [x.split("goodput ")[1].split(" |")[0].strip()
+                for x in out.getvalue().splitlines() if x.startswith("step ")]
+    assert goodputs == ["50.0%", "50.0%", "66.7%"]
