@@ -50,6 +50,24 @@ class StepRecord:
         """Throughput of this step; 0 when the step time is not positive."""
         return self.tokens / self.step_time_s if self.step_time_s > 0 else 0.0
 
+    @classmethod
+    def build(cls, *, step: int, loss: float, step_time_s: float, tokens: int, flops: float,
+              grad_norm: float, wall_time: float, devices: int, peak: tuple[float, str],
+              incarnation: int, slices: int, checkpoint_blocking_s: float = 0.0,
+              lr: float = 0.0) -> StepRecord:
+        """A record with MFU computed from ``peak`` = ``mfu.resolve_peak(...)`` (value, source).
+
+        For the driver: host 0 reports raw numbers, the driver knows the peak and the mesh.
+        """
+        from orchestrator.metrics.mfu import mfu
+
+        value, source = peak
+        return cls(step=step, loss=loss, step_time_s=step_time_s, tokens=tokens, flops=flops,
+                   grad_norm=grad_norm, wall_time=wall_time, devices=devices,
+                   peak_flops_per_device=value, peak_source=source,
+                   mfu=mfu(flops, step_time_s, devices, value), incarnation=incarnation,
+                   slices=slices, checkpoint_blocking_s=checkpoint_blocking_s, lr=lr)
+
     def to_dict(self) -> dict[str, Any]:
         """Flat field dict (``dataclasses.asdict`` deep-copies and costs ~20x more per step)."""
         return {name: getattr(self, name) for name in _FIELD_NAMES}

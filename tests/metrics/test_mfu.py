@@ -82,3 +82,15 @@ def test_cpu_peak_measurement_is_positive_and_usable_as_a_peak():
     flops = measure_cpu_matmul_flops(n=128, repeats=2)
     assert flops > 1e6
     assert resolve_peak(None, None, flops) == (flops, "measured:cpu-matmul")
+
+
+def test_step_record_build_computes_mfu_with_the_peak_source():
+    """StepRecord.build fills mfu, peak value and source from resolve_peak's answer."""
+    from orchestrator.metrics.records import StepRecord
+
+    rec = StepRecord.build(step=3, loss=2.0, step_time_s=0.5, tokens=1024, flops=4e12,
+                           grad_norm=1.0, wall_time=1.0, devices=8,
+                           peak=resolve_peak("v5e", None, None), incarnation=0, slices=2)
+    assert rec.peak_source == "table:v5e"
+    assert rec.mfu == pytest.approx(4e12 / (0.5 * 8 * 197e12))
+    assert rec.tokens_per_second == 2048.0
