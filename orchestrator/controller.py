@@ -96,6 +96,8 @@ class DrainRequest:
     doomed_nodes: frozenset[str] = frozenset()
     regrow: bool = False
     stop: bool = False
+    event: Any = None
+    noticed_at: float | None = None
 
 
 @dataclass
@@ -259,6 +261,10 @@ class RunController:
             accum = self.batch_plan.accum_steps if self.batch_plan else 1
             group.call_all("build", group.cfg, plan, str(self.run_dir / "checkpoints"), accum,
                            timeout_s=self.cfg.timeouts.restore_s, phase="restore")
+            watching = group.call_all("start_metadata_watcher",
+                                      dataclasses.asdict(self.cfg.events.metadata),
+                                      timeout_s=30.0, phase="init")
+            log.info("metadata_watchers", active=sum(bool(w) for w in watching))
         except GroupFailure as exc:
             self._group_failed(exc)
             return
@@ -329,6 +335,9 @@ class RunController:
                 return
             until = self._chunk_end()
             self._arm_faults(until)
+            self._poll_events(in_mesh=True)
+            if self.drain is not None:
+                continue
             refs = group.run_steps(until, checkpoint_every=self.cfg_interval())
             try:
                 results = self._wait_chunk(refs)
@@ -352,7 +361,8 @@ class RunController:
             last_committed_step=self.progress.last_committed))
         log.info("drain_decision", kind=decision.kind.value, reason=decision.reason,
                  step=self.progress.step, event_id=d.event_id)
-        self._record_action(d.event_id, f"drain:{decision.kind.value}", reason=decision.reason)
+        self._record_action(d.event or d.event_id, f"drain:{decision.kind.value}",
+                            reason=decision.reason, step=self.progress.step)
         if decision.kind in (DrainKind.SAVE, DrainKind.SAVE_ANYWAY):
             self._transition(S.CHECKPOINTING, decision.reason, payload=Checkpointing(
                 purpose="drain", save_anyway=decision.kind is DrainKind.SAVE_ANYWAY))
@@ -562,7 +572,7 @@ class RunController:
         d = self.drain
         assert d is not None
         self._recovery = {"kind": "announced", "cause": d.cause.value, "event_id": d.event_id,
-                          "notice_at": getattr(d, "noticed_at", self.clock()),
+                          "notice_at": d.noticed_at or self.clock(),
                           "boundary_step": self.progress.step, "t_boundary": self.clock()}
         self._transition(S.DRAINING, d.reason, payload=Draining(
             event_id=d.event_id, deadline=d.deadline,
@@ -627,17 +637,18 @@ class RunController:
         """Turn a clean event into a drain request (or nothing), recording what was done."""
         kind = ev.kind.value
         if kind in ("alert_firing", "alert_resolved", "operator_resume"):
-            self._record_action(ev.id, "noted", reason="no driver action for this kind")
+            self._record_action(ev, "noted", reason="no driver action for this kind")
             return
         doomed = self._targets(ev)
         if kind == "operator_stop":
             self.drain = DrainRequest(cause=StopCause.OPERATOR, reason="stop requested by operator",
-                                      event_id=ev.id, deadline=ev.deadline, stop=True)
-            self._record_action(ev.id, "stop")
+                                      event_id=ev.id, deadline=ev.deadline, stop=True, event=ev,
+                                      noticed_at=self.clock())
+            self._record_action(ev, "stop")
             return
         if kind == "host_unhealthy":
             if not doomed:
-                self._record_action(ev.id, "ignored", reason="host not in this run")
+                self._record_action(ev, "ignored", reason="host not in this run")
                 return
             for node in doomed:
                 self.health_reports.append(HealthReport(host=node, at=self.clock(), healthy=False))
@@ -652,27 +663,29 @@ class RunController:
                     self.last_health_drain_at = self.clock()
                     self.drain = DrainRequest(cause=StopCause.HARDWARE_HEALTH,
                                               reason=decision.reason, event_id=ev.id,
-                                              deadline=ev.deadline, doomed_nodes=frozenset({node}))
-                self._record_action(ev.id, f"health:{decision.kind.value}", reason=decision.reason)
+                                              deadline=ev.deadline, doomed_nodes=frozenset({node}),
+                                              event=ev, noticed_at=self.clock())
+                self._record_action(ev, f"health:{decision.kind.value}", reason=decision.reason)
             return
         if kind in ("host_lost", "slice_lost") and not doomed:
-            self._record_action(ev.id, "ignored", reason="target not in the mesh")
+            self._record_action(ev, "ignored", reason="target not in the mesh")
             return
         if kind in ("host_lost",):
             self.excluded |= doomed
-            self._record_action(ev.id, "excluded", reason="host lost; the chunk wait tears down")
+            self._record_action(ev, "excluded", reason="host lost; the chunk wait tears down")
             return
         cause = StopCause.MAINTENANCE if kind == "maintenance_scheduled" else (
             StopCause.OPERATOR if kind == "operator_drain" else StopCause.SPOT_PREEMPTION)
         if self.drain is not None:
             self.drain.doomed_nodes |= doomed
-            self._record_action(ev.id, "merged", reason=f"drain already pending ({self.drain.event_id})")
+            self._record_action(ev, "merged", reason=f"drain already pending ({self.drain.event_id})")
             return
-        self.drain = DrainRequest(cause=cause, reason=f"{kind} for {sorted(doomed) or 'the job'}",
+        names = sorted(h.instance for h in self.plan.hosts if h.node_id in doomed) if self.plan else []
+        self.drain = DrainRequest(cause=cause, reason=f"{kind} for {names or 'the whole job'}",
                                   event_id=ev.id, deadline=ev.deadline,
-                                  doomed_nodes=frozenset(doomed))
-        self.drain.noticed_at = self.clock()  # type: ignore[attr-defined]
-        self._record_action(ev.id, "drain", reason=f"stop at the next step boundary "
+                                  doomed_nodes=frozenset(doomed), event=ev,
+                                  noticed_at=self.clock())
+        self._record_action(ev, "drain", reason=f"stop at the next step boundary "
                             f"(step ≥ {self.progress.step})")
 
     def _targets(self, ev: Any) -> set[str]:
@@ -685,13 +698,14 @@ class RunController:
                 out.add(h.node_id)
         return out
 
-    def _record_action(self, event_id: str, action: str, **details: Any) -> None:
-        if self.intake is None or not hasattr(self.intake, "record_action_by_id"):
-            log.info("event_action", event_id=event_id, action=action, **details)
+    def _record_action(self, event: Any, action: str, **details: Any) -> None:
+        """What the controller did about an event: in events.jsonl (via the intake) and the log."""
+        log.info("event_action", event_id=getattr(event, "id", event), action=action, **details)
+        if self.intake is None or event is None or isinstance(event, str):
             return
         try:
-            self.intake.record_action_by_id(event_id, action, **details)
-        except Exception as exc:
+            self.intake.record_action(event, action, **details)
+        except Exception as exc:  # recording must never stop the run
             log.error("event_record_failed", error=str(exc))
 
     # ---- failures -----------------------------------------------------------------------
@@ -699,6 +713,11 @@ class RunController:
     def _group_failed(self, exc: GroupFailure) -> None:
         """Unannounced failure: the whole group goes; re-form from the last checkpoint."""
         error_type = type(exc.__cause__).__name__ if exc.__cause__ else type(exc).__name__
+        if self.group is not None and error_type not in ("ActorDiedError", "ActorUnavailableError"):
+            dead = self.group.dead_hosts()
+            if dead:  # a peer died; the survivor's collective error is a consequence
+                error_type = "ActorDiedError"
+                exc = GroupFailure(f"host(s) {list(dead)} died ({exc})", hosts=dead)
         if isinstance(exc, BarrierTimeout):
             error_type = "BarrierTimeout"
             self._dump_stacks(exc.phase)

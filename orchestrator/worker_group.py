@@ -91,6 +91,23 @@ class WorkerGroup:
         return self._get([getattr(a, method).remote(*args, **kw) for a in self.actors], phase,
                          timeout_s)
 
+    def dead_hosts(self, timeout_s: float = 3.0) -> tuple[int, ...]:
+        """Hosts whose actor is gone. A collective error on a survivor often arrives before the
+        dead peer's ActorDiedError, so a failure is attributed by probing every actor."""
+        refs = [a.info.remote() for a in self.actors]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        dead = []
+        for i, ref in enumerate(refs):
+            if ref not in ready:
+                continue  # alive but busy (or hung): not dead
+            try:
+                ray.get(ref)
+            except (ActorDiedError, ActorUnavailableError, RayActorError):
+                dead.append(i)
+            except Exception as exc:  # any other answer means the process is there
+                log.debug("probe_error", host=i, error=str(exc))
+        return tuple(dead)
+
     def stacks(self, timeout_s: float = 5.0) -> dict[int, str]:
         """Best effort: each live actor's Python stacks (threaded actors answer mid-step)."""
         out: dict[int, str] = {}
