@@ -38,6 +38,7 @@ def markers(data: RunData, limit: int = 60) -> list[Marker]:
     """Drains, re-forms, waits, shrink/grow from the timeline; handled events from events.jsonl."""
     out: list[Marker] = []
     prev_slices: int | None = None
+    prev_set: frozenset[str] = frozenset()
     for row in data.timeline:
         t, state = float(row["at"]), row["state"]
         if state == "DRAINING":
@@ -47,13 +48,18 @@ def markers(data: RunData, limit: int = 60) -> list[Marker]:
             out.append(Marker(t=t, label=f"re-form ({cause})", color="#756bb1"))
         if state == "WAITING_FOR_CAPACITY":
             out.append(Marker(t=t, label="waiting for capacity", color="#de2d26"))
-        n = len(row.get("slices") or ())
+        names = frozenset(str(x) for x in (row.get("slices") or ()))
+        n = len(names)
         if n and prev_slices and n != prev_slices:
             word = "grow" if n > prev_slices else "shrink"
             out.append(Marker(t=t, label=f"{word} {prev_slices}->{n} slices",
                               color="#2ca25f" if n > prev_slices else "#f03b20"))
+        elif n and prev_set and names != prev_set:
+            gone, new = sorted(prev_set - names), sorted(names - prev_set)
+            out.append(Marker(t=t, label=f"replaced {','.join(gone)} by {','.join(new)}",
+                              color="#2c7fb8"))
         if n:
-            prev_slices = n
+            prev_slices, prev_set = n, names
     for row in data.events:
         t = event_time(row)
         if t is not None and row.get("decision") not in ("duplicate", "stale", "ignored"):

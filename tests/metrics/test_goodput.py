@@ -155,3 +155,21 @@ def test_ledger_error_is_at_most_one_span_for_an_old_rollback():
     full = compute_goodput(tl, steps, now=now)
     assert 0.0 <= full.badput_s["lost_steps"] - merged.badput_s["lost_steps"] <= 7 * 0.5
     assert merged.productive_s + sum(merged.badput_s.values()) == pytest.approx(merged.wall_s)
+
+
+@pytest.mark.parametrize(("t", "cause"), [
+    ({"state": "FORMING", "prev": "WAITING_FOR_CAPACITY", "reason": "preempted: host 1"},
+     "preempted"),
+    ({"state": "PLANNING", "prev": "RELEASING",
+      "reason": "re-forming after spot_preemption: preemption_notice for ['abc']"},
+     "spot_preemption"),
+    ({"state": "FORMING", "prev": "PLANNING", "reason": "1 healthy slices"}, None),
+    ({"state": "PLANNING", "prev": None, "reason": "run started"}, None),
+    ({"state": "FORMING", "prev": "BACKOFF", "reason": "!!!"}, "unknown"),
+    ({"state": "RUNNING", "prev": "COMPILING", "reason": "step compiled"}, None),
+])
+def test_restart_cause_is_a_bounded_label(t, cause):
+    """Re-forms (PLANNING from a state, FORMING not from PLANNING) get a short cause word."""
+    from orchestrator.metrics.causes import restart_cause
+
+    assert restart_cause(t) == cause

@@ -113,3 +113,19 @@ def test_report_on_an_empty_or_missing_dir_names_the_fix(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "orchestrator.report", str(tmp_path / "nope")],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "does not exist" in proc.stderr
+
+
+def test_a_slice_swap_is_marked_as_a_replacement(tmp_path):
+    """Same slice count, other slice: marked 'replaced', not shrink/grow."""
+    from tests.metrics.synthetic import transition
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    rows = [transition(0, "RUNNING", None, T0, slices=["a"]),
+            transition(1, "PLANNING", "RUNNING", T0 + 5, slices=["a"],
+                       reason="re-forming after spot_preemption: x"),
+            transition(2, "FORMING", "PLANNING", T0 + 6, inc=1, slices=["b"]),
+            transition(3, "RUNNING", "FORMING", T0 + 9, inc=1, slices=["b"])]
+    (run_dir / "timeline.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    labels = [m.label for m in markers(load_run(run_dir, now=T0 + 10))]
+    assert labels == ["re-form (spot_preemption)", "replaced a by b"]
