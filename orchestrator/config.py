@@ -22,7 +22,8 @@ from orchestrator.metrics.config import MetricsConfig
 
 def _positive(setting: str, value: float, fix: str = "") -> None:
     if value <= 0:
-        raise ConfigError(setting, f"must be > 0, got {value}", fix or f"set `{setting}` to a positive value")
+        raise ConfigError(setting, f"must be > 0, got {value}",
+                          fix or f"set `{setting}` to a positive value")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -265,9 +266,11 @@ class RunConfig:
     events: EventsConfig = field(default_factory=EventsConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
 
-    def validate_for(self, *, slices: int, hosts_per_slice: int, devices_per_host: int) -> MeshShape:
+    def validate_for(self, *, slices: int, hosts_per_slice: int,
+                     devices_per_host: int) -> MeshShape:
         """Check the mesh and batch against a topology; return the resolved mesh shape."""
-        shape = self.mesh.resolve(slices=slices, devices_per_slice=hosts_per_slice * devices_per_host)
+        shape = self.mesh.resolve(slices=slices,
+                                  devices_per_slice=hosts_per_slice * devices_per_host)
         processes = slices * hosts_per_slice
         if self.train.global_batch % shape.batch_parallel:
             raise ConfigError("train.global_batch", f"{self.train.global_batch} does not divide by "

@@ -79,7 +79,8 @@ def _coerce(setting: str, tp: Any, value: Any) -> Any:
         raise ConfigError(setting, f"{value!r} is not a boolean", f"set `{setting}` to true or false")
     if tp is int:
         if isinstance(value, bool):
-            raise ConfigError(setting, f"{value!r} is not an integer", f"set `{setting}` to a whole number")
+            raise ConfigError(setting, f"{value!r} is not an integer",
+                              f"set `{setting}` to a whole number")
         if isinstance(value, int):
             return value
         if isinstance(value, float) and value.is_integer():
@@ -89,10 +90,12 @@ def _coerce(setting: str, tp: Any, value: Any) -> Any:
                 return int(value)
             except ValueError:
                 pass
-        raise ConfigError(setting, f"{value!r} is not an integer", f"set `{setting}` to a whole number")
+        raise ConfigError(setting, f"{value!r} is not an integer",
+                          f"set `{setting}` to a whole number")
     if tp is float:
         if isinstance(value, bool):
-            raise ConfigError(setting, f"{value!r} is not a number", f"set `{setting}` to a number")
+            raise ConfigError(setting, f"{value!r} is not a number",
+                              f"set `{setting}` to a number")
         if isinstance(value, (int, float)):
             return float(value)
         if isinstance(value, str):

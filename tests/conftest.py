@@ -17,7 +17,8 @@ def _no_google_auth(monkeypatch):
     import google.auth
 
     def _refuse(*args, **kwargs):
-        raise AssertionError("google.auth.default() must not run in tests: pass a channel/transport")
+        raise AssertionError(
+            "google.auth.default() must not run in tests: pass a channel/transport")
 
     monkeypatch.setattr(google.auth, "default", _refuse)
     yield
