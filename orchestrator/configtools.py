@@ -76,7 +76,8 @@ def _coerce(setting: str, tp: Any, value: Any) -> Any:
             return True
         if isinstance(value, str) and value.lower() in ("false", "0", "no", "off"):
             return False
-        raise ConfigError(setting, f"{value!r} is not a boolean", f"set `{setting}` to true or false")
+        raise ConfigError(setting, f"{value!r} is not a boolean",
+                          f"set `{setting}` to true or false")
     if tp is int:
         if isinstance(value, bool):
             raise ConfigError(setting, f"{value!r} is not an integer",
