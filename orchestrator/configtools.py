@@ -49,6 +49,12 @@ def _coerce(setting: str, tp: Any, value: Any) -> Any:
                               f"write `{setting}` as a section with keys")
         return build(tp, value, prefix=setting)
     if origin is typing.Literal:
+        if isinstance(value, bool) and value not in args:
+            # YAML 1.1 reads on/off/yes/no as booleans; give the word back to a word choice.
+            for word in (("on", "yes", "true") if value else ("off", "no", "false")):
+                if word in args:
+                    value = word
+                    break
         if value not in args:
             raise ConfigError(setting, f"{value!r} is not one of {list(args)}",
                               f"set `{setting}` to one of {list(args)}")
