@@ -1,0 +1,116 @@
+"""Multi-host GSPMD training on an emulated cluster: equality, resume, re-mesh, multislice.
+
+One cluster serves the module: slice ``pod`` (2 hosts) and slices ``ms-a``/``ms-b`` (1 host
+each), every host with 2 CPU devices. Each run forms a real JAX group of Ray actors through
+``WorkerGroup`` and checkpoints with Orbax into a temporary run directory.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+
+from orchestrator.config import load_config
+from tests.integration.groups import (
+    bit_identical,
+    max_abs_diff,
+    single_process,
+    train_group,
+)
+from tests.support.ray_cluster import cluster_fixture
+
+pytestmark = pytest.mark.cluster
+
+STEPS = 10
+RESUME_AT = 4
+OVERRIDES = [f"run.total_steps={STEPS}", "train.warmup_steps=2", "train.learning_rate=1e-2"]
+TOL = 1e-6
+
+cluster = cluster_fixture(layout=[2, 1, 1], names=["pod", "ms-a", "ms-b"])
+
+
+@pytest.fixture(scope="module")
+def cfg():
+    return load_config(None, OVERRIDES)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(cluster, cfg, tmp_path_factory):
+    """2 hosts × 2 devices, STEPS steps in one go."""
+    run_dir = tmp_path_factory.mktemp("uninterrupted")
+    return train_group(cfg, cluster.hosts("pod"), run_dir, until=STEPS, checkpoint_every=STEPS,
+                       hosts_per_slice=2)
+
+
+@pytest.fixture(scope="module")
+def stopped(cluster, cfg, tmp_path_factory):
+    """2 hosts, stopped after RESUME_AT steps (checkpoint at RESUME_AT); a copy kept for re-mesh."""
+    run_dir = tmp_path_factory.mktemp("resumed")
+    first = train_group(cfg, cluster.hosts("pod"), run_dir, until=RESUME_AT,
+                        checkpoint_every=RESUME_AT, hosts_per_slice=2)
+    copy = tmp_path_factory.mktemp("remesh")
+    shutil.copytree(run_dir / "checkpoints", copy / "checkpoints")
+    return first, run_dir, copy
+
+
+def test_two_hosts_form_one_group(uninterrupted):
+    """Both actors joined one JAX runtime: 2 processes, 4 global devices, fsdp over all 4."""
+    run = uninterrupted
+    assert [i["process_index"] for i in run.init] == [0, 1]
+    assert {(i["local_devices"], i["global_devices"], i["platform"]) for i in run.init} == {
+        (2, 4, "cpu")}
+    assert run.plan.shape.as_dict()["fsdp"] == 4
+    assert run.restored_step is None and run.start_step == 0
+    assert len(run.losses) == STEPS
+    assert run.losses[-1] < run.losses[0] - 0.1, run.losses
+
+
+def test_two_hosts_match_single_process_on_four_devices(uninterrupted, tmp_path):
+    """2 emulated hosts × 2 devices == 1 process × 4 devices: loss and params within 1e-6."""
+    ref = single_process(tmp_path, devices=4, steps=STEPS, overrides=OVERRIDES)
+    np.testing.assert_allclose(uninterrupted.losses, ref.losses, rtol=0, atol=TOL)
+    assert max_abs_diff(uninterrupted.params, ref.params) <= TOL
+
+
+def test_stop_and_resume_is_bit_identical(cluster, cfg, uninterrupted, stopped):
+    """Stop after RESUME_AT steps, resume with a NEW group on the same run_dir: identical bits."""
+    first, run_dir, _ = stopped
+    assert first.final_step == RESUME_AT
+    second = train_group(cfg, cluster.hosts("pod"), run_dir, until=STEPS,
+                         checkpoint_every=STEPS, hosts_per_slice=2, incarnation=2)
+    assert (second.restored_step, second.start_step) == (RESUME_AT, RESUME_AT)
+    assert first.losses + second.losses == uninterrupted.losses
+    assert bit_identical(second.params, uninterrupted.params), max_abs_diff(
+        second.params, uninterrupted.params)
+
+
+def test_restore_two_host_checkpoint_onto_one_host(cluster, cfg, uninterrupted, stopped):
+    """A 2-host (fsdp=4) checkpoint restores onto 1 host (fsdp=2) and training goes on."""
+    _, _, copy = stopped
+    run = train_group(cfg, cluster.hosts("ms-a"), copy, until=STEPS, checkpoint_every=STEPS,
+                      hosts_per_slice=1, incarnation=2)
+    assert run.plan.num_processes == 1 and run.plan.shape.as_dict()["fsdp"] == 2
+    assert (run.restored_step, run.start_step) == (RESUME_AT, RESUME_AT)
+    assert len(run.losses) == STEPS - RESUME_AT
+    # Same data, same math, another reduction order: equal to float32 rounding.
+    np.testing.assert_allclose(run.losses, uninterrupted.losses[RESUME_AT:], rtol=0, atol=1e-5)
+    assert max_abs_diff(run.params, uninterrupted.params) <= 1e-5
+    assert (copy / "checkpoints" / str(STEPS)).is_dir()
+
+
+def test_multislice_dcn_data_axis(cluster, cfg, tmp_path):
+    """2 slices × 1 host × 2 devices: data splits across slices (DCN), fsdp inside each one."""
+    run = train_group(cfg, cluster.hosts("ms-a", "ms-b"), tmp_path, until=STEPS,
+                      checkpoint_every=STEPS, hosts_per_slice=1)
+    assert run.plan.slice_names == ("ms-a", "ms-b")
+    mesh = run.plan.shape.as_dict()
+    assert (mesh["dcn_data"], mesh["data"], mesh["fsdp"]) == (2, 2, 2)
+    assert [h.slice_name for h in run.plan.hosts] == ["ms-a", "ms-b"]
+    assert run.losses[-1] < run.losses[0] - 0.1, run.losses
+    # The same (data=2, fsdp=2) mesh in one process with 4 devices gives the same numbers.
+    ref = single_process(tmp_path, devices=4, steps=STEPS,
+                         overrides=[*OVERRIDES, "mesh.ici.data=2", "mesh.ici.fsdp=2"])
+    np.testing.assert_allclose(run.losses, ref.losses, rtol=0, atol=TOL)
+    assert max_abs_diff(run.params, ref.params) <= TOL

@@ -1,0 +1,95 @@
+"""Emulated TPU clusters for tests: start, connect this process, yield, and always tear down.
+
+A cluster start costs ~20-45 s on 2 cores, so tests share one per module (or session) through
+``cluster_fixture``. Teardown runs whatever happened (``finally``): ``ray.shutdown()`` first,
+then every Ray node of the emulated cluster, so no raylet or worker outlives the tests.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import structlog
+
+from orchestrator.hosts import HostRef
+from orchestrator.topology import EmulatedCluster, connect_ray, hosts_from_nodes
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class RunningCluster:
+    """A live emulated cluster this process is connected to."""
+
+    emulated: EmulatedCluster
+    address: str
+    slice_names: tuple[str, ...]
+    devices_per_host: int
+
+    def hosts(self, *slices: str) -> list[HostRef]:
+        """Alive emulated hosts as topology discovery sees them (only ``slices`` if given)."""
+        import ray
+
+        found = hosts_from_nodes(ray.nodes())
+        return [h for h in found if not slices or h.slice_name in slices]
+
+
+@contextmanager
+def emulated_cluster(*, slices: int = 1, hosts_per_slice: int = 2, devices_per_host: int = 2,
+                     layout: Sequence[int] | None = None, names: Sequence[str] | None = None,
+                     connect_timeout_s: float = 120.0) -> Iterator[RunningCluster]:
+    """``slices`` × ``hosts_per_slice`` hosts of ``devices_per_host`` CPU devices each.
+
+    ``layout`` (hosts per slice, e.g. ``[2, 1, 1]``) overrides ``slices``/``hosts_per_slice`` for
+    clusters with unequal slices; ``names`` names the slices (default ``emu-slice-<i>``).
+    """
+    import ray
+
+    sizes = list(layout) if layout is not None else [hosts_per_slice] * slices
+    if names is not None and len(names) != len(sizes):
+        raise ValueError("names must name every slice of the layout")
+    cluster = EmulatedCluster(devices_per_host=devices_per_host)
+    t0 = time.perf_counter()
+    try:
+        address = cluster.start()
+        made = tuple(cluster.add_slice(n, name=names[i] if names else None)
+                     for i, n in enumerate(sizes))
+        connect_ray(address, timeout_s=connect_timeout_s)
+        running = RunningCluster(emulated=cluster, address=address, slice_names=made,
+                                 devices_per_host=devices_per_host)
+        _wait_for_hosts(running, sum(sizes), timeout_s=connect_timeout_s)
+        log.info("test_cluster_up", layout=sizes, seconds=round(time.perf_counter() - t0, 1))
+        yield running
+    finally:
+        try:
+            if ray.is_initialized():
+                ray.shutdown()
+        finally:
+            cluster.shutdown()
+
+
+def _wait_for_hosts(running: RunningCluster, count: int, *, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while len(running.hosts()) < count:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"only {len(running.hosts())} of {count} emulated hosts came up")
+        time.sleep(0.2)
+
+
+def cluster_fixture(*, scope: str = "module", **kwargs: Any) -> Any:
+    """A pytest fixture yielding a ``RunningCluster`` shared by every test in ``scope``.
+
+    Usage in a test module or conftest: ``cluster = cluster_fixture(layout=[2, 1, 1])``.
+    """
+
+    @pytest.fixture(scope=scope)  # type: ignore[arg-type]
+    def _cluster() -> Iterator[RunningCluster]:
+        with emulated_cluster(**kwargs) as running:
+            yield running
+
+    return _cluster
