@@ -226,30 +226,24 @@ class Driver:
         return box["peak"]
 
     def _on_step(self, rec: dict, ctx: dict, box: dict) -> None:
-        from orchestrator.metrics.mfu import mfu
         from orchestrator.metrics.records import StepRecord
 
-        peak, source = box.get("peak", (0.0, "unknown"))
-        flops = ctx["flops"] or 0.0
-        value = mfu(flops, rec["step_time_s"], ctx["devices"], peak) if peak else 0.0
-        self.metrics.on_step(StepRecord(
+        self.metrics.on_step(StepRecord.build(
             step=rec["step"], loss=rec["loss"], step_time_s=rec["step_time_s"],
-            tokens=ctx["tokens"], flops=flops, grad_norm=rec["grad_norm"],
-            wall_time=rec["wall_time"], devices=ctx["devices"], peak_flops_per_device=peak,
-            peak_source=source, mfu=value, incarnation=ctx["incarnation"], slices=ctx["slices"],
-            checkpoint_blocking_s=rec["checkpoint_blocking_s"], lr=rec["lr"]))
+            tokens=ctx["tokens"], flops=ctx["flops"] or 0.0, grad_norm=rec["grad_norm"],
+            wall_time=rec["wall_time"], devices=ctx["devices"],
+            peak=box.get("peak", (0.0, "unknown")), incarnation=ctx["incarnation"],
+            slices=ctx["slices"], checkpoint_blocking_s=rec["checkpoint_blocking_s"],
+            lr=rec["lr"]))
 
     def _print_summary(self, summary: Any) -> None:
-        from orchestrator.metrics.goodput import compute_goodput
-        from orchestrator.metrics.records import StepRecord
+        from orchestrator.metrics.rundir import load_run
 
         good = None
         try:
             if self.metrics is not None:
                 self.metrics.flush(timeout=10.0)
-            timeline = _read_jsonl(self.run_dir / "timeline.jsonl")
-            steps = [StepRecord.from_dict(d) for d in _read_jsonl(self.run_dir / "metrics.jsonl")]
-            good = compute_goodput(timeline, steps, now=time.time()).goodput
+            good = load_run(self.run_dir, now=time.time()).goodput.goodput
         except Exception as exc:  # the summary must print whatever the metrics state
             log.warning("goodput_unavailable", error=str(exc))
         summary.goodput = good
@@ -285,19 +279,6 @@ class Driver:
             ray.shutdown()
         if self.emulated is not None:
             self.emulated.shutdown()
-
-
-def _read_jsonl(path: Path) -> list[dict]:
-    """Lines of a JSONL file; a torn last line (a run still writing) is skipped."""
-    out: list[dict] = []
-    if not path.exists():
-        return out
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue
-    return out
 
 
 def _current_runtime_env() -> dict:
