@@ -150,7 +150,8 @@ class RunController:
                  on_step: Callable[[dict, dict], None] | None = None,
                  clock: Callable[[], float] = time.time,
                  sleep: Callable[[float], None] = time.sleep,
-                 peak: tuple[float, str] | None = None) -> None:
+                 peak: tuple[float, str] | None = None,
+                 on_final_group: Callable[[WorkerGroup], None] | None = None) -> None:
         self.cfg = cfg
         self.ctl = ctl
         self.policies = ctl.build_policies()
@@ -162,6 +163,7 @@ class RunController:
         self.clock = clock
         self.sleep = sleep
         self.peak = peak
+        self.on_final_group = on_final_group
         self.lifecycle = Lifecycle(run_dir=self.run_dir, clock=clock,
                                    listeners=[_MetricsListener(metrics)] if metrics else ())
         self.group: WorkerGroup | None = None
@@ -184,6 +186,7 @@ class RunController:
         self.fired_faults: set[tuple[int, int, str]] = set()
         self.compile_times: list[float] = []
         self.recoveries: list[dict] = []
+        self.restores: list[dict] = []  # per incarnation: which checkpoint step was restored
         self._recovery: dict | None = None
         self.batch_plan: BatchPlan | None = None
         self.flops: float | None = None
@@ -290,6 +293,11 @@ class RunController:
                         reached=self.progress.max_step_reached)
         if self._recovery is not None:
             self._recovery["lost_steps"] = self._recovery.get("lost_steps", 0) + lost
+        self.restores.append({"incarnation": self.incarnation, "restored_step": restored,
+                              "step": step, "lost_steps": lost,
+                              "restore_s": round(out[0]["restore_s"], 3)})
+        if self._recovery is not None:
+            self._recovery["restored_step"] = restored
         self.progress.step = step
         self.progress.last_committed = restored
         reason = f"restored step {restored}" if restored is not None else "fresh start (seed)"
@@ -352,7 +360,7 @@ class RunController:
         d = self.drain
         assert d is not None
         now = self.clock()
-        step_s = statistics.median(self.progress.step_times[-20:]) if self.progress.step_times else 1.0
+        # The hosts already stopped at a step boundary (chunk end): no step is in flight.
         save_s = (statistics.median(self.progress.save_costs[-5:]) if self.progress.save_costs
                   else 2.0)
         decision = self.policies.deadline.decide(DrainObservation(
@@ -387,6 +395,11 @@ class RunController:
             self._recovery["saved_step"] = out[0]["step"]
             self._recovery["save_s"] = cost
         if d is not None and d.stop and self.progress.step >= self.cfg.run.total_steps:
+            if self.on_final_group is not None:
+                try:
+                    self.on_final_group(group)
+                except Exception as exc:  # a test/export hook must never fail the run
+                    log.error("final_group_hook_failed", error=str(exc))
             self._teardown_group(graceful=True)
             self._transition(S.SUCCEEDED, f"reached step {self.progress.step}")
             return
@@ -453,7 +466,8 @@ class RunController:
         total = self.cfg.run.total_steps
         per_call = self.cfg.run.steps_per_call
         if not per_call:
-            st = statistics.median(self.progress.step_times[-10:]) if self.progress.step_times else 0.2
+            recent = self.progress.step_times[-10:]
+            st = statistics.median(recent) if recent else 0.2
             per_call = max(1, min(100, int(1.0 / max(st, 1e-3))))
         until = min(total, step + per_call)
         for f in self.policies.chaos.faults:  # stop exactly at a chaos step
@@ -462,7 +476,8 @@ class RunController:
         return until
 
     def _arm_faults(self, until: int) -> None:
-        """Deterministic faults keyed by (host, step): kill/hang armed in the actor, notices sent."""
+        """Deterministic faults keyed by (host, step): kill/hang armed in the actor, notices
+        sent."""
         assert self.group is not None
         step = self.progress.step
         for f in self.policies.chaos.faults:
@@ -482,7 +497,8 @@ class RunController:
         assert self.plan is not None
         host = self.plan.hosts[fault.host]
         kind = "preemption_notice" if fault.kind is FaultKind.PREEMPT else "host_unhealthy"
-        payload = {"schema_version": 1, "kind": kind, "id": f"chaos-{fault.at_step}-{fault.host}-{kind}",
+        payload = {"schema_version": 1, "kind": kind,
+                   "id": f"chaos-{fault.at_step}-{fault.host}-{kind}",
                    "target": {"job": self.cfg.run.name, "host": host.instance},
                    "deadline": self.clock() + fault.deadline_s, "source": "chaos"}
         log.info("chaos_notice", kind=kind, host=host.instance, step=fault.at_step)
@@ -678,9 +694,11 @@ class RunController:
             StopCause.OPERATOR if kind == "operator_drain" else StopCause.SPOT_PREEMPTION)
         if self.drain is not None:
             self.drain.doomed_nodes |= doomed
-            self._record_action(ev, "merged", reason=f"drain already pending ({self.drain.event_id})")
+            self._record_action(ev, "merged",
+                                reason=f"drain already pending ({self.drain.event_id})")
             return
-        names = sorted(h.instance for h in self.plan.hosts if h.node_id in doomed) if self.plan else []
+        names = (sorted(h.instance for h in self.plan.hosts if h.node_id in doomed)
+                 if self.plan else [])
         self.drain = DrainRequest(cause=cause, reason=f"{kind} for {names or 'the whole job'}",
                                   event_id=ev.id, deadline=ev.deadline,
                                   doomed_nodes=frozenset(doomed), event=ev,
@@ -694,7 +712,8 @@ class RunController:
         t = ev.target
         out: set[str] = set()
         for h in self.plan.hosts:
-            if (t.host and h.matches(t.host)) or (t.slice and not t.host and h.slice_name == t.slice):
+            by_slice = t.slice and not t.host and h.slice_name == t.slice
+            if (t.host and h.matches(t.host)) or by_slice:
                 out.add(h.node_id)
         return out
 
@@ -796,7 +815,8 @@ class RunController:
         if slices == base_slices:
             self.batch_plan = None
             return self.cfg
-        dev = (self.plan.devices_per_host if self.plan else self.cfg.cluster.emulate.devices_per_host)
+        dev = (self.plan.devices_per_host if self.plan
+               else self.cfg.cluster.emulate.devices_per_host)
         base = self.cfg.validate_for(slices=base_slices, hosts_per_slice=hosts_per_slice,
                                      devices_per_host=dev)
         new = self.cfg.mesh.resolve(slices=slices, devices_per_slice=hosts_per_slice * dev)
