@@ -1,0 +1,139 @@
+"""Peer baseline for figure 4: Ray Train's JaxTrainer with FailureConfig restarts, same model.
+
+``python -m bench.raytrain_baseline --minutes M --preempt-every-s N --workdir DIR``: starts a
+local Ray instance (CPU), runs ``ray.train.v2.jax.JaxTrainer`` (``JaxConfig(use_tpu=True)`` and
+``JAX_PLATFORMS=cpu`` in the workers, which makes it initialise ``jax.distributed`` on CPU) with
+the project's Trainer, Orbax checkpoints every K steps in a shared directory, and kills one
+worker process every N seconds (an unannounced preemption: JaxTrainer has no notice path).
+Rank 0 appends one JSON line per step to DIR/records.jsonl; stops itself after M minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+
+def train_loop(config: dict) -> None:
+    """Runs in every Ray Train worker: restore the latest checkpoint (or init), train, save."""
+    import jax
+    import ray.train
+
+    from orchestrator.config import load_config
+    from orchestrator.hosts import HostRef
+    from orchestrator.plan import MeshPlan
+    from workers.trainer import Trainer
+
+    ctx = ray.train.get_context()
+    rank, n = ctx.get_world_rank(), ctx.get_world_size()
+    workdir = Path(config["workdir"])
+    (workdir / "pids").mkdir(parents=True, exist_ok=True)
+    (workdir / "pids" / f"rank{rank}").write_text(str(os.getpid()))
+    cfg = load_config(None, config["overrides"])
+    dev = jax.local_device_count()
+    shape = cfg.validate_for(slices=1, hosts_per_slice=n, devices_per_host=dev)
+    hosts = tuple(HostRef(index=i, slice_name="rt", worker_id=i, node_id=f"rt-{i}",
+                          node_ip="127.0.0.1", instance=f"rt-w{i}", devices=dev)
+                  for i in range(n))
+    plan = MeshPlan(hosts=hosts, slice_names=("rt",), shape=shape, devices_per_host=dev,
+                    platform="cpu")
+    tr = Trainer(cfg, plan, checkpoint_dir=str(workdir / "checkpoints"))
+    if tr.restore_latest() is None:
+        tr.init_state(cfg.run.seed)
+    tr.compile()
+    every = int(config["checkpoint_every"])
+    end_at = float(config["end_at"])
+    out = (workdir / "records.jsonl").open("a", encoding="utf-8") if rank == 0 else None
+    try:
+        # Every process must agree on when to stop: the same step-boundary decision everywhere.
+        from jax.experimental import multihost_utils
+
+        while True:
+            if tr.step % 10 == 0:  # a collective every step would tax this baseline
+                stop = multihost_utils.broadcast_one_to_all(
+                    jax.numpy.asarray(time.time() >= end_at, dtype=jax.numpy.int32))
+                if int(stop):
+                    break
+            o = tr.train_step()
+            if o.step % every == 0:
+                tr.save()
+            if out is not None:
+                out.write(json.dumps({"step": o.step, "step_time_s": o.step_time_s,
+                                      "wall_time": time.time(), "pid": os.getpid()}) + "\n")
+                out.flush()
+    finally:
+        if out is not None:
+            out.close()
+    tr.close()
+
+
+def _preempter(workdir: Path, every_s: float, stop: threading.Event, log: list[dict]) -> None:
+    """Every ``every_s``: SIGKILL the rank-1 worker process (a host lost with no notice)."""
+    pid_file = workdir / "pids" / "rank1"
+    while not stop.wait(every_s):
+        try:
+            pid = int(pid_file.read_text())
+            os.kill(pid, signal.SIGKILL)
+            log.append({"at": time.time(), "pid": pid})
+        except (OSError, ValueError):
+            log.append({"at": time.time(), "pid": None, "skipped": "no live rank-1 worker"})
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.raytrain_baseline")
+    p.add_argument("--minutes", type=float, required=True)
+    p.add_argument("--preempt-every-s", type=float, required=True)
+    p.add_argument("--workdir", required=True)
+    p.add_argument("--hosts", type=int, default=2)
+    p.add_argument("--devices", type=int, default=2)
+    p.add_argument("--checkpoint-every", type=int, default=10)
+    args = p.parse_args(argv)
+    import ray
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.v2.jax import JaxConfig, JaxTrainer
+
+    workdir = Path(args.workdir).absolute()
+    workdir.mkdir(parents=True, exist_ok=True)
+    env = {"JAX_PLATFORMS": "cpu", "RAY_TRAIN_V2_ENABLED": "1",
+           "XLA_FLAGS": f"--xla_force_host_platform_device_count={args.devices}",
+           "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+    os.environ["RAY_TRAIN_V2_ENABLED"] = "1"
+    ray.init(num_cpus=args.hosts, include_dashboard=False, runtime_env={"env_vars": env})
+    started = time.time()
+    stop = threading.Event()
+    kills: list[dict] = []
+    killer = threading.Thread(target=_preempter, args=(workdir, args.preempt_every_s, stop, kills),
+                              daemon=True)
+    try:
+        trainer = JaxTrainer(
+            train_loop,
+            train_loop_config={"workdir": str(workdir), "overrides": ["run.total_steps=1000000"],
+                               "checkpoint_every": args.checkpoint_every,
+                               "end_at": started + args.minutes * 60.0},
+            jax_config=JaxConfig(use_tpu=True),
+            scaling_config=ScalingConfig(num_workers=args.hosts,
+                                         resources_per_worker={"CPU": 1}),
+            run_config=RunConfig(name="bench-raytrain", storage_path=str(workdir / "ray"),
+                                 failure_config=FailureConfig(max_failures=-1)))
+        killer.start()
+        error = None
+        try:
+            trainer.fit()
+        except Exception as exc:  # reported, not raised: the benchmark records what happened
+            error = f"{type(exc).__name__}: {exc}"
+    finally:
+        stop.set()
+        ray.shutdown()
+    (workdir / "summary.json").write_text(json.dumps({
+        "started_at": started, "ended_at": time.time(), "kills": kills, "error": error}))
+    return 0 if error is None else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,146 @@
+"""Figure 4, scheduled mode: each system trains for M minutes with a preemption every N seconds.
+
+- orchestrator: one ``orchestrator.main`` run; every N s a preemption notice for mesh host 1 is
+  published through the run dir's inbox (``python -m orchestrator.events publish``); spare
+  emulated slices stand in for replacement capacity (one per expected preemption).
+- full restart: every N s the job is killed (SIGINT, SIGKILL after a grace period) and resubmitted
+  on the same run dir, restoring its latest checkpoint.
+- Ray Train: ``bench.raytrain_baseline`` (JaxTrainer + FailureConfig), a worker killed every N s.
+
+Goodput = net steps at the end × the system's own median step time / wall time; lost steps =
+steps done twice (a step reached, then resumed from an earlier checkpoint).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from bench import procs
+from bench.config import BenchConfig
+from bench.figures import goodput
+from bench.orchestrated import RunDir, main_cmd, read_jsonl
+from bench.stats import spread
+
+
+def lost_steps(records: Sequence[dict]) -> int:
+    """Steps re-done: whenever the step sequence (by wall time) goes back, the gap counts."""
+    lost, prev = 0, None
+    for r in sorted(records, key=lambda r: r["wall_time"]):
+        if prev is not None and r["step"] <= prev:
+            lost += prev - (r["step"] - 1)
+        prev = r["step"]
+    return lost
+
+
+def summarize(records: Sequence[dict], *, wall_s: float, skip: int, **extra: object) -> dict:
+    recs = sorted(records, key=lambda r: r["wall_time"])
+    step_s = spread([r["step_time_s"] for r in recs[skip:]])["median"]
+    net = max((r["step"] for r in recs), default=0)
+    return {"goodput": goodput(useful_steps=net, step_s=step_s, wall_s=wall_s), "wall_s": wall_s,
+            "net_steps": net, "steps_lost": lost_steps(recs), "step_s": step_s,
+            "steps_executed": len(recs), **extra}
+
+
+def orchestrator_schedule(cfg: BenchConfig, workdir: Path, topology: list[str]) -> dict:
+    seconds = cfg.goodput_minutes * 60.0
+    n_preempt = max(1, math.ceil(seconds / cfg.preempt_every_s))
+    run_dir = workdir / "orchestrator"
+    overrides = [*topology, "run.name=bench-goodput", "run.total_steps=1000000",
+                 f"cluster.emulate.spare_slices={n_preempt}",
+                 f"controller.checkpoint_interval.every_steps={cfg.checkpoint_every}"]
+    t0 = time.time()
+    proc = procs.start(main_cmd(run_dir, overrides), log_path=workdir / "orchestrator.log")
+    notices: list[float] = []
+    try:
+        next_at = t0 + cfg.preempt_every_s
+        while time.time() < t0 + seconds and proc.poll() is None:
+            if time.time() >= next_at:
+                code = procs.start(procs.python_cmd(
+                    "orchestrator.events", "publish", "--run-dir", str(run_dir), "--kind",
+                    "preemption", "--host", "1", "--deadline-s", str(cfg.notice_deadline_s)),
+                    log_path=workdir / "publish.log").wait(timeout=120)
+                if code == 0:
+                    notices.append(time.time())
+                next_at += cfg.preempt_every_s
+            time.sleep(0.5)
+        wall = time.time() - t0
+        procs.interrupt_then_kill(proc, grace_s=90)
+    finally:
+        if proc.poll() is None:
+            procs.kill_tree(proc)
+    rd = RunDir.read(run_dir)
+    recs = [r for r in rd.metrics if r["wall_time"] <= t0 + wall]
+    return summarize(recs, wall_s=wall, skip=cfg.skip_steps, preemptions=len(notices),
+                     recoveries=len(rd.summary.get("recoveries", [])),
+                     summary_goodput=rd.summary.get("goodput"))
+
+
+def restart_schedule(cfg: BenchConfig, workdir: Path, topology: list[str]) -> dict:
+    seconds = cfg.goodput_minutes * 60.0
+    run_dir = workdir / "full_restart"
+    overrides = [*topology, "run.name=bench-goodput-restart", "run.total_steps=1000000",
+                 f"controller.checkpoint_interval.every_steps={cfg.checkpoint_every}"]
+    t0 = time.time()
+    kills = 0
+    end = t0 + seconds
+    while time.time() < end:
+        proc = procs.start(main_cmd(run_dir, overrides), log_path=workdir / "full_restart.log")
+        try:
+            next_kill = t0 + (kills + 1) * cfg.preempt_every_s
+            while time.time() < min(next_kill, end) and proc.poll() is None:
+                time.sleep(0.5)
+            procs.interrupt_then_kill(proc, grace_s=60)
+            kills += time.time() < end
+        finally:
+            if proc.poll() is None:
+                procs.kill_tree(proc)
+    wall = time.time() - t0
+    recs = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r["wall_time"] <= t0 + wall]
+    return summarize(recs, wall_s=wall, skip=cfg.skip_steps, preemptions=kills)
+
+
+def raytrain_schedule(cfg: BenchConfig, workdir: Path) -> dict:
+    out = workdir / "ray_train"
+    t0 = time.time()
+    proc = procs.start(procs.python_cmd(
+        "bench.raytrain_baseline", "--minutes", str(cfg.goodput_minutes), "--preempt-every-s",
+        str(cfg.preempt_every_s), "--workdir", str(out), "--hosts", str(cfg.hosts),
+        "--devices", str(cfg.devices), "--checkpoint-every", str(cfg.checkpoint_every)),
+        log_path=workdir / "ray_train.log")
+    try:
+        code = proc.wait(timeout=cfg.goodput_minutes * 60.0 + cfg.run_timeout_s)
+    except Exception:
+        procs.interrupt_then_kill(proc, grace_s=30)
+        code = None
+    wall = time.time() - t0
+    recs = read_jsonl(out / "records.jsonl")
+    summary = read_jsonl(out / "summary.json")
+    extra = summary[0] if summary else {}
+    return summarize(recs, wall_s=wall, skip=cfg.skip_steps, exit_code=code,
+                     preemptions=len([k for k in extra.get("kills", []) if k.get("pid")]),
+                     error=extra.get("error"))
+
+
+def run_schedule(cfg: BenchConfig, *, workdir: Path, progress: Callable[[str], None],
+                 topology: list[str]) -> dict:
+    """All systems, one after the other, each for ``goodput_minutes``."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    systems: dict[str, dict] = {}
+    runs: list[tuple[str, Callable[[], dict]]] = [
+        ("orchestrator", lambda: orchestrator_schedule(cfg, workdir, topology)),
+        ("full_restart", lambda: restart_schedule(cfg, workdir, topology))]
+    if cfg.raytrain:
+        runs.append(("ray_train_jaxtrainer", lambda: raytrain_schedule(cfg, workdir)))
+    for name, fn in runs:
+        progress(f"figure 4: {name}, {cfg.goodput_minutes} min, preemption every "
+                 f"{cfg.preempt_every_s} s")
+        try:
+            systems[name] = fn()
+        except Exception as exc:  # one system failing must not lose the others' numbers
+            systems[name] = {"error": f"{type(exc).__name__}: {exc}", "goodput": None,
+                             "wall_s": None, "steps_lost": None}
+    return {"mode": f"scheduled: {cfg.goodput_minutes} min per system, preemption every "
+                    f"{cfg.preempt_every_s} s", "systems": systems}
