@@ -1,0 +1,90 @@
+"""Figure arithmetic on synthetic run outputs (no processes): what each figure is made of."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench import figures
+from bench.config import BenchConfig, preset
+from bench.orchestrated import RunDir
+from bench.schedule import lost_steps
+from bench.stats import ratio, spread
+from orchestrator.errors import ConfigError
+
+
+def _recs(steps, *, t0=100.0, dt=1.0, inc=1, st=0.5):
+    return [{"step": s, "wall_time": t0 + i * dt, "step_time_s": st, "incarnation": inc}
+            for i, s in enumerate(steps)]
+
+
+def test_spread_reports_median_quartiles_and_range():
+    """Median, quartiles, min, max and count of the values."""
+    assert spread([3.0, 1.0, 2.0]) == {"n": 3, "median": 2.0, "p25": 1.5, "p75": 2.5,
+                                       "min": 1.0, "max": 3.0}
+    assert spread([])["median"] is None
+
+
+def test_ratio_is_none_without_a_positive_denominator():
+    """A missing side gives no ratio rather than a division error."""
+    assert ratio(1.0, 0.0) is None and ratio(None, 1.0) is None and ratio(1.0, 4.0) == 0.25
+
+
+def test_lost_steps_counts_redone_steps():
+    """Reached step 7, resumed at step 6 (from checkpoint 5): steps 6 and 7 are done twice."""
+    recs = _recs([5, 6, 7, 6, 7, 8])
+    assert lost_steps(recs) == 2
+    assert lost_steps(_recs([1, 2, 3])) == 0
+
+
+def test_overhead_compares_steady_medians():
+    """Ratio of orchestrated to bare median step time after the warm-up steps."""
+    orch = [_recs(range(1, 11), st=0.6)]
+    bare = [{"records": [{"step": s, "wall_time": 100.0 + s, "step_time_s": 0.5,
+                          "save_in_flight": False, "save_blocking_s": 0.0}
+                         for s in range(1, 11)]}]
+    fig = figures.overhead(orch, bare, skip=2)
+    assert fig["ratio_step_time"] == pytest.approx(1.2)
+    assert fig["ratio_wall_per_step"] == pytest.approx(1.0)
+
+
+def test_checkpoint_inflation_splits_steps_by_save_state():
+    """Save-issuing steps count with their blocking part; in-flight steps count as during."""
+    recs = [{"step": 1, "step_time_s": 1.0, "save_in_flight": False, "save_blocking_s": 0.0},
+            {"step": 2, "step_time_s": 1.0, "save_in_flight": False, "save_blocking_s": 1.0},
+            {"step": 3, "step_time_s": 2.0, "save_in_flight": True, "save_blocking_s": 0.0},
+            {"step": 4, "step_time_s": 1.0, "save_in_flight": False, "save_blocking_s": 0.0}]
+    fig = figures.checkpoint_inflation([{"records": recs}], skip=0)
+    assert fig["ratio"] == 2.0
+    assert fig["during_save_step_s"]["n"] == 2 and fig["without_save_step_s"]["n"] == 2
+
+
+def test_announced_recovery_reads_notice_commit_and_first_new_step(tmp_path: Path):
+    """Notice → committed from the timeline, → first step from the next incarnation's records."""
+    run = RunDir(path=tmp_path, summary={"state": "SUCCEEDED", "step": 12, "recoveries": [
+        {"kind": "announced", "notice_at": 108.0, "boundary_step": 8, "saved_step": 8,
+         "lost_steps": 0, "phases_s": {"DRAINING": 0.1, "FORMING": 5.0}}]},
+        metrics=_recs(range(1, 9)) + _recs(range(9, 13), t0=130.0, inc=2),
+        timeline=[{"state": "RELEASING", "prev": "CHECKPOINTING", "at": 110.5}])
+    fig = figures.announced_recovery(run)
+    assert fig["notice_to_committed_s"] == pytest.approx(2.5)
+    assert fig["notice_to_first_step_s"] == pytest.approx(22.0)
+    assert fig["steps_lost"] == 0 and fig["steps_lost_from_records"] == 0
+
+
+def test_full_restart_counts_steps_since_the_last_checkpoint(tmp_path: Path):
+    """Killed at step 9, resumed after checkpoint 8: one step lost."""
+    first = RunDir(path=tmp_path, metrics=_recs(range(1, 10)))
+    second = RunDir(path=tmp_path, summary={"state": "SUCCEEDED", "step": 12},
+                    metrics=_recs(range(1, 10)) + _recs(range(9, 13), t0=200.0))
+    fig = figures.full_restart({"killed_at": 108.5, "stop_s": 3.0}, first, second)
+    assert fig["steps_lost"] == 1 and fig["notice_to_first_step_s"] == pytest.approx(91.5)
+
+
+def test_bad_settings_name_the_setting():
+    """A preemption before the first checkpoint is rejected with the setting's name."""
+    with pytest.raises(ConfigError, match=r"bench\.preempt_at_step"):
+        BenchConfig(preempt_at_step=5, checkpoint_every=10)
+    with pytest.raises(ConfigError, match=r"bench\.nope"):
+        preset("quick", nope=1)
