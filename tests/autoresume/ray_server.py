@@ -1,5 +1,15 @@
-"""A real local Ray head with the job server, for autoresume tests (no `ray stop`: that would
-kill other Ray clusters on the machine; we kill only our own process group and temp dir)."""
+"""A real local Ray cluster with the job server, for autoresume tests.
+
+`ray start --head` (loopback, job API on a free port) and, optionally, worker nodes joined with
+`ray start --address=<head>` that carry the resources and labels of TPU hosts, marked emulated
+(see orchestrator/topology.py: the driver then gives each host actor D CPU devices). A job
+submitted here runs with RAY_ADDRESS set by Ray and finds those hosts in the SAME cluster
+(cluster.mode=auto), exactly as a driver on a real TPU cluster finds its TPU nodes.
+
+Teardown never uses `ray stop`: that would kill other Ray clusters on this shared machine. Every
+node runs `--block` in its own process group; we kill those groups, then whatever process still
+names our temp dir.
+"""
 
 from __future__ import annotations
 
@@ -14,73 +24,236 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import psutil
 
+from orchestrator.topology import (
+    EMULATED_LABEL,
+    INSTANCE_LABEL,
+    POD_TYPE_LABEL,
+    SLICE_LABEL,
+    TOPOLOGY_LABEL,
+    WORKER_LABEL,
+)
 from tests.support.pubsub_emulator import free_port
 
 READY_TIMEOUT_S = 90.0
+JOIN_ATTEMPTS = 3
+LOOPBACK = "127.0.0.1"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TpuSlices:
+    """Emulated TPU slices to join to the head: `slices` x `hosts_per_slice` worker nodes."""
+
+    slices: int = 1
+    hosts_per_slice: int = 2
+    devices_per_host: int = 2
+    name_prefix: str = "e2e-slice"
+
+
+@dataclass(frozen=True, kw_only=True)
+class RayCluster:
+    """Addresses of a running local cluster."""
+
+    url: str  # job API / dashboard
+    gcs_address: str  # what `ray start --address` and ray.init take
+    temp_dir: str
+
+
+def host_labels(slice_name: str, worker_id: int, *, hosts: int, devices: int) -> dict[str, str]:
+    """Labels a Ray TPU node carries, plus the marker that it is CPU-emulated."""
+    return {SLICE_LABEL: slice_name, WORKER_LABEL: str(worker_id),
+            INSTANCE_LABEL: f"{slice_name}-w{worker_id}",
+            POD_TYPE_LABEL: f"cpu-emu-{hosts * devices}", TOPOLOGY_LABEL: f"{hosts}x{devices}",
+            EMULATED_LABEL: "true"}
+
+
+def host_resources(worker_id: int, *, hosts: int, devices: int) -> dict[str, int]:
+    """`TPU` chips, and the `TPU-<pod>-head` marker resource on worker 0 (as real slices)."""
+    res = {"TPU": devices}
+    if worker_id == 0:
+        res[f"TPU-cpu-emu-{hosts * devices}-head"] = 1
+    return res
+
+
+def _ray_env() -> dict[str, str]:
+    venv_bin = str(Path(sys.executable).parent)
+    env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0",
+               PATH=f"{venv_bin}:{os.environ.get('PATH', '')}")  # `python` in jobs = this venv
+    env.pop("RAY_ADDRESS", None)
+    return env
+
+
+def _launch(args: list[str], log: IO[bytes]) -> subprocess.Popen[bytes]:
+    ray_bin = str(Path(sys.executable).parent / "ray")
+    return subprocess.Popen([ray_bin, "start", "--block", *args], stdout=log,
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=_ray_env(),
+                            start_new_session=True)
+
+
+@contextlib.contextmanager
+def ray_cluster(num_cpus: int = 2, *, tpu: TpuSlices | None = None) -> Iterator[RayCluster]:
+    """A fresh head (RAY_AUTH_MODE=disabled) and, with `tpu`, emulated TPU worker nodes; yields
+    once the job API answers and every TPU node is registered."""
+    temp_dir = Path(tempfile.mkdtemp(prefix="arr-", dir="/tmp"))
+    dash, gcs_port = free_port(), free_port()
+    gcs = f"{LOOPBACK}:{gcs_port}"
+    logs: list[IO[bytes]] = []
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        logs.append(open(temp_dir / "head.log", "wb"))  # noqa: SIM115 - closed in finally
+        procs.append(_launch(
+            ["--head", f"--port={gcs_port}", f"--node-ip-address={LOOPBACK}",
+             f"--dashboard-port={dash}", f"--dashboard-host={LOOPBACK}",
+             "--include-dashboard=true", f"--ray-client-server-port={free_port()}",
+             f"--dashboard-agent-listen-port={free_port()}", f"--num-cpus={num_cpus}",
+             "--num-gpus=0", f"--object-store-memory={150 * 1024 * 1024}",
+             f"--temp-dir={temp_dir}", "--disable-usage-stats"], logs[-1]))
+        url = f"http://{LOOPBACK}:{dash}"
+        _wait_ready(url, procs, temp_dir)
+        if tpu is not None:
+            for s in range(tpu.slices):
+                for w in range(tpu.hosts_per_slice):
+                    _join_tpu_host(f"{tpu.name_prefix}-{s}", w, tpu, gcs, url, procs, logs,
+                                   temp_dir)
+            _wait_tpu_nodes(url, tpu.slices * tpu.hosts_per_slice, procs, temp_dir)
+        yield RayCluster(url=url, gcs_address=gcs, temp_dir=str(temp_dir))
+    finally:
+        _kill_all(procs, str(temp_dir), gcs)
+        for log in logs:
+            log.close()
+        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 @contextlib.contextmanager
 def ray_job_server(num_cpus: int = 2) -> Iterator[str]:
     """Yield the job API URL of a fresh `ray start --head` (RAY_AUTH_MODE=disabled)."""
-    temp_dir = Path(tempfile.mkdtemp(prefix="arr-", dir="/tmp"))
-    dash = free_port()
-    venv_bin = str(Path(sys.executable).parent)
-    env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0",
-               PATH=f"{venv_bin}:{os.environ.get('PATH', '')}")  # `python` in jobs = this venv
-    env.pop("RAY_ADDRESS", None)
-    ray_bin = str(Path(sys.executable).parent / "ray")
-    log = open(temp_dir / "head.log", "wb")  # noqa: SIM115 - closed in finally
-    proc = subprocess.Popen(
-        [ray_bin, "start", "--head", "--block", f"--port={free_port()}",
-         f"--dashboard-port={dash}", "--dashboard-host=127.0.0.1", "--include-dashboard=true",
-         f"--ray-client-server-port={free_port()}",
-         f"--dashboard-agent-listen-port={free_port()}", f"--num-cpus={num_cpus}", "--num-gpus=0",
-         f"--temp-dir={temp_dir}", "--disable-usage-stats"],
-        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{dash}"
-    try:
+    with ray_cluster(num_cpus) as cluster:
+        yield cluster.url
+
+
+def _json(value: dict[str, int]) -> str:
+    import json
+
+    return json.dumps(value, separators=(",", ":"))
+
+
+def _check_alive(procs: list[subprocess.Popen[bytes]], temp_dir: Path) -> None:
+    for p in procs:
+        if p.poll() is not None:
+            tails = "\n".join(f"--- {f.name}\n{f.read_text(errors='replace')[-1500:]}"
+                              for f in sorted(temp_dir.glob("*.log")))
+            raise RuntimeError(f"`ray start` exited with {p.returncode}:\n{tails}")
+
+
+def _wait_ready(url: str, procs: list[subprocess.Popen[bytes]], temp_dir: Path) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while True:
+        _check_alive(procs, temp_dir)
+        try:
+            with urllib.request.urlopen(f"{url}/api/version", timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError("Ray job server did not come up")
+        time.sleep(0.5)
+
+
+def _join_tpu_host(slice_name: str, worker_id: int, tpu: TpuSlices, gcs: str, url: str,
+                   procs: list[subprocess.Popen[bytes]], logs: list[IO[bytes]],
+                   temp_dir: Path) -> None:
+    """One `ray start --address` worker node that looks like a TPU host; waits until it is
+    alive. Nodes join one at a time, and a node that hits Ray's fixed 30 s registration timeout
+    (seen at load average 17 on 2 cores) is killed and started again."""
+    labels = host_labels(slice_name, worker_id, hosts=tpu.hosts_per_slice,
+                         devices=tpu.devices_per_host)
+    resources = host_resources(worker_id, hosts=tpu.hosts_per_slice,
+                               devices=tpu.devices_per_host)
+    instance = labels[INSTANCE_LABEL]
+    for attempt in range(JOIN_ATTEMPTS):
+        logs.append(open(temp_dir / f"{instance}-{attempt}.log", "wb"))  # noqa: SIM115
+        proc = _launch(
+            [f"--address={gcs}", f"--node-ip-address={LOOPBACK}", "--num-cpus=1",
+             "--num-gpus=0", f"--resources={_json(resources)}",
+             "--labels=" + ",".join(f"{k}={v}" for k, v in labels.items()),
+             f"--object-store-memory={80 * 1024 * 1024}",
+             f"--dashboard-agent-listen-port={free_port()}",
+             f"--temp-dir={temp_dir}", "--disable-usage-stats"], logs[-1])
         deadline = time.monotonic() + READY_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                tail = (temp_dir / "head.log").read_text()[-2000:]
-                raise RuntimeError(f"ray start exited: {tail}")
-            try:
-                with urllib.request.urlopen(f"{url}/api/version", timeout=2) as resp:
-                    if resp.status == 200:
-                        break
-            except (urllib.error.URLError, OSError):
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError("Ray job server did not come up")
+        while time.monotonic() < deadline and proc.poll() is None:
+            if instance in _alive_tpu_instances(url):
+                procs.append(proc)
+                return
             time.sleep(0.5)
-        yield url
-    finally:
-        _kill_tree(proc, str(temp_dir))
-        log.close()
-        shutil.rmtree(temp_dir, ignore_errors=True)
+        _kill_group(proc)
+    procs.append(proc)  # so that _check_alive reports its log
+    _check_alive(procs, temp_dir)
+    raise TimeoutError(f"emulated TPU host {instance} did not join the Ray cluster")
 
 
-def _kill_tree(proc: subprocess.Popen[bytes], temp_dir: str) -> None:
-    """SIGTERM our process group, then SIGKILL whatever of ours remains (by pid)."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGTERM)
+def _alive_tpu_instances(url: str) -> list[str]:
+    """Instance labels of the alive nodes with TPU resources (dashboard node summary)."""
+    import json
+
     try:
+        with urllib.request.urlopen(f"{url}/nodes?view=summary", timeout=5) as resp:
+            body = json.loads(resp.read())
+    except (urllib.error.URLError, OSError, ValueError):
+        return []
+    out = []
+    for n in body.get("data", {}).get("summary", []):
+        raylet = n.get("raylet", {})
+        if raylet.get("state") == "ALIVE" and "TPU" in (raylet.get("resourcesTotal") or {}):
+            out.append((raylet.get("labels") or {}).get(INSTANCE_LABEL, ""))
+    return out
+
+
+def _wait_tpu_nodes(url: str, expected: int, procs: list[subprocess.Popen[bytes]],
+                    temp_dir: Path) -> None:
+    """Until exactly `expected` TPU nodes are alive (a killed failed attempt must be dead)."""
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    seen: list[str] = []
+    while time.monotonic() < deadline:
+        _check_alive(procs, temp_dir)
+        seen = _alive_tpu_instances(url)
+        if len(seen) == expected:
+            return
+        time.sleep(0.5)
+    raise TimeoutError(f"alive emulated TPU nodes {sorted(seen)}, expected {expected}")
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
+
+
+def _kill_all(procs: list[subprocess.Popen[bytes]], temp_dir: str, gcs_address: str) -> None:
+    """SIGTERM every node's process group (workers first), SIGKILL what remains of ours."""
+    for proc in reversed(procs):
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
+            os.killpg(proc.pid, signal.SIGTERM)
+    for proc in reversed(procs):
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=10)
     ours = []
     for p in psutil.process_iter(["pid", "cmdline"]):
         with contextlib.suppress(psutil.Error):
-            if temp_dir in " ".join(p.info["cmdline"] or ()):
-                ours.append(p)
+            if temp_dir in " ".join(p.info["cmdline"] or ()) or (
+                    gcs_address and p.environ().get("RAY_ADDRESS") == gcs_address):
+                ours.append(p)  # Ray's processes, and job drivers connected to our head
     for p in ours:
         with contextlib.suppress(psutil.Error):
             p.kill()

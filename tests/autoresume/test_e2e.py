@@ -1,19 +1,25 @@
 """End to end: the real training job, killed, brought back by an alert.
 
-`python -m orchestrator.main` is submitted to a real local Ray job server (`ray start --head`),
-trains and checkpoints, and is killed (`stop_job`). A real-format Cloud Monitoring notification
-is published to the Pub/Sub emulator; the autoresume service resubmits the run from run.json
-(same entrypoint, same runtime env); the new submission restores the latest checkpoint and
-reaches the target step. A duplicate notification and one for another run do nothing.
+A local Ray cluster like a TPU cluster: `ray start --head` with the job server, and two worker
+nodes joined to it that carry TPU resources and slice labels (one emulated slice of 2 hosts x 2
+CPU devices). `python -m orchestrator.main` is submitted through the real job API with
+cluster.mode=auto, so the driver uses the job's RAY_ADDRESS and finds those hosts. It trains,
+checkpoints every 5 steps, and is killed (`stop_job`). A real-format Cloud Monitoring
+notification is published to the Pub/Sub emulator; the autoresume service resubmits the run
+from run.json (same entrypoint, same runtime env); the second driver restores the latest
+checkpoint and reaches the target step. A duplicate notification and one for another run do
+nothing.
 
 Slow (two driver start-ups on 2 cores): marked cluster+emulator; run with
-`pytest tests/autoresume/test_e2e.py -s`. E2E_OVERRIDES is the tiny run the driver accepts.
+`pytest tests/autoresume/test_e2e.py -s` to see the measured latency.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import re
+import shlex
 import threading
 import time
 import uuid
@@ -26,7 +32,7 @@ from orchestrator.autoresume.intake import run_forever
 from orchestrator.autoresume.ray_jobs import RUN_ID_METADATA, RayJobs
 from orchestrator.autoresume.service import AutoresumeService
 from tests.autoresume.notifications import encode, notification
-from tests.autoresume.ray_server import ray_job_server
+from tests.autoresume.ray_server import TpuSlices, ray_cluster
 from tests.support.pubsub_emulator import emulator_fixture
 
 pytestmark = [
@@ -37,18 +43,21 @@ pytestmark = [
 ]
 
 REPO = Path(__file__).resolve().parents[2]
-TOTAL_STEPS = 60
+TOTAL_STEPS = 40
+CHECKPOINT_EVERY = 5
+TPU = TpuSlices(slices=1, hosts_per_slice=2, devices_per_host=2)
 E2E_OVERRIDES = [
     "run.name=e2e",
     f"run.total_steps={TOTAL_STEPS}",
-    "cluster.mode=emulate",
-    "cluster.emulate.slices=1",
-    "cluster.emulate.hosts_per_slice=2",
-    "cluster.emulate.devices_per_host=2",
+    "cluster.mode=auto",  # RAY_ADDRESS (set by the job) -> the TPU-labelled nodes of this cluster
+    f"cluster.emulate.slices={TPU.slices}",
+    f"cluster.emulate.hosts_per_slice={TPU.hosts_per_slice}",
+    f"cluster.emulate.devices_per_host={TPU.devices_per_host}",
     "metrics.cloud_monitoring.enabled=false",
-    "controller.checkpoint_interval.every_steps=10",
+    f"controller.checkpoint_interval.every_steps={CHECKPOINT_EVERY}",
 ]
-TIMEOUT_S = 420
+TIMEOUT_S = 300
+RESTORED = re.compile(r"restored step (\d+)")
 
 pubsub_emulator_host = emulator_fixture(scope="module")
 
@@ -71,11 +80,31 @@ def checkpoint_steps(run_dir: Path) -> list[int]:
     return sorted(int(p.name) for p in ckpt.iterdir() if p.name.isdigit()) if ckpt.is_dir() else []
 
 
-def metric_steps(run_dir: Path) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
+def read_jsonl(path: Path) -> list[dict]:
     if not path.exists():
         return []
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def drivers(timeline: list[dict]) -> list[list[dict]]:
+    """The timeline split per driver process: each one starts with a PLANNING line (prev None)."""
+    out: list[list[dict]] = []
+    for t in timeline:
+        if t["prev"] is None:
+            out.append([])
+        out[-1].append(t)
+    return out
+
+
+def restored_steps(transitions: list[dict]) -> list[int]:
+    """Checkpoint steps this driver restored (RESTORING -> COMPILING "restored step N")."""
+    return [int(m.group(1)) for t in transitions
+            if t["prev"] == "RESTORING" and (m := RESTORED.search(t["reason"]))]
+
+
+def decisions(service: AutoresumeService) -> list[dict]:
+    """Audit entries that are decisions (not retries after a job API hiccup under load)."""
+    return [a for a in service.audit.read() if a.get("action") != "RETRY"]
 
 
 def test_killed_training_job_resumes_from_checkpoint(tmp_path, pubsub_emulator_host,
@@ -90,17 +119,19 @@ def test_killed_training_job_resumes_from_checkpoint(tmp_path, pubsub_emulator_h
     argv = ["python", "-m", "orchestrator.main", f"run.run_dir={run_dir}", *E2E_OVERRIDES]
     runtime_env = {"env_vars": {"PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu",
                                 "RAY_AUTH_MODE": "disabled"}}
-    with ray_job_server() as url:
-        client = JobSubmissionClient(url)
+    with ray_cluster(tpu=TPU) as cluster:
+        client = JobSubmissionClient(cluster.url)
         first = client.submit_job(entrypoint=" ".join(argv), submission_id="e2e-r0",
                                   runtime_env=runtime_env, metadata={RUN_ID_METADATA: "e2e"})
         try:
             wait_for(lambda: checkpoint_steps(run_dir) or
                      client.get_job_status(first).is_terminal(), TIMEOUT_S, "a checkpoint")
             assert checkpoint_steps(run_dir), client.get_job_logs(first)[-3000:]
-            client.stop_job(first)  # the whole job dies
+            client.stop_job(first)  # the whole job dies: driver and host actors
             wait_for(lambda: client.get_job_status(first).is_terminal(), 60, "r0 dead")
+            assert client.get_job_status(first) == JobStatus.STOPPED
             saved = max(checkpoint_steps(run_dir))
+            reached = max(r["step"] for r in read_jsonl(run_dir / "metrics.jsonl"))
             run_id = json.loads((run_dir / "run.json").read_text())["run_id"]
 
             topic = f"projects/demo/topics/alerts-{uuid.uuid4().hex[:8]}"
@@ -112,51 +143,81 @@ def test_killed_training_job_resumes_from_checkpoint(tmp_path, pubsub_emulator_h
             subscriber.close()
             cfg = AutoresumeConfig(subscription=sub, state_dir=str(tmp_path / "state"),
                                    run_dirs=(str(tmp_path / "runs/*"),), tick_s=0.2,
-                                   ray=RayJobsConfig(address=url, auth_mode="disabled"),
+                                   ray=RayJobsConfig(address=cluster.url, auth_mode="disabled"),
                                    policy=PolicyConfig(startup_grace_s=0.0))
             service = AutoresumeService(cfg, ray=RayJobs(cfg.ray))
             stop = threading.Event()
             thread = threading.Thread(target=run_forever, args=(service, sub, stop), daemon=True)
             thread.start()
+            second = f"{run_id}-r1"
             try:
                 alert = encode(notification(incident_id="e2e-inc", run_id="e2e",
                                             started_at=int(time.time())))
+                published_wall = time.time()
                 t0 = time.monotonic()
                 publisher.publish(topic, alert).result(timeout=30)
-                second = f"{run_id}-r1"
 
                 def running() -> bool:
                     try:
                         return client.get_job_status(second) == JobStatus.RUNNING
-                    except RuntimeError:
+                    except RuntimeError:  # not submitted yet
                         return False
 
                 wait_for(running, 120, "resubmitted job running")
-                print(f"\ne2e latency alert-publish -> job RUNNING: {time.monotonic() - t0:.2f}s")
-                publisher.publish(topic, alert).result(timeout=30)
+                latency = time.monotonic() - t0
+                print(f"\ne2e latency alert-publish -> job RUNNING: {latency:.2f}s")
+                publisher.publish(topic, alert).result(timeout=30)  # at-least-once: again
                 publisher.publish(topic, encode(notification(
-                    incident_id="x", run_id="not-this-run"))).result(timeout=30)
+                    incident_id="other-inc", run_id="not-this-run"))).result(timeout=30)
                 wait_for(lambda: client.get_job_status(second).is_terminal(), TIMEOUT_S,
                          "resubmitted job finished")
-                wait_for(lambda: len(service.audit.read()) >= 3, 60, "all notifications")
+                wait_for(lambda: len(decisions(service)) >= 3, 60, "all notifications")
             finally:
                 stop.set()
                 thread.join(timeout=30)
                 publisher.stop()
             assert client.get_job_status(second) == JobStatus.SUCCEEDED, (
                 client.get_job_logs(second)[-3000:])
-            records = metric_steps(run_dir)
-            assert max(r["step"] for r in records) == TOTAL_STEPS
-            resumed = [r["step"] for r in records if r.get("incarnation", 0) >= 2]
-            assert resumed and min(resumed) > saved, "second incarnation did not resume"
-            subs = sorted(j.submission_id for j in client.list_jobs())
-            assert subs == ["e2e-r0", second]
-            assert [a["outcome"] for a in service.audit.read()] == [
-                "submitted", "nothing", "nothing"]
+
+            # Ray: exactly one resubmission, with the original entrypoint and runtime env.
+            jobs = {j.submission_id: j for j in client.list_jobs()}
+            assert set(jobs) == {"e2e-r0", second}
+            assert jobs[second].entrypoint == shlex.join(argv)
+            assert jobs[second].runtime_env["env_vars"] == runtime_env["env_vars"]
+
+            # The audit: one submission for the incident; the duplicate and the stranger ignored.
+            audit = decisions(service)
+            assert len(audit) == 3, audit
+            by_incident: dict[str, list[str]] = {}
+            for a in audit:
+                by_incident.setdefault(a["incident_id"], []).append(a["outcome"])
+            assert by_incident == {"e2e-inc": ["submitted", "nothing"],
+                                   "other-inc": ["nothing"]}
+
+            # The second driver restored a checkpoint (step > 0) and reached the target.
+            runs = drivers(read_jsonl(run_dir / "timeline.jsonl"))
+            assert len(runs) == 2
+            assert restored_steps(runs[0]) == []
+            (restored,) = restored_steps(runs[1])
+            assert restored >= saved > 0
+            assert restored in checkpoint_steps(run_dir)
+            assert runs[1][-1]["state"] == "SUCCEEDED"
+            assert runs[1][-1]["step"] == TOTAL_STEPS
+            after = [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")
+                     if r["wall_time"] > published_wall]
+            assert min(after) == restored + 1, "the second driver did not resume where it saved"
+            assert max(after) == TOTAL_STEPS
+            summary = json.loads((run_dir / "summary.json").read_text())
+            assert summary["state"] == "SUCCEEDED"
+            meta = json.loads((run_dir / "run.json").read_text())
+            assert (meta["run_id"], meta["incarnation"]) == (run_id, 2)
+            assert meta["ray_job_submission_id"] == second
+            print(f"e2e: first job reached step {reached}, latest checkpoint {saved}; "
+                  f"second restored {restored} and finished {TOTAL_STEPS}")
         finally:
             try:
                 for job in client.list_jobs():
                     if not job.status.is_terminal():
                         client.stop_job(job.submission_id)
             except RuntimeError:
-                pass  # the Ray head is killed with its process group right after this
+                pass  # the cluster's process groups are killed right after this
