@@ -88,6 +88,7 @@ class Driver:
         self.emulated: Any = None
         self.intake: Any = None
         self.metrics: Any = None
+        self.node_watcher: Any = None
         self._ray_started = False
 
     def run(self) -> int:
@@ -104,6 +105,7 @@ class Driver:
                                    cluster=cluster, intake=self.intake, metrics=self.metrics,
                                    on_step=lambda rec, ctx: self._on_step(rec, ctx, peak_box))
         controller.peak_resolver = lambda measure: self._resolve_peak(cluster, measure, peak_box)
+        self._watch_ray_nodes(lambda: list(controller.plan.hosts) if controller.plan else [])
         summary = controller.run()
         self._print_summary(summary)
         return EXIT_OK if summary.state == "SUCCEEDED" else EXIT_FAILED
@@ -203,6 +205,14 @@ class Driver:
         intake.start()
         return intake
 
+    def _watch_ray_nodes(self, hosts: Any) -> None:
+        """Ray as an event source: a run host whose node dies becomes a HOST_LOST event."""
+        from orchestrator.events.ray_source import RayNodeWatcher
+
+        self.node_watcher = RayNodeWatcher(job=self.cfg.run.name)
+        self.node_watcher.start(lambda ev: self.intake.submit(ev, source="ray"), hosts,
+                                interval_s=1.0)
+
     def _resolve_peak(self, cluster: Any, measure: Any, box: dict) -> tuple[float, str]:
         from orchestrator.metrics.mfu import resolve_peak
         from orchestrator.topology import accelerator_of
@@ -266,11 +276,12 @@ class Driver:
         print("\n".join(lines), flush=True)
 
     def close(self) -> None:
-        for name, part in (("intake", self.intake), ("metrics", self.metrics)):
+        for name, part in (("ray-node-watcher", self.node_watcher), ("intake", self.intake),
+                           ("metrics", self.metrics)):
             if part is None:
                 continue
             try:
-                part.close()
+                part.stop() if hasattr(part, "stop") else part.close()
             except Exception as exc:
                 log.warning("close_failed", part=name, error=str(exc))
         if self._ray_started:
