@@ -33,6 +33,7 @@ def run_bare(*, processes: int, devices: int, steps: int, overrides: list[str], 
             for p in started:
                 if p.poll() is None:
                     procs.kill_tree(p)
+                procs.reap_group(p)
     if any(codes) or not out.exists():
         raise RuntimeError(f"bare loop failed (exit codes {codes}); see {workdir}/bare-*.log")
     result = json.loads(out.read_text())

@@ -24,7 +24,8 @@ class BenchConfig:
     """Warm-up steps left out of steady-state medians."""
     overhead_steps: int = 60
     checkpoint_every: int = 10
-    preempt_at_step: int = 30
+    preempt_at_step: int = 35
+    """Not a multiple of checkpoint_every: the drain must save, the baseline loses steps."""
     steps_after_preempt: int = 10
     notice_deadline_s: float = 30.0
     goodput_minutes: float = 0.0
@@ -33,6 +34,8 @@ class BenchConfig:
     raytrain: bool = True
     """Include Ray Train's JaxTrainer in figure 4's scheduled mode."""
     run_timeout_s: float = 900.0
+    only_goodput: bool = False
+    """Run figure 4's scheduled mode alone (needs goodput_minutes > 0); other figures empty."""
 
     def __post_init__(self) -> None:
         for name in ("hosts", "devices", "repeats", "overhead_steps", "checkpoint_every",
@@ -48,6 +51,9 @@ class BenchConfig:
                               f"{self.preempt_at_step} is before the first periodic checkpoint "
                               f"(every {self.checkpoint_every})",
                               "preempt after at least one checkpoint so the baseline can restore")
+        if self.only_goodput and not self.goodput_minutes:
+            raise ConfigError("bench.only_goodput", "needs the scheduled mode",
+                              "also set goodput_minutes (e.g. 10)")
         if self.goodput_minutes < 0:
             raise ConfigError("bench.goodput_minutes", "must be >= 0", "use 0 to derive it")
         if self.goodput_minutes and self.preempt_every_s < 20:
@@ -57,10 +63,10 @@ class BenchConfig:
 
 PRESETS: dict[str, dict] = {
     "smoke": {"repeats": 1, "skip_steps": 2, "overhead_steps": 12, "checkpoint_every": 4,
-              "preempt_at_step": 8, "steps_after_preempt": 3, "goodput_minutes": 0.0,
+              "preempt_at_step": 10, "steps_after_preempt": 3, "goodput_minutes": 0.0,
               "run_timeout_s": 420.0},
     "quick": {},
-    "full": {"repeats": 3, "overhead_steps": 150, "preempt_at_step": 40,
+    "full": {"repeats": 3, "overhead_steps": 150, "preempt_at_step": 45,
              "steps_after_preempt": 20, "goodput_minutes": 10.0, "preempt_every_s": 90.0},
 }
 

@@ -70,8 +70,13 @@ def announced_recovery(run: RunDir) -> dict:
                 "state": run.summary.get("state"), "reason": run.summary.get("reason")}
     r = recs[0]
     notice = r["notice_at"]
-    committed = next((t["at"] for t in run.timeline
-                      if t.get("prev") == "CHECKPOINTING" and t["at"] >= notice), None)
+    # The drain's own save commits when CHECKPOINTING ends; when the boundary step was already
+    # saved (periodically, async), teardown waits for that save: committed when RELEASING ends.
+    after_notice = [t for t in run.timeline if t["at"] >= notice]
+    saved = next((t for t in after_notice if t.get("prev") == "CHECKPOINTING"), None)
+    released = next((t for t in after_notice if t.get("prev") == "RELEASING"), None)
+    committed_by = "drain save" if saved else "periodic save, waited for at release"
+    committed = (saved or released or {}).get("at")
     before = [m for m in run.metrics if m["wall_time"] <= notice]
     inc_before = max((m.get("incarnation", 1) for m in before), default=1)
     after = [m for m in run.metrics if m.get("incarnation", 1) > inc_before]
@@ -85,6 +90,7 @@ def announced_recovery(run: RunDir) -> dict:
         "steps_lost": r.get("lost_steps", 0),
         "steps_lost_from_records": (reached - resumed_from) if first and reached else None,
         "notice_to_committed_s": (committed - notice) if committed else None,
+        "committed_by": committed_by,
         "notice_to_first_step_s": (first["wall_time"] - notice) if first else None,
         "notice_to_first_chunk_s": r.get("to_first_step_s"),
         "phases_s": r.get("phases_s", {}), "save_s": r.get("save_s"),
@@ -104,7 +110,8 @@ def full_restart(killed: dict, first_run: RunDir, second_run: RunDir) -> dict:
     first = min(after, key=lambda m: m["wall_time"]) if after else None
     resumed_from = first["step"] - 1 if first else None
     return {
-        "ok": first is not None, "kill_step": reached, "resumed_from_step": resumed_from,
+        "ok": first is not None and not second_run.retries, "kill_step": reached,
+        "resubmit_startup_retries": second_run.retries, "resumed_from_step": resumed_from,
         "steps_lost": (reached - resumed_from) if (first and reached is not None) else None,
         "notice_to_first_step_s": (first["wall_time"] - t_kill) if first else None,
         "old_job_stop_s": killed["stop_s"],
@@ -115,8 +122,10 @@ def full_restart(killed: dict, first_run: RunDir, second_run: RunDir) -> dict:
 
 def recovery_vs_restart(orch: Sequence[dict], restart: Sequence[dict]) -> dict:
     """Figure 3: median notice → first productive step, orchestrator / full restart."""
-    a = spread([r["notice_to_first_step_s"] for r in orch if r.get("notice_to_first_step_s")])
-    b = spread([r["notice_to_first_step_s"] for r in restart if r.get("notice_to_first_step_s")])
+    a = spread([r["notice_to_first_step_s"] for r in orch
+                if r.get("ok") and r.get("notice_to_first_step_s")])
+    b = spread([r["notice_to_first_step_s"] for r in restart
+                if r.get("ok") and r.get("notice_to_first_step_s")])
     return {"ratio": ratio(a["median"], b["median"]), "orchestrator_s": a, "full_restart_s": b,
             "steps_lost_orchestrator": [r.get("steps_lost") for r in orch],
             "steps_lost_full_restart": [r.get("steps_lost") for r in restart],

@@ -23,6 +23,7 @@ class RunDir:
     summary: dict = field(default_factory=dict)
     metrics: list[dict] = field(default_factory=list)
     timeline: list[dict] = field(default_factory=list)
+    retries: int = 0
 
     @classmethod
     def read(cls, path: Path) -> RunDir:
@@ -55,38 +56,71 @@ def main_cmd(run_dir: Path, overrides: list[str]) -> list[str]:
                             f"run.run_dir={run_dir}", *overrides)
 
 
-def run_main(run_dir: Path, overrides: list[str], *, timeout_s: float) -> tuple[int, RunDir]:
-    """Run the driver to the end; returns its exit code and its run dir."""
-    proc = procs.start(main_cmd(run_dir, overrides), log_path=log_path(run_dir))
+STARTUP_FAILURE = "timed out during startup"
+"""Ray's fixed 30 s raylet start bound, missed on an overloaded machine: not the run's fault."""
+
+
+def _start_failed(log: Path, offset: int) -> bool:
     try:
-        code = proc.wait(timeout=timeout_s)
-    except Exception:
-        procs.interrupt_then_kill(proc, grace_s=30)
-        raise TimeoutError(f"orchestrator run in {run_dir} took over {timeout_s:.0f}s; stopped it. "
-                           f"Log: {log_path(run_dir)}") from None
-    return code, RunDir.read(run_dir)
+        with log.open("rb") as f:
+            f.seek(offset)
+            return STARTUP_FAILURE.encode() in f.read()
+    except OSError:
+        return False
+
+
+def _log_size(log: Path) -> int:
+    return log.stat().st_size if log.exists() else 0
+
+
+def run_main(run_dir: Path, overrides: list[str], *, timeout_s: float,
+             startup_retries: int = 2) -> tuple[int, RunDir]:
+    """Run the driver to the end; returns its exit code and its run dir (``RunDir.retries``
+    counts starts retried because Ray itself failed to start)."""
+    retries = 0
+    while True:
+        offset = _log_size(log_path(run_dir))
+        proc = procs.start(main_cmd(run_dir, overrides), log_path=log_path(run_dir))
+        try:
+            code = proc.wait(timeout=timeout_s)
+        except Exception:
+            procs.interrupt_then_kill(proc, grace_s=30)
+            raise TimeoutError(f"orchestrator run in {run_dir} took over {timeout_s:.0f}s; "
+                               f"stopped it. Log: {log_path(run_dir)}") from None
+        finally:
+            procs.reap_group(proc)
+        if code != 0 and retries < startup_retries and _start_failed(log_path(run_dir), offset):
+            retries += 1
+            continue
+        rd = RunDir.read(run_dir)
+        rd.retries = retries
+        return code, rd
 
 
 def run_until_step(run_dir: Path, overrides: list[str], *, stop_at_step: int, timeout_s: float,
-                   grace_s: float = 60.0) -> dict:
+                   grace_s: float = 60.0, startup_retries: int = 2) -> dict:
     """Start the driver, and when its metrics show ``stop_at_step``, kill the job (SIGINT, then
     SIGKILL after ``grace_s``): the 'job killed' half of the full-restart baseline."""
-    proc = procs.start(main_cmd(run_dir, overrides), log_path=log_path(run_dir))
-    deadline = time.monotonic() + timeout_s
-    try:
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"the driver exited (code {proc.returncode}) before step "
-                                   f"{stop_at_step}; see {log_path(run_dir)}")
-            recs = read_jsonl(run_dir / "metrics.jsonl")
-            if recs and max(r["step"] for r in recs) >= stop_at_step:
-                break
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"step {stop_at_step} not reached in {timeout_s:.0f}s")
-            time.sleep(0.2)
-        killed_at = time.time()
-        stop_s = procs.interrupt_then_kill(proc, grace_s=grace_s)
-    finally:
-        if proc.poll() is None:
-            procs.kill_tree(proc)
-    return {"killed_at": killed_at, "stop_s": stop_s, "exit_code": proc.returncode}
+    for attempt in range(startup_retries + 1):
+        offset = _log_size(log_path(run_dir))
+        proc = procs.start(main_cmd(run_dir, overrides), log_path=log_path(run_dir))
+        deadline = time.monotonic() + timeout_s
+        try:
+            while proc.poll() is None:
+                recs = read_jsonl(run_dir / "metrics.jsonl")
+                if recs and max(r["step"] for r in recs) >= stop_at_step:
+                    killed_at = time.time()
+                    stop_s = procs.interrupt_then_kill(proc, grace_s=grace_s)
+                    return {"killed_at": killed_at, "stop_s": stop_s,
+                            "exit_code": proc.returncode, "retries": attempt}
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"step {stop_at_step} not reached in {timeout_s:.0f}s")
+                time.sleep(0.2)
+        finally:
+            if proc.poll() is None:
+                procs.kill_tree(proc)
+            procs.reap_group(proc)
+        if not _start_failed(log_path(run_dir), offset):
+            break
+    raise RuntimeError(f"the driver exited (code {proc.returncode}) before step {stop_at_step}; "
+                       f"see {log_path(run_dir)}")

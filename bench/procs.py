@@ -6,6 +6,7 @@ Everything here tracks the processes it started by pid, and ends them with their
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -71,6 +72,13 @@ def kill_tree(proc: subprocess.Popen | int, *, sig: int = signal.SIGKILL) -> Non
     psutil.wait_procs(victims, timeout=10)
 
 
+def reap_group(proc: subprocess.Popen) -> None:
+    """SIGKILL what is left of the process group of a child we started in its own session
+    (a driver that died leaves its Ray GCS and raylets behind, in its group)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
 def interrupt_then_kill(proc: subprocess.Popen, *, grace_s: float) -> float:
     """SIGINT (the driver checkpoints nothing extra and shuts Ray down), SIGKILL after ``grace_s``.
 
@@ -89,6 +97,7 @@ def interrupt_then_kill(proc: subprocess.Popen, *, grace_s: float) -> float:
         kill_tree(proc)
         proc.wait(timeout=30)
     gone = time.perf_counter() - t0
+    reap_group(proc)
     for p in descendants:
         try:
             if p.is_running():

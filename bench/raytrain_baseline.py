@@ -104,7 +104,15 @@ def main(argv: list[str]) -> int:
            "XLA_FLAGS": f"--xla_force_host_platform_device_count={args.devices}",
            "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
     os.environ["RAY_TRAIN_V2_ENABLED"] = "1"
-    ray.init(num_cpus=args.hosts, include_dashboard=False, runtime_env={"env_vars": env})
+    for attempt in range(3):  # a loaded machine can miss Ray's fixed 30 s raylet start bound
+        try:
+            ray.init(num_cpus=args.hosts, include_dashboard=False,
+                     runtime_env={"env_vars": env})
+            break
+        except Exception:
+            ray.shutdown()
+            if attempt == 2:
+                raise
     started = time.time()
     stop = threading.Event()
     kills: list[dict] = []

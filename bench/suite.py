@@ -126,7 +126,7 @@ class Suite:
         started = time.time()
         before = machine.describe()
         errors: list[str] = []
-        for i in range(c.repeats):
+        for i in range(0 if c.only_goodput else c.repeats):
             steps = [self.bare_once, self.announced_once, self.restart_once]
             if c.mode != "smoke":
                 steps.insert(1, self.overhead_once)
