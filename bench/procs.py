@@ -44,6 +44,12 @@ def python_cmd(module: str, *args: str) -> list[str]:
     return [sys.executable, "-m", module, *args]
 
 
+def _default_sigint() -> None:
+    """Children of a background shell job inherit SIGINT ignored, and Python then never raises
+    KeyboardInterrupt: give the child the default, so SIGINT stops a driver gracefully."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start(cmd: Sequence[str], *, log_path: Path, env: dict[str, str] | None = None
           ) -> subprocess.Popen:
     """Start ``cmd`` in its own session, stdout+stderr to ``log_path``."""
@@ -51,7 +57,8 @@ def start(cmd: Sequence[str], *, log_path: Path, env: dict[str, str] | None = No
     fh = open(log_path, "ab")  # noqa: SIM115 - closed by the child's exit (inherited)
     try:
         return subprocess.Popen(list(cmd), stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT,
-                                env=env or child_env(), start_new_session=True)
+                                env=env or child_env(), start_new_session=True,
+                                preexec_fn=_default_sigint)
     finally:
         fh.close()
 

@@ -74,8 +74,11 @@ def train_loop(config: dict) -> None:
 
 
 def _preempter(workdir: Path, every_s: float, stop: threading.Event, log: list[dict]) -> None:
-    """Every ``every_s``: SIGKILL the rank-1 worker process (a host lost with no notice)."""
+    """Every ``every_s`` after the first step: SIGKILL the rank-1 worker (host lost, no notice)."""
     pid_file = workdir / "pids" / "rank1"
+    while not (workdir / "records.jsonl").exists():
+        if stop.wait(0.5):
+            return
     while not stop.wait(every_s):
         try:
             pid = int(pid_file.read_text())

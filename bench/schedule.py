@@ -7,6 +7,8 @@
   on the same run dir, restoring its latest checkpoint.
 - Ray Train: ``bench.raytrain_baseline`` (JaxTrainer + FailureConfig), a worker killed every N s.
 
+The preemption clock starts at the system's first productive step (a loaded machine can take
+longer than N s to start); wall time, and so goodput, counts from the process start.
 Goodput = net steps at the end × the system's own median step time / wall time; lost steps =
 steps done twice (a step reached, then resumed from an earlier checkpoint).
 """
@@ -44,6 +46,16 @@ def summarize(records: Sequence[dict], *, wall_s: float, skip: int, **extra: obj
             "steps_executed": len(recs), **extra}
 
 
+def wait_first_step(path: Path, proc, *, until: float) -> float:
+    """Wall time of the first step record in ``path`` (now, if the process died / time ran out)."""
+    while time.time() < until and proc.poll() is None:
+        recs = read_jsonl(path)
+        if recs:
+            return min(r["wall_time"] for r in recs)
+        time.sleep(0.5)
+    return time.time()
+
+
 def orchestrator_schedule(cfg: BenchConfig, workdir: Path, topology: list[str]) -> dict:
     seconds = cfg.goodput_minutes * 60.0
     n_preempt = max(1, math.ceil(seconds / cfg.preempt_every_s))
@@ -55,7 +67,8 @@ def orchestrator_schedule(cfg: BenchConfig, workdir: Path, topology: list[str]) 
     proc = procs.start(main_cmd(run_dir, overrides), log_path=workdir / "orchestrator.log")
     notices: list[float] = []
     try:
-        next_at = t0 + cfg.preempt_every_s
+        next_at = wait_first_step(run_dir / "metrics.jsonl", proc,
+                                  until=t0 + seconds) + cfg.preempt_every_s
         while time.time() < t0 + seconds and proc.poll() is None:
             if time.time() >= next_at:
                 code = procs.start(procs.python_cmd(
@@ -86,10 +99,13 @@ def restart_schedule(cfg: BenchConfig, workdir: Path, topology: list[str]) -> di
     t0 = time.time()
     kills = 0
     end = t0 + seconds
+    first: float | None = None
     while time.time() < end:
         proc = procs.start(main_cmd(run_dir, overrides), log_path=workdir / "full_restart.log")
         try:
-            next_kill = t0 + (kills + 1) * cfg.preempt_every_s
+            if first is None:
+                first = wait_first_step(run_dir / "metrics.jsonl", proc, until=end)
+            next_kill = first + (kills + 1) * cfg.preempt_every_s
             while time.time() < min(next_kill, end) and proc.poll() is None:
                 time.sleep(0.5)
             procs.interrupt_then_kill(proc, grace_s=60)
