@@ -58,7 +58,8 @@ def wait_first_step(path: Path, proc, *, until: float) -> float:
 
 def orchestrator_schedule(cfg: BenchConfig, workdir: Path, topology: list[str]) -> dict:
     seconds = cfg.goodput_minutes * 60.0
-    n_preempt = max(1, math.ceil(seconds / cfg.preempt_every_s))
+    # The first notice comes N s after the first step, so one fewer than seconds/N can fall in.
+    n_preempt = max(1, math.ceil(seconds / cfg.preempt_every_s) - 1)
     run_dir = workdir / "orchestrator"
     overrides = [*topology, "run.name=bench-goodput", "run.total_steps=1000000",
                  f"cluster.emulate.spare_slices={n_preempt}",

@@ -195,6 +195,7 @@ class Suite:
 def write_result(result: dict, out_dir: Path) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    path = out_dir / f"{result['mode']}-{stamp}.json"
+    kind = "-goodput" if result["settings"].get("only_goodput") else ""
+    path = out_dir / f"{result['mode']}{kind}-{stamp}.json"
     path.write_text(json.dumps(result, indent=2, default=str))
     return path
