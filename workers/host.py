@@ -10,6 +10,7 @@ from __future__ import annotations
 import faulthandler
 import io
 import os
+import signal
 import socket
 import sys
 import threading
@@ -67,6 +68,7 @@ class HostActor:
         """Join the JAX group; bounded by ``init_timeout_s`` (the coordinator waits that long)."""
         import jax
 
+        self._maybe_init_fault()
         jax.distributed.initialize(
             coordinator_address=coordinator, num_processes=num_processes, process_id=process_id,
             initialization_timeout=max(1, int(init_timeout_s)),
@@ -116,8 +118,17 @@ class HostActor:
     # ---- running ------------------------------------------------------------------------
 
     def inject_fault(self, fault: dict | None) -> None:
-        """Test/chaos hook: ``{"at_step": s, "kind": "kill"|"hang"}`` fires when the step is reached."""
+        """Test/chaos hook, fires once. ``{"at_step": s, "kind": k}`` with k: ``kill`` (SIGKILL
+        before the step after ``s``), ``hang`` (stop answering there), ``error`` (raise there),
+        ``kill_in_save`` (SIGKILL right after step ``s``'s async save started), ``hang_init``
+        (never join the next distributed init: a host that does not come up)."""
         self._fault = fault
+
+    def _maybe_init_fault(self) -> None:
+        f = self._fault
+        if f and f["kind"] == "hang_init":
+            self._fault = None
+            time.sleep(f.get("seconds", 3600))
 
     def run_steps(self, until_step: int, *, checkpoint_every: int, report: bool) -> dict:
         """Run steps up to ``until_step`` (every host is given the same bound: same boundary).
@@ -135,6 +146,7 @@ class HostActor:
             if out.step % checkpoint_every == 0:
                 saved_s = tr.save()
                 blocking += saved_s
+                self._maybe_save_fault(out.step)
             if report:
                 records.append({"step": out.step, "loss": out.loss, "grad_norm": out.grad_norm,
                                 "step_time_s": out.step_time_s, "lr": out.lr,
@@ -143,15 +155,20 @@ class HostActor:
 
     def _maybe_fault(self, step: int) -> None:
         f = self._fault
-        if not f or step < f["at_step"]:
+        if not f or f["kind"] not in ("kill", "hang", "error") or step < f["at_step"]:
             return
         self._fault = None
         if f["kind"] == "kill":
-            os._exit(137)
+            os.kill(os.getpid(), signal.SIGKILL)  # kill -9: no cleanup, no flush
         if f["kind"] == "hang":
             time.sleep(f.get("seconds", 3600))
         if f["kind"] == "error":
             raise RuntimeError(f"injected application error at step {step}")
+
+    def _maybe_save_fault(self, step: int) -> None:
+        f = self._fault
+        if f and f["kind"] == "kill_in_save" and step >= f["at_step"]:
+            os.kill(os.getpid(), signal.SIGKILL)  # the async save is still being written
 
     def save(self, *, wait: bool = True) -> dict:
         t0 = time.perf_counter()
@@ -166,6 +183,15 @@ class HostActor:
 
     def params(self) -> Any:
         return self.trainer.params_host()
+
+    def mesh_info(self) -> dict:
+        """The mesh as built here: axis sizes and, per position, the owning process (host).
+
+        Lets the driver and tests check that the DCN axis really runs across slices.
+        """
+        mesh = self.trainer.mesh
+        owners = [[[d.process_index for d in row] for row in plane] for plane in mesh.devices]
+        return {"axes": dict(mesh.shape), "process_of_device": owners}
 
     def step(self) -> int:
         return self.trainer.step

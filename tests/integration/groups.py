@@ -31,6 +31,7 @@ class GroupRun:
     losses: list[float]
     params: dict[str, np.ndarray]
     compile: dict
+    mesh: dict
 
 
 def train_group(cfg: RunConfig, hosts: list[HostRef], run_dir: Path, *, until: int,
@@ -52,13 +53,15 @@ def train_group(cfg: RunConfig, hosts: list[HostRef], run_dir: Path, *, until: i
                           timeout=timeout_s)
         assert {r["step"] for r in results} == {until}, results
         params = group.call_all("params", timeout_s=timeout_s)[0]
+        mesh = group.call_all("mesh_info", timeout_s=timeout_s)
+        assert all(m == mesh[0] for m in mesh), "hosts disagree about the mesh"
         group.shutdown(graceful=True, timeout_s=timeout_s)
     finally:
         group.shutdown()
     return GroupRun(plan=plan, init=init, restored_step=restored[0]["restored_step"],
                     start_step=restored[0]["step"], final_step=until,
                     losses=[r["loss"] for r in results[0]["records"]], params=flatten(params),
-                    compile=compiled[0])
+                    compile=compiled[0], mesh=mesh[0])
 
 
 @dataclass(frozen=True)
@@ -67,21 +70,43 @@ class ReferenceRun:
     params: dict[str, np.ndarray]
 
 
-def single_process(tmp: Path, *, devices: int, steps: int, overrides: list[str]) -> ReferenceRun:
-    """The same config trained in one plain process with ``devices`` CPU devices."""
-    out = tmp / f"reference-{devices}-{steps}-{abs(hash(tuple(overrides)))}.npz"
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.integration.single_process", "--devices", str(devices),
-         "--steps", str(steps), "--out", str(out), *overrides],
-        cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    with np.load(out) as z:
-        params = {k.removeprefix("param:"): z[k] for k in z.files if k.startswith("param:")}
-        return ReferenceRun(losses=z["losses"], params=params)
+class References:
+    """Single-process reference runs, started in the background so they overlap cluster work.
+
+    One subprocess with ``devices`` CPU devices trains the base config and every variant
+    (name -> extra overrides); ``get(name)`` waits for it and loads that run's results.
+    """
+
+    def __init__(self, tmp: Path, *, devices: int, steps: int, overrides: list[str],
+                 variants: dict[str, list[str]]) -> None:
+        self.out = tmp / "reference.npz"
+        self.log = tmp / "reference.log"
+        cmd = [sys.executable, "-m", "tests.integration.single_process", "--devices",
+               str(devices), "--steps", str(steps), "--out", str(self.out)]
+        for name, extra in variants.items():
+            cmd += ["--variant", f"{name}={','.join(extra)}"]
+        self._logfile = self.log.open("w")
+        self.proc = subprocess.Popen([*cmd, *overrides], cwd=REPO, stdout=self._logfile,
+                                     stderr=subprocess.STDOUT)
+
+    def get(self, name: str | None = None, *, timeout_s: float = 600.0) -> ReferenceRun:
+        code = self.proc.wait(timeout=timeout_s)
+        assert code == 0, self.log.read_text()[-3000:]
+        path = self.out if name is None else self.out.with_suffix(f".{name}.npz")
+        with np.load(path) as z:
+            params = {k.removeprefix("param:"): z[k] for k in z.files if k.startswith("param:")}
+            return ReferenceRun(losses=z["losses"], params=params)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self._logfile.close()
 
 
 def max_abs_diff(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
     assert sorted(a) == sorted(b)
+    assert {k: a[k].shape for k in a} == {k: b[k].shape for k in b}
     return max(float(np.max(np.abs(a[k].astype(np.float64) - b[k].astype(np.float64))))
                for k in a)
 

@@ -13,12 +13,7 @@ import numpy as np
 import pytest
 
 from orchestrator.config import load_config
-from tests.integration.groups import (
-    bit_identical,
-    max_abs_diff,
-    single_process,
-    train_group,
-)
+from tests.integration.groups import References, bit_identical, max_abs_diff, train_group
 from tests.support.ray_cluster import cluster_fixture
 
 pytestmark = pytest.mark.cluster
@@ -28,7 +23,23 @@ RESUME_AT = 4
 OVERRIDES = [f"run.total_steps={STEPS}", "train.warmup_steps=2", "train.learning_rate=1e-2"]
 TOL = 1e-6
 
+MULTISLICE_MESH = ["mesh.ici.data=2", "mesh.ici.fsdp=2"]
+
 cluster = cluster_fixture(layout=[2, 1, 1], names=["pod", "ms-a", "ms-b"])
+
+
+@pytest.fixture(scope="module", autouse=True)
+def references(tmp_path_factory):
+    """1 process × 4 devices: the default mesh (fsdp=4) and the multislice one (data=2 × fsdp=2).
+
+    Autouse, so the subprocess starts first and trains while the cluster comes up.
+    """
+    refs = References(tmp_path_factory.mktemp("reference"), devices=4, steps=STEPS,
+                      overrides=OVERRIDES, variants={"multislice": MULTISLICE_MESH})
+    try:
+        yield refs
+    finally:
+        refs.close()
 
 
 @pytest.fixture(scope="module")
@@ -62,14 +73,16 @@ def test_two_hosts_form_one_group(uninterrupted):
     assert {(i["local_devices"], i["global_devices"], i["platform"]) for i in run.init} == {
         (2, 4, "cpu")}
     assert run.plan.shape.as_dict()["fsdp"] == 4
+    assert run.mesh["axes"] == {"data": 1, "fsdp": 4, "tensor": 1}
+    assert run.mesh["process_of_device"] == [[[0], [0], [1], [1]]]
     assert run.restored_step is None and run.start_step == 0
     assert len(run.losses) == STEPS
     assert run.losses[-1] < run.losses[0] - 0.1, run.losses
 
 
-def test_two_hosts_match_single_process_on_four_devices(uninterrupted, tmp_path):
+def test_two_hosts_match_single_process_on_four_devices(uninterrupted, references):
     """2 emulated hosts × 2 devices == 1 process × 4 devices: loss and params within 1e-6."""
-    ref = single_process(tmp_path, devices=4, steps=STEPS, overrides=OVERRIDES)
+    ref = references.get()
     np.testing.assert_allclose(uninterrupted.losses, ref.losses, rtol=0, atol=TOL)
     assert max_abs_diff(uninterrupted.params, ref.params) <= TOL
 
@@ -93,6 +106,7 @@ def test_restore_two_host_checkpoint_onto_one_host(cluster, cfg, uninterrupted, 
                       hosts_per_slice=1, incarnation=2)
     assert run.plan.num_processes == 1 and run.plan.shape.as_dict()["fsdp"] == 2
     assert (run.restored_step, run.start_step) == (RESUME_AT, RESUME_AT)
+    assert run.mesh["process_of_device"] == [[[0], [0]]]
     assert len(run.losses) == STEPS - RESUME_AT
     # Same data, same math, another reduction order: equal to float32 rounding.
     np.testing.assert_allclose(run.losses, uninterrupted.losses[RESUME_AT:], rtol=0, atol=1e-5)
@@ -100,7 +114,7 @@ def test_restore_two_host_checkpoint_onto_one_host(cluster, cfg, uninterrupted, 
     assert (copy / "checkpoints" / str(STEPS)).is_dir()
 
 
-def test_multislice_dcn_data_axis(cluster, cfg, tmp_path):
+def test_multislice_dcn_data_axis(cluster, cfg, tmp_path, references):
     """2 slices × 1 host × 2 devices: data splits across slices (DCN), fsdp inside each one."""
     run = train_group(cfg, cluster.hosts("ms-a", "ms-b"), tmp_path, until=STEPS,
                       checkpoint_every=STEPS, hosts_per_slice=1)
@@ -108,9 +122,11 @@ def test_multislice_dcn_data_axis(cluster, cfg, tmp_path):
     mesh = run.plan.shape.as_dict()
     assert (mesh["dcn_data"], mesh["data"], mesh["fsdp"]) == (2, 2, 2)
     assert [h.slice_name for h in run.plan.hosts] == ["ms-a", "ms-b"]
+    # Along `data`, row 0 lives on slice ms-a's host and row 1 on ms-b's: the axis crosses DCN.
+    assert run.mesh["axes"] == {"data": 2, "fsdp": 2, "tensor": 1}
+    assert run.mesh["process_of_device"] == [[[0], [0]], [[1], [1]]]
     assert run.losses[-1] < run.losses[0] - 0.1, run.losses
     # The same (data=2, fsdp=2) mesh in one process with 4 devices gives the same numbers.
-    ref = single_process(tmp_path, devices=4, steps=STEPS,
-                         overrides=[*OVERRIDES, "mesh.ici.data=2", "mesh.ici.fsdp=2"])
+    ref = references.get("multislice")
     np.testing.assert_allclose(run.losses, ref.losses, rtol=0, atol=TOL)
     assert max_abs_diff(run.params, ref.params) <= TOL
