@@ -260,6 +260,7 @@ class RunController:
         self.group = group
         try:
             group.start()
+            self._arm_init_faults()
             group.initialize()
             accum = self.batch_plan.accum_steps if self.batch_plan else 1
             group.call_all("build", group.cfg, plan, str(self.run_dir / "checkpoints"), accum,
@@ -348,7 +349,7 @@ class RunController:
                 continue
             refs = group.run_steps(until, checkpoint_every=self.cfg_interval())
             try:
-                results = self._wait_chunk(refs)
+                results = self._wait_chunk(refs, steps=until - self.progress.step)
             except GroupFailure as exc:
                 self._group_failed(exc)
                 return
@@ -469,8 +470,12 @@ class RunController:
             recent = self.progress.step_times[-10:]
             st = statistics.median(recent) if recent else 0.2
             per_call = max(1, min(100, int(1.0 / max(st, 1e-3))))
-        until = min(total, step + per_call)
+        # End chunks on save steps: a grow waits for a committed step at a chunk boundary.
+        every = self.cfg_interval()
+        until = min(total, step + per_call, (step // every + 1) * every)
         for f in self.policies.chaos.faults:  # stop exactly at a chaos step
+            if f.kind is FaultKind.HANG_INIT:
+                continue
             if step < f.at_step < until and f.key not in self.fired_faults:
                 until = f.at_step
         return until
@@ -485,13 +490,34 @@ class RunController:
                 continue
             if f.host >= len(self.group.actors):
                 continue
-            if f.kind in (FaultKind.KILL, FaultKind.HANG) and step <= f.at_step < until:
+            in_actor = ((f.kind in (FaultKind.KILL, FaultKind.HANG) and step <= f.at_step < until)
+                        or (f.kind is FaultKind.KILL_IN_SAVE and step < f.at_step <= until))
+            if in_actor:
                 self.fired_faults.add(f.key)
-                self.group.actors[f.host].inject_fault.remote(
-                    {"at_step": f.at_step, "kind": f.kind.value})
+                self._arm_in_actor(f)
             elif f.kind in (FaultKind.PREEMPT, FaultKind.UNHEALTHY) and f.at_step == step:
                 self.fired_faults.add(f.key)
                 self._inject_notice(f)
+
+    def _arm_init_faults(self) -> None:
+        """``hang_init`` faults: a host of the group being formed never joins the JAX group."""
+        assert self.group is not None
+        for f in self.policies.chaos.faults:
+            if (f.kind is FaultKind.HANG_INIT and f.key not in self.fired_faults
+                    and f.at_step <= self.progress.step and f.host < len(self.group.actors)):
+                self.fired_faults.add(f.key)
+                self._arm_in_actor(f)
+
+    def _arm_in_actor(self, fault: Any) -> None:
+        """Set the fault in the actor before the next call (its calls may run concurrently)."""
+        assert self.group is not None
+        log.info("chaos_armed", kind=fault.kind.value, host=fault.host, step=fault.at_step)
+        ref = self.group.actors[fault.host].inject_fault.remote(
+            {"at_step": fault.at_step, "kind": fault.kind.value})
+        try:
+            ray.get(ref, timeout=30)
+        except Exception as exc:  # a dying actor: the next wait reports its death
+            log.warning("chaos_arm_failed", error=str(exc))
 
     def _inject_notice(self, fault: Any) -> None:
         assert self.plan is not None
@@ -507,27 +533,35 @@ class RunController:
         else:
             self._handle_event_dict(payload)
 
-    def _wait_chunk(self, refs: list[Any]) -> list[dict]:
-        """Wait for a chunk while polling events; bounded by steps × timeouts.step_s."""
+    def _wait_chunk(self, refs: list[Any], *, steps: int) -> list[dict]:
+        """Wait for a chunk of ``steps`` steps while polling events; bounded by
+        ``steps × timeouts.step_s``. Hosts that finished before a peer failed tell how far the
+        group got, so the lost steps of an unannounced failure are counted from there."""
         assert self.group is not None
-        n = max(1, self.cfg.run.steps_per_call or 100)
+        n = max(1, steps)
         deadline = self.clock() + self.cfg.timeouts.step_s * n
         pending = list(refs)
         last_host_poll = 0.0
         while pending:
             done, pending = ray.wait(pending, num_returns=len(pending),
                                      timeout=self.poll_interval_s)
+            failure: GroupFailure | None = None
             for ref in done:
-                self.group.result_of(refs, ref)  # raises GroupFailure on death / error
+                try:
+                    out = self.group.result_of(refs, ref)  # GroupFailure on death / error
+                except GroupFailure as exc:
+                    failure = failure or exc
+                    continue
+                p = self.progress
+                p.max_step_reached = max(p.max_step_reached, int(out["step"]))
+            if failure is not None:
+                raise failure
             now = self.clock()
             self._poll_events(in_mesh=True)
             if now - last_host_poll > 1.0:
                 last_host_poll = now
                 self._poll_host_watchers()
-            if self.drain is not None and self.drain.deadline is not None and pending:
-                pass  # the chunk is ≤ ~1 s: finish it, the boundary is next
-            if pending and now > deadline:
-                self._dump_stacks("step")
+            if pending and now > deadline:  # stacks are dumped by _group_failed
                 raise BarrierTimeout("step", self.cfg.timeouts.step_s * n,
                                      hosts=tuple(i for i, r in enumerate(refs) if r in pending))
         return ray.get(list(refs))
@@ -731,15 +765,17 @@ class RunController:
 
     def _group_failed(self, exc: GroupFailure) -> None:
         """Unannounced failure: the whole group goes; re-form from the last checkpoint."""
-        error_type = type(exc.__cause__).__name__ if exc.__cause__ else type(exc).__name__
-        if self.group is not None and error_type not in ("ActorDiedError", "ActorUnavailableError"):
+        if isinstance(exc, BarrierTimeout):  # a hang: a peer that aborted meanwhile is a symptom
+            error_type = "BarrierTimeout"
+            self._dump_stacks(exc.phase)
+        else:
+            error_type = type(exc.__cause__).__name__ if exc.__cause__ else type(exc).__name__
+        if self.group is not None and error_type not in ("ActorDiedError", "ActorUnavailableError",
+                                                         "BarrierTimeout"):
             dead = self.group.dead_hosts()
             if dead:  # a peer died; the survivor's collective error is a consequence
                 error_type = "ActorDiedError"
                 exc = GroupFailure(f"host(s) {list(dead)} died ({exc})", hosts=dead)
-        if isinstance(exc, BarrierTimeout):
-            error_type = "BarrierTimeout"
-            self._dump_stacks(exc.phase)
         cls = self.policies.classifier.decide(StopObservation(error_type=error_type,
                                                               message=str(exc)))
         log.warning("group_failed", error=str(exc), cause=cls.cause.value, hosts=list(exc.hosts))

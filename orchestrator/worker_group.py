@@ -33,6 +33,9 @@ class WorkerGroup:
     actor_cls: Any = _RemoteHost
     """Seam: tests may swap the actor class."""
 
+    init_grace_s: float = 5.0
+    """After a peer's init failed: how long the others get before they count as hung."""
+
     def __init__(self, cfg: RunConfig, plan: MeshPlan, *, run_dir: Path, incarnation: int) -> None:
         self.cfg = cfg
         self.plan = plan
@@ -63,7 +66,18 @@ class WorkerGroup:
         refs = [a.initialize.remote(coord, len(self.actors), i, init_timeout_s=t.init_s,
                                     heartbeat_s=t.heartbeat_s)
                 for i, a in enumerate(self.actors)]
-        return self._get(refs, "init", t.init_s + 15)
+        try:
+            return self._get(refs, "init", t.init_s + 15)
+        except BarrierTimeout:
+            raise
+        except GroupFailure as exc:
+            # A host that never joins makes its peers' initialize fail (or abort) when the
+            # coordinator gives up after init_s: the hang is the cause, not the peers' errors.
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=self.init_grace_s)
+            stuck = tuple(i for i, r in enumerate(refs) if r not in ready)
+            if stuck:
+                raise BarrierTimeout("init", t.init_s, hosts=stuck) from exc
+            raise
 
     def build_and_restore(self, accum_steps: int) -> list[dict]:
         t = self.cfg.timeouts

@@ -18,6 +18,9 @@ class FaultKind(StrEnum):
     KILL = "kill"  # kill -9 of the host actor: unannounced loss
     HANG = "hang"  # the host stops answering: a barrier must time out
     UNHEALTHY = "unhealthy"  # a health report that marks the host unhealthy
+    KILL_IN_SAVE = "kill_in_save"  # kill -9 right after step ``at_step``'s async save started
+    HANG_INIT = "hang_init"  # the host never joins the distributed init of the group formed
+    # at the first re-form whose starting step is >= ``at_step`` (0 = the first group)
 
 
 @dataclass(frozen=True, kw_only=True)

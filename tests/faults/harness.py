@@ -1,9 +1,10 @@
 """Drive a RunController in-process on an emulated cluster, and act on the cluster mid-run.
 
-The controller runs in the test's thread; ``at_step`` actions (add a slice, remove a host, send a
-notice) run in a watcher thread that reads the controller's progress and fires each action once
-when its step is reached. Every run is torn down by the controller itself (its ``finally``), and
-``leftover_host_actors`` lets a test check that no host actor outlived its run.
+The controller runs in a thread; ``at_step`` actions (add a slice, remove a host, send a notice)
+run in the test's main thread (Ray adds and removes nodes only from there), which reads the
+controller's progress and fires each action once when its step is reached. Every run is torn
+down by the controller itself (its ``finally``); ``leftover_host_actors`` lets a test check that
+no host actor outlived its run.
 """
 
 from __future__ import annotations
@@ -34,13 +35,19 @@ BASE_OVERRIDES = (
     "cluster.emulate.slices=1",
     "cluster.emulate.hosts_per_slice=2",
     "cluster.emulate.devices_per_host=2",
+    "model.num_layers=1",
+    "model.d_model=32",
+    "model.d_ff=64",
+    "model.num_heads=2",
+    "model.seq_len=16",
+    "model.vocab_size=64",
     "train.global_batch=8",
     "train.warmup_steps=2",
-    "timeouts.init_s=20",
+    "timeouts.init_s=60",
     "timeouts.heartbeat_s=5",
     "timeouts.step_s=20",
-    "timeouts.compile_s=60",
-    "timeouts.restore_s=60",
+    "timeouts.compile_s=240",
+    "timeouts.restore_s=120",
     "timeouts.save_s=30",
     "controller.backoff.base_s=0.2",
     "controller.backoff.max_s=1",
@@ -96,8 +103,8 @@ class RunResult:
 
 
 def run_controller(cfg: RunConfig, *, actions: Sequence[Action] = (), intake: Any = None,
-                   collect_params: bool = False) -> RunResult:
-    """Run to a terminal state in this thread; fire ``actions`` from a watcher thread."""
+                   collect_params: bool = False, timeout_s: float = 400.0) -> RunResult:
+    """Run to a terminal state; fire each of ``actions`` once when its step is reached."""
     box: dict[str, Any] = {}
 
     def on_final(group: Any) -> None:
@@ -107,28 +114,34 @@ def run_controller(cfg: RunConfig, *, actions: Sequence[Action] = (), intake: An
     ctl = RunController(cfg, cfg.controller, run_dir=Path(cfg.run.run_dir),
                         cluster=RayClusterView(), intake=intake, metrics=None,
                         on_final_group=on_final)
-    stop = threading.Event()
     todo = sorted(actions, key=lambda a: a.step)
+    box_out: dict[str, Any] = {}
 
-    def watch() -> None:
-        pending = list(todo)
-        while pending and not stop.is_set():
-            if ctl.progress.step >= pending[0].step:
-                a = pending.pop(0)
-                log.info("test_action", name=a.name, at_step=ctl.progress.step)
-                a.fn(ctl)
-                a.fired_at = time.time()
-            else:
-                stop.wait(0.05)
+    def drive() -> None:
+        try:
+            box_out["summary"] = ctl.run()
+        except BaseException as exc:  # re-raised in the test's thread
+            box_out["error"] = exc
 
-    watcher = threading.Thread(target=watch, name="fault-actions", daemon=True)
-    watcher.start()
-    try:
-        summary = ctl.run()
-    finally:
-        stop.set()
-        watcher.join(timeout=30)
-    return RunResult(summary=summary, controller=ctl, final_params=box.get("params"),
+    # Ray only adds/removes nodes from the main thread (signal handlers), so the controller
+    # runs in a thread and the actions run here.
+    runner = threading.Thread(target=drive, name="controller", daemon=True)
+    runner.start()
+    deadline = time.monotonic() + timeout_s
+    pending = list(todo)
+    while runner.is_alive() and time.monotonic() < deadline:
+        if pending and ctl.progress.step >= pending[0].step:
+            a = pending.pop(0)
+            log.info("test_action", name=a.name, at_step=ctl.progress.step)
+            a.fn(ctl)
+            a.fired_at = time.time()
+        runner.join(0.05)
+    if runner.is_alive():
+        ctl.stop_requested = True
+        raise AssertionError(f"the run did not end within {timeout_s:.0f}s")
+    if "error" in box_out:
+        raise box_out["error"]
+    return RunResult(summary=box_out["summary"], controller=ctl, final_params=box.get("params"),
                      actions=list(todo))
 
 

@@ -1,0 +1,72 @@
+"""Elastic shrink/grow and a node removed without notice, on a cluster of 1-host slices.
+
+The module's cluster changes as it goes (a slice is added, a node removed), so it is not shared
+with other modules. Slices hold one host of 2 devices, which keeps every group small.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.controller_config import ChaosFaultConfig
+from tests.faults.harness import Action, fault_config, print_recovery, run_controller
+from tests.support.ray_cluster import cluster_fixture
+
+pytestmark = pytest.mark.cluster
+
+cluster = cluster_fixture(scope="module", slices=2, hosts_per_slice=1, devices_per_host=2)
+
+TWO_SLICES = ("cluster.emulate.slices=2", "cluster.emulate.hosts_per_slice=1")
+
+
+def _running_slices(result) -> list[tuple[str, ...]]:
+    """The slices of each incarnation, in order (from the RUNNING transitions)."""
+    out: list[tuple[str, ...]] = []
+    for t in result.timeline:
+        if t["state"] == "RUNNING" and (not out or tuple(t["slices"]) != out[-1]):
+            out.append(tuple(t["slices"]))
+    return out
+
+
+def test_notice_for_one_slice_shrinks_then_grows_back_on_a_new_slice(cluster, tmp_path):
+    """Slice 1 preempted, no spare: continue on 1 slice, grow to 2 when a new slice joins."""
+    chaos = [ChaosFaultConfig(at_step=6, host=1, kind="preempt", deadline_s=60)]
+    added: list[str] = []
+    grow = Action(step=8, name="add_slice",
+                  fn=lambda ctl: added.append(cluster.emulated.add_slice(1)))
+    cfg = fault_config(tmp_path / "run", *TWO_SLICES, "run.total_steps=40",
+                       "controller.elastic.shrink_after_s=0", chaos=chaos)
+    result = run_controller(cfg, actions=[grow])
+    print_recovery("elastic", result)
+
+    s = result.summary
+    assert (s.state, s.step, s.lost_steps) == ("SUCCEEDED", 40, 0)
+    first, shrunk, grown = _running_slices(result)
+    assert len(first) == 2 and len(shrunk) == 1 and len(grown) == 2
+    assert shrunk[0] in first and added[0] in grown and first[1] not in grown
+    restored = [r["restored_step"] for r in result.controller.restores]
+    assert restored[0] is None and restored[1] == 6 and restored[2] % 5 == 0
+    assert restored[2] >= 10, "the grow waits for the next checkpoint after the slice joined"
+
+
+def test_node_removed_without_notice_restores_last_checkpoint(cluster, tmp_path):
+    """A node disappears mid-run: host_lost, restore the last checkpoint, lost ≤ interval."""
+    removed: list[str] = []
+
+    def remove_host_1(ctl) -> None:
+        host = ctl.plan.hosts[1]
+        removed.append(host.node_id)
+        cluster.emulated.remove_host(host.slice_name, host.worker_id)
+
+    cfg = fault_config(tmp_path / "run", *TWO_SLICES, "run.steps_per_call=1")
+    result = run_controller(cfg, actions=[Action(step=7, name="remove_host", fn=remove_host_1)])
+    print_recovery("node-loss", result)
+
+    s = result.summary
+    assert (s.state, s.step) == ("SUCCEEDED", 20)
+    assert s.restarts == {"host_lost": 1}
+    restored = [r["restored_step"] for r in result.controller.restores]
+    assert restored == [None, 5]
+    assert 1 <= s.lost_steps <= 5
+    assert s.lost_steps == result.controller.restores[1]["lost_steps"]
+    assert removed[0] not in {h.node_id for h in result.controller.plan.hosts}
