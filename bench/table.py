@@ -28,6 +28,9 @@ def render(result: dict) -> str:
     row("  orchestrated step s", fmt_spread(o["orchestrated_step_s"]))
     row("  bare step s", fmt_spread(o["bare_step_s"]))
     row("  wall per step orch/bare", fmt(o.get("ratio_wall_per_step")))
+    if "orchestrated_outside_steps_share" in o:
+        row("  wall share outside steps: orch", fmt_spread(o["orchestrated_outside_steps_share"]))
+        row("  wall share outside steps: bare", fmt_spread(o["bare_outside_steps_share"]))
     a = f["2_announced_preemption"]
     row("2 announced: steps lost", str(a["steps_lost"]), "0")
     row("  notice -> checkpoint committed s", fmt_spread(a["notice_to_committed_s"]))

@@ -88,3 +88,10 @@ def test_bad_settings_name_the_setting():
         BenchConfig(preempt_at_step=5, checkpoint_every=10)
     with pytest.raises(ConfigError, match=r"bench\.nope"):
         preset("quick", nope=1)
+
+
+def test_between_steps_share_is_the_gap_not_spent_stepping():
+    """Steps of 0.5 s ending 1 s apart: half the wall time is outside steps."""
+    assert figures.between_steps_share(_recs(range(1, 6), st=0.5)) == pytest.approx(0.5)
+    saving = [{**r, "save_blocking_s": 0.3} for r in _recs(range(1, 3))]
+    assert figures.between_steps_share(saving) is None
