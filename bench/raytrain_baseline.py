@@ -44,12 +44,16 @@ def train_loop(config: dict) -> None:
     plan = MeshPlan(hosts=hosts, slice_names=("rt",), shape=shape, devices_per_host=dev,
                     platform="cpu")
     tr = Trainer(cfg, plan, checkpoint_dir=str(workdir / "checkpoints"))
-    if tr.restore_latest() is None:
+    restored = tr.restore_latest()
+    if restored is None:
         tr.init_state(cfg.run.seed)
-    tr.compile()
     every = int(config["checkpoint_every"])
     end_at = float(config["end_at"])
     out = (workdir / "records.jsonl").open("a", encoding="utf-8") if rank == 0 else None
+    if out is not None and restored is not None:
+        out.write(json.dumps({"step": restored, "restored": True, "wall_time": time.time()}) + "\n")
+        out.flush()
+    tr.compile()
     try:
         # Every process must agree on when to stop: the same step-boundary decision everywhere.
         from jax.experimental import multihost_utils

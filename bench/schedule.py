@@ -9,8 +9,9 @@
 
 The preemption clock starts at the system's first productive step (a loaded machine can take
 longer than N s to start); wall time, and so goodput, counts from the process start.
-Goodput = net steps at the end × the system's own median step time / wall time; lost steps =
-steps done twice (a step reached, then resumed from an earlier checkpoint).
+Goodput = useful steps at the window's end (where a resumed job would continue from) × the
+system's own median step time / the window (M minutes from process start); lost steps = steps
+reached and then thrown away by a restore to an earlier checkpoint.
 """
 
 from __future__ import annotations
@@ -28,22 +29,38 @@ from bench.stats import spread
 
 
 def lost_steps(records: Sequence[dict]) -> int:
-    """Steps re-done: whenever the step sequence (by wall time) goes back, the gap counts."""
+    """Steps thrown away: a step reached, then a restore to (or a resumed step after) an earlier
+    one. ``{"restored": True, "step": s}`` markers count even when no step followed them."""
     lost, prev = 0, None
     for r in sorted(records, key=lambda r: r["wall_time"]):
-        if prev is not None and r["step"] <= prev:
-            lost += prev - (r["step"] - 1)
+        resumed_from = r["step"] if r.get("restored") else r["step"] - 1
+        if prev is not None and resumed_from < prev:
+            lost += prev - resumed_from
         prev = r["step"]
     return lost
 
 
-def summarize(records: Sequence[dict], *, wall_s: float, skip: int, **extra: object) -> dict:
-    recs = sorted(records, key=lambda r: r["wall_time"])
-    step_s = spread([r["step_time_s"] for r in recs[skip:]])["median"]
-    net = max((r["step"] for r in recs), default=0)
-    return {"goodput": goodput(useful_steps=net, step_s=step_s, wall_s=wall_s), "wall_s": wall_s,
-            "net_steps": net, "steps_lost": lost_steps(recs), "step_s": step_s,
-            "steps_executed": len(recs), **extra}
+def restore_markers(timeline: Sequence[dict]) -> list[dict]:
+    """``restored step N`` transitions of a run dir's timeline as restore markers."""
+    out = []
+    for t in timeline:
+        reason = str(t.get("reason", ""))
+        if t.get("prev") == "RESTORING" and reason.startswith("restored step "):
+            out.append({"step": int(reason.split()[2]), "wall_time": t["at"], "restored": True})
+    return out
+
+
+def summarize(records: Sequence[dict], *, t0: float, seconds: float, skip: int,
+              **extra: object) -> dict:
+    """Goodput over the window [t0, t0 + seconds]: steps and restores inside it only."""
+    recs = sorted((r for r in records if r["wall_time"] <= t0 + seconds),
+                  key=lambda r: r["wall_time"])
+    steps = [r for r in recs if not r.get("restored")]
+    step_s = spread([r["step_time_s"] for r in steps[skip:]])["median"]
+    useful = recs[-1]["step"] if recs else 0  # where a resumed job would continue from
+    return {"goodput": goodput(useful_steps=useful, step_s=step_s, wall_s=seconds),
+            "wall_s": seconds, "useful_steps": useful, "steps_lost": lost_steps(recs),
+            "step_s": step_s, "steps_executed": len(steps), **extra}
 
 
 def wait_first_step(path: Path, proc, *, until: float) -> float:
@@ -86,8 +103,8 @@ def orchestrator_schedule(cfg: BenchConfig, workdir: Path, topology: list[str]) 
         if proc.poll() is None:
             procs.kill_tree(proc)
     rd = RunDir.read(run_dir)
-    recs = [r for r in rd.metrics if r["wall_time"] <= t0 + wall]
-    return summarize(recs, wall_s=wall, skip=cfg.skip_steps, preemptions=len(notices),
+    return summarize(rd.metrics + restore_markers(rd.timeline), t0=t0, seconds=seconds,
+                     skip=cfg.skip_steps, preemptions=len(notices), process_wall_s=wall,
                      recoveries=len(rd.summary.get("recoveries", [])),
                      summary_goodput=rd.summary.get("goodput"))
 
@@ -115,8 +132,10 @@ def restart_schedule(cfg: BenchConfig, workdir: Path, topology: list[str]) -> di
             if proc.poll() is None:
                 procs.kill_tree(proc)
     wall = time.time() - t0
-    recs = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r["wall_time"] <= t0 + wall]
-    return summarize(recs, wall_s=wall, skip=cfg.skip_steps, preemptions=kills)
+    recs = read_jsonl(run_dir / "metrics.jsonl") + restore_markers(
+        read_jsonl(run_dir / "timeline.jsonl"))
+    return summarize(recs, t0=t0, seconds=seconds, skip=cfg.skip_steps, preemptions=kills,
+                     process_wall_s=wall)
 
 
 def raytrain_schedule(cfg: BenchConfig, workdir: Path) -> dict:
@@ -136,7 +155,8 @@ def raytrain_schedule(cfg: BenchConfig, workdir: Path) -> dict:
     recs = read_jsonl(out / "records.jsonl")
     summary = read_jsonl(out / "summary.json")
     extra = summary[0] if summary else {}
-    return summarize(recs, wall_s=wall, skip=cfg.skip_steps, exit_code=code,
+    return summarize(recs, t0=t0, seconds=cfg.goodput_minutes * 60.0, skip=cfg.skip_steps,
+                     exit_code=code, process_wall_s=wall,
                      preemptions=len([k for k in extra.get("kills", []) if k.get("pid")]),
                      error=extra.get("error"))
 

@@ -36,6 +36,8 @@ def test_lost_steps_counts_redone_steps():
     recs = _recs([5, 6, 7, 6, 7, 8])
     assert lost_steps(recs) == 2
     assert lost_steps(_recs([1, 2, 3])) == 0
+    restored = {"step": 5, "wall_time": 1e9, "restored": True}
+    assert lost_steps([*_recs([5, 6, 7]), restored]) == 2
 
 
 def test_overhead_compares_steady_medians():
