@@ -46,6 +46,7 @@ from orchestrator.plan import MeshPlan, plan_mesh
 from orchestrator.worker_group import WorkerGroup
 from policies.causes import StopCause, StopObservation
 from policies.chaos import FaultKind
+from policies.checkpoint_interval import SaveObservation
 from policies.health import HealthObservation, HealthReport
 from policies.preemption import (
     DrainKind,
@@ -186,6 +187,7 @@ class RunController:
         self.fired_faults: set[tuple[int, int, str]] = set()
         self.compile_times: list[float] = []
         self.recoveries: list[dict] = []
+        self._last_interval: int | None = None
         self.restores: list[dict] = []  # per incarnation: which checkpoint step was restored
         self._recovery: dict | None = None
         self.batch_plan: BatchPlan | None = None
@@ -342,18 +344,19 @@ class RunController:
             if self.drain is not None:
                 self._enter_drain()
                 return
-            until = self._chunk_end()
+            every = self.cfg_interval()
+            until = self._chunk_end(every)
             self._arm_faults(until)
             self._poll_events(in_mesh=True)
             if self.drain is not None:
                 continue
-            refs = group.run_steps(until, checkpoint_every=self.cfg_interval())
+            refs = group.run_steps(until, checkpoint_every=every)
             try:
                 results = self._wait_chunk(refs, steps=until - self.progress.step)
             except GroupFailure as exc:
                 self._group_failed(exc)
                 return
-            self._absorb(results)
+            self._absorb(results, every)
             self._finish_recovery()
             self._check_grow()
 
@@ -462,7 +465,7 @@ class RunController:
 
     # ---- running details ----------------------------------------------------------------
 
-    def _chunk_end(self) -> int:
+    def _chunk_end(self, every: int) -> int:
         step = self.progress.step
         total = self.cfg.run.total_steps
         per_call = self.cfg.run.steps_per_call
@@ -471,7 +474,6 @@ class RunController:
             st = statistics.median(recent) if recent else 0.2
             per_call = max(1, min(100, int(1.0 / max(st, 1e-3))))
         # End chunks on save steps: a grow waits for a committed step at a chunk boundary.
-        every = self.cfg_interval()
         until = min(total, step + per_call, (step // every + 1) * every)
         for f in self.policies.chaos.faults:  # stop exactly at a chaos step
             if f.kind is FaultKind.HANG_INIT:
@@ -566,14 +568,13 @@ class RunController:
                                      hosts=tuple(i for i, r in enumerate(refs) if r in pending))
         return ray.get(list(refs))
 
-    def _absorb(self, results: list[dict]) -> None:
+    def _absorb(self, results: list[dict], every: int) -> None:
         steps = {r["step"] for r in results}
         if len(steps) != 1:
             raise GroupFailure(f"hosts stopped at different steps {sorted(steps)}")
         p = self.progress
         p.step = steps.pop()
         p.max_step_reached = max(p.max_step_reached, p.step)
-        every = self.cfg_interval()
         for rec in results[0]["records"]:
             p.step_times.append(rec["step_time_s"])
             if p.first_loss is None:
@@ -591,7 +592,24 @@ class RunController:
         del p.step_times[:-200]
 
     def cfg_interval(self) -> int:
-        return self.ctl.checkpoint_interval.every_steps
+        """Steps between periodic saves, from the save policy (fixed or Young/Daly).
+
+        Young/Daly adapts to the measured step time, save cost and the interruptions seen so
+        far (every restart counts); hosts save at multiples of the interval.
+        """
+        p = self.progress
+        now = self.clock()
+        decision = self.policies.save.decide(SaveObservation(
+            step=p.step, last_save_step=p.last_committed, now=now,
+            step_time_s=statistics.median(p.step_times[-20:]) if p.step_times else None,
+            save_cost_s=statistics.median(p.save_costs[-5:]) if p.save_costs else None,
+            interruptions=len(self.restart_history), observed_s=now - self.started_at))
+        every = decision.interval_steps or self.ctl.checkpoint_interval.every_steps
+        if every != self._last_interval:
+            log.info("checkpoint_interval", every_steps=every, reason=decision.reason,
+                     kind=self.ctl.checkpoint_interval.kind)
+            self._last_interval = every
+        return every
 
     def _step_context(self) -> dict:
         assert self.plan is not None

@@ -3,8 +3,8 @@
 The controller runs in a thread; ``at_step`` actions (add a slice, remove a host, send a notice)
 run in the test's main thread (Ray adds and removes nodes only from there), which reads the
 controller's progress and fires each action once when its step is reached. Every run is torn
-down by the controller itself (its ``finally``); ``leftover_host_actors`` lets a test check that
-no host actor outlived its run.
+down by the controller itself (its ``finally``); ``alive_host_processes`` lets a test check
+that no host actor process outlived its run.
 """
 
 from __future__ import annotations
@@ -13,17 +13,22 @@ import dataclasses
 import json
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
+import ray
 import structlog
 
 from orchestrator.config import RunConfig, load_config
 from orchestrator.controller import RayClusterView, RunController, RunSummary
 from orchestrator.controller_config import ChaosFaultConfig
+from orchestrator.worker_group import WorkerGroup
+from tests.support.ray_cluster import RunningCluster, emulated_cluster
 
 log = structlog.get_logger(__name__)
 
@@ -87,6 +92,8 @@ class RunResult:
     controller: RunController
     final_params: dict[str, np.ndarray] | None
     actions: list[Action] = field(default_factory=list)
+    host_pids: list[int] = field(default_factory=list)
+    """Every host actor process the run started."""
 
     @property
     def timeline(self) -> list[dict]:
@@ -102,6 +109,26 @@ class RunResult:
         return [r.get("restored_step") for r in self.controller.restores]
 
 
+@contextmanager
+def started_cluster(**kwargs: Any) -> Iterator[RunningCluster]:
+    """``emulated_cluster`` with one retry: on a loaded machine a raylet can miss its startup
+    deadline, which says nothing about the code under test."""
+    for attempt in (1, 2):
+        ctx = emulated_cluster(**kwargs)
+        try:
+            running = ctx.__enter__()  # a failed start tears its half-built cluster down
+        except Exception as exc:
+            if attempt == 2 or "timed out during startup" not in str(exc):
+                raise
+            log.warning("cluster_start_retry", error=str(exc))
+            continue
+        try:
+            yield running
+        finally:
+            ctx.__exit__(None, None, None)
+        return
+
+
 def run_controller(cfg: RunConfig, *, actions: Sequence[Action] = (), intake: Any = None,
                    collect_params: bool = False, timeout_s: float = 400.0) -> RunResult:
     """Run to a terminal state; fire each of ``actions`` once when its step is reached."""
@@ -114,6 +141,8 @@ def run_controller(cfg: RunConfig, *, actions: Sequence[Action] = (), intake: An
     ctl = RunController(cfg, cfg.controller, run_dir=Path(cfg.run.run_dir),
                         cluster=RayClusterView(), intake=intake, metrics=None,
                         on_final_group=on_final)
+    pids: list[int] = []
+    ctl.group_cls = type("RecordingGroup", (RecordingGroup,), {"pids": pids})
     todo = sorted(actions, key=lambda a: a.step)
     box_out: dict[str, Any] = {}
 
@@ -142,7 +171,7 @@ def run_controller(cfg: RunConfig, *, actions: Sequence[Action] = (), intake: An
     if "error" in box_out:
         raise box_out["error"]
     return RunResult(summary=box_out["summary"], controller=ctl, final_params=box.get("params"),
-                     actions=list(todo))
+                     actions=list(todo), host_pids=pids)
 
 
 def flatten(tree: Any, prefix: str = "") -> dict[str, np.ndarray]:
@@ -157,14 +186,35 @@ def flatten(tree: Any, prefix: str = "") -> dict[str, np.ndarray]:
     return out
 
 
-def leftover_host_actors() -> list[dict]:
-    """HostActor actors Ray still has alive (state != DEAD)."""
-    from ray.util.state import list_actors
+class RecordingGroup(WorkerGroup):
+    """The real worker group, remembering the pid of every host actor it started."""
 
-    found = list_actors(filters=[("class_name", "=", "HostActor")], limit=1000,
-                        raise_on_missing_output=False)
-    return [dataclasses.asdict(a) if dataclasses.is_dataclass(a) else dict(a)
-            for a in found if (a.state if hasattr(a, "state") else a["state"]) != "DEAD"]
+    pids: list[int] = []  # replaced per run by ``run_controller``
+
+    def start(self) -> None:
+        super().start()
+        try:
+            infos = ray.get([a.info.remote() for a in self.actors], timeout=120)
+        except Exception as exc:  # an actor that cannot start is not a process to check
+            log.warning("pid_probe_failed", error=str(exc))
+            return
+        self.pids.extend(int(i["pid"]) for i in infos)
+
+
+def alive_host_processes(pids: Sequence[int], *, timeout_s: float = 30.0) -> list[int]:
+    """Host actor processes of ``pids`` still running (not reaped or zombie) after a grace."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        alive = []
+        for pid in pids:
+            try:
+                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                    alive.append(pid)
+            except psutil.NoSuchProcess:
+                pass
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.5)
 
 
 def print_recovery(label: str, result: RunResult) -> None:

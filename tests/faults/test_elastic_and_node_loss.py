@@ -6,15 +6,27 @@ with other modules. Slices hold one host of 2 devices, which keeps every group s
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
 from orchestrator.controller_config import ChaosFaultConfig
-from tests.faults.harness import Action, fault_config, print_recovery, run_controller
-from tests.support.ray_cluster import cluster_fixture
+from tests.faults.harness import (
+    Action,
+    alive_host_processes,
+    fault_config,
+    print_recovery,
+    run_controller,
+    started_cluster,
+)
+from tests.support.ray_cluster import RunningCluster
 
 pytestmark = pytest.mark.cluster
 
-cluster = cluster_fixture(scope="module", slices=2, hosts_per_slice=1, devices_per_host=2)
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[RunningCluster]:
+    with started_cluster(slices=2, hosts_per_slice=1, devices_per_host=2) as running:
+        yield running
 
 TWO_SLICES = ("cluster.emulate.slices=2", "cluster.emulate.hosts_per_slice=1")
 
@@ -70,3 +82,4 @@ def test_node_removed_without_notice_restores_last_checkpoint(cluster, tmp_path)
     assert 1 <= s.lost_steps <= 5
     assert s.lost_steps == result.controller.restores[1]["lost_steps"]
     assert removed[0] not in {h.node_id for h in result.controller.plan.hosts}
+    assert alive_host_processes(result.host_pids) == []

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -19,30 +20,25 @@ from orchestrator.controller_config import ChaosFaultConfig
 from orchestrator.events.intake import EventIntake
 from tests.faults.harness import (
     Action,
+    alive_host_processes,
     fault_config,
-    leftover_host_actors,
     print_recovery,
     run_controller,
+    started_cluster,
 )
-from tests.support.ray_cluster import cluster_fixture
+from tests.support.ray_cluster import RunningCluster
 
 pytestmark = pytest.mark.cluster
 
-cluster = cluster_fixture(scope="module", slices=2, hosts_per_slice=2, devices_per_host=2)
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[RunningCluster]:
+    with started_cluster(slices=2, hosts_per_slice=2, devices_per_host=2) as running:
+        yield running
 
 
 def _checkpoint_steps(run_dir) -> list[int]:
     """Complete Orbax steps on disk (in-progress saves live in temporary directories)."""
     return sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit())
-
-
-def _no_host_actors_left(timeout_s: float = 20.0) -> list[dict]:
-    deadline = time.monotonic() + timeout_s
-    left = leftover_host_actors()
-    while left and time.monotonic() < deadline:
-        time.sleep(0.5)
-        left = leftover_host_actors()
-    return left
 
 
 def _restored(result) -> list[int | None]:
@@ -160,7 +156,7 @@ def test_budget_runs_out_fails_with_reason_and_intact_checkpoint(cluster, tmp_pa
     assert s.state == "FAILED"
     assert "exceeds the budget of 0" in s.reason and "controller.budgets.host_lost" in s.reason
     assert _checkpoint_steps(tmp_path / "run") == [5]
-    assert _no_host_actors_left() == []
+    assert alive_host_processes(result.host_pids) == []
 
 
 def test_replacement_that_never_arrives_fails_with_reason(cluster, tmp_path):
@@ -176,7 +172,7 @@ def test_replacement_that_never_arrives_fails_with_reason(cluster, tmp_path):
     assert "controller.max_wait_for_capacity_s" in s.reason
     assert "WAITING_FOR_CAPACITY" in result.states
     assert _checkpoint_steps(tmp_path / "run")[-1] == 8
-    assert _no_host_actors_left() == []
+    assert alive_host_processes(result.host_pids) == []
 
 
 def test_host_that_never_joins_init_times_out_and_is_retried(cluster, tmp_path):
@@ -192,4 +188,4 @@ def test_host_that_never_joins_init_times_out_and_is_retried(cluster, tmp_path):
     dumps = list((tmp_path / "run" / "diagnostics").glob("stacks-init-*.txt"))
     assert len(dumps) == 1
     assert "_maybe_init_fault" in dumps[0].read_text(), "the hung host's stack is in the dump"
-    assert _no_host_actors_left() == []
+    assert alive_host_processes(result.host_pids) == []
