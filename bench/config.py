@@ -67,7 +67,7 @@ PRESETS: dict[str, dict] = {
               "run_timeout_s": 420.0},
     "quick": {},
     "full": {"repeats": 3, "overhead_steps": 150, "preempt_at_step": 45,
-             "steps_after_preempt": 20, "goodput_minutes": 10.0, "preempt_every_s": 90.0},
+             "steps_after_preempt": 20, "goodput_minutes": 10.0, "preempt_every_s": 120.0},
 }
 
 
