@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import socket
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -71,9 +72,13 @@ class ClusterView(Protocol):
 
     def platform(self) -> str: ...
 
+    def unreachable(self, node_ids: Collection[str]) -> set[str]: ...
+
 
 class RayClusterView:
     """``ray.nodes()`` read as TPU hosts."""
+
+    probe_timeout_s: float = 2.0
 
     def hosts(self) -> list[HostRef]:
         from orchestrator.topology import hosts_from_nodes
@@ -84,6 +89,30 @@ class RayClusterView:
         from orchestrator.topology import platform_of
 
         return platform_of(ray.nodes())
+
+    def unreachable(self, node_ids: Collection[str]) -> set[str]:
+        """Nodes that are gone even if the GCS has not noticed yet (it marks a vanished node
+        dead only after its health checks fail, ~16 s here): dead, unknown, or their raylet
+        refuses a TCP connection."""
+        wanted = set(node_ids)
+        nodes = {n["NodeID"]: n for n in ray.nodes() if n["NodeID"] in wanted}
+        gone = wanted - set(nodes)
+        for node_id, n in nodes.items():
+            if not n.get("Alive") or not _accepts(n.get("NodeManagerAddress", ""),
+                                                  int(n.get("NodeManagerPort", 0)),
+                                                  self.probe_timeout_s):
+                gone.add(node_id)
+        return gone
+
+
+def _accepts(host: str, port: int, timeout_s: float) -> bool:
+    if not host or port <= 0:
+        return True  # nothing to probe: trust the GCS
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
 
 
 @dataclass
@@ -188,6 +217,7 @@ class RunController:
         self.compile_times: list[float] = []
         self.recoveries: list[dict] = []
         self._last_interval: int | None = None
+        self._chunk_started_at: float | None = None
         self.restores: list[dict] = []  # per incarnation: which checkpoint step was restored
         self._recovery: dict | None = None
         self.batch_plan: BatchPlan | None = None
@@ -350,6 +380,7 @@ class RunController:
             self._poll_events(in_mesh=True)
             if self.drain is not None:
                 continue
+            self._chunk_started_at = self.clock()
             refs = group.run_steps(until, checkpoint_every=every)
             try:
                 results = self._wait_chunk(refs, steps=until - self.progress.step)
@@ -802,6 +833,9 @@ class RunController:
         self.drain = None
         self._recovery = {"kind": "unannounced", "cause": cls.cause.value, "error": str(exc),
                           "failed_at": self.clock(), "failed_step": self.progress.step}
+        if self._chunk_started_at is not None and self.lifecycle.state is S.RUNNING:
+            # A fault that fires at a chunk's start (chaos kill) is detected this much later.
+            self._recovery["since_chunk_start_s"] = round(self.clock() - self._chunk_started_at, 3)
         if cls.cause is StopCause.HOST_LOST and self.plan is not None:
             dead = self._dead_nodes()
             self.excluded |= dead
@@ -810,9 +844,17 @@ class RunController:
                          payload=Releasing(cause=cls.cause, lost_steps=max(0, lost_estimate)))
 
     def _dead_nodes(self) -> set[str]:
+        """Nodes of this plan that are gone: not alive in the cluster view, or unreachable."""
         alive = {h.node_id for h in self.cluster.hosts()}
         assert self.plan is not None
-        return {h.node_id for h in self.plan.hosts if h.node_id not in alive}
+        gone = {h.node_id for h in self.plan.hosts if h.node_id not in alive}
+        rest = [h.node_id for h in self.plan.hosts if h.node_id not in gone]
+        probe = getattr(self.cluster, "unreachable", None)  # optional for simple views
+        if probe is not None and rest:
+            gone |= set(probe(rest))
+        if gone:
+            log.warning("nodes_gone", nodes=sorted(gone))
+        return gone
 
     def _dump_stacks(self, phase: str) -> None:
         if self.group is None:

@@ -66,13 +66,17 @@ class WorkerGroup:
         refs = [a.initialize.remote(coord, len(self.actors), i, init_timeout_s=t.init_s,
                                     heartbeat_s=t.heartbeat_s)
                 for i, a in enumerate(self.actors)]
+        started = time.monotonic()
         try:
             return self._get(refs, "init", t.init_s + 15)
         except BarrierTimeout:
             raise
         except GroupFailure as exc:
-            # A host that never joins makes its peers' initialize fail (or abort) when the
-            # coordinator gives up after init_s: the hang is the cause, not the peers' errors.
+            # A host that never joins makes its peers' initialize fail (JAX aborts them) when
+            # the coordinator gives up after init_s: then the hang is the cause, not the peers'
+            # deaths. A failure well before init_s is a host lost or crashed, not a hang.
+            if time.monotonic() - started < 0.9 * t.init_s:
+                raise
             ready, _ = ray.wait(refs, num_returns=len(refs), timeout=self.init_grace_s)
             stuck = tuple(i for i, r in enumerate(refs) if r not in ready)
             if stuck:

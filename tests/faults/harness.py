@@ -221,6 +221,9 @@ def print_recovery(label: str, result: RunResult) -> None:
     """The measured phase breakdown of each recovery (shown with ``pytest -s``)."""
     for r in result.summary.recoveries:
         phases = ", ".join(f"{k}={v:.2f}s" for k, v in r.get("phases_s", {}).items())
-        print(f"\n[{label}] {r['kind']} recovery ({r['cause']}): "
+        detect = (f"detected {r['since_chunk_start_s']:.2f}s after the chunk started; "
+                  if "since_chunk_start_s" in r else "")
+        print(f"\n[{label}] {r['kind']} recovery ({r['cause']}): {detect}"
               f"to first step {r.get('to_first_step_s', float('nan')):.2f}s; {phases}; "
+              f"save {r.get('save_s', 0.0):.2f}s, teardown {r.get('teardown_s', 0.0):.2f}s; "
               f"lost {r.get('lost_steps', 0)} step(s)")
