@@ -68,7 +68,8 @@ def main() -> None:
         thread = threading.Thread(target=run_forever, args=(service, sub, stop), daemon=True)
         thread.start()
         argv = [sys.executable, "-c", "import time; time.sleep(120)"]
-        latencies = []
+        latencies: list[float] = []
+        to_submit: list[float] = []
         try:
             for i in range(args.repeats):
                 run_id = f"bench-{uuid.uuid4().hex[:6]}"
@@ -81,7 +82,7 @@ def main() -> None:
                 wait_for(lambda f=first: client.get_job_status(f) == JobStatus.RUNNING, 60)
                 client.stop_job(first)
                 wait_for(lambda f=first: client.get_job_status(f).is_terminal(), 60)
-                t0 = time.monotonic()
+                t0, t0_wall = time.monotonic(), time.time()
                 publisher.publish(topic, encode(notification(
                     incident_id=f"inc-{run_id}", run_id=run_id,
                     started_at=int(time.time())))).result(timeout=30)
@@ -94,12 +95,18 @@ def main() -> None:
 
                 wait_for(running, 120)
                 latencies.append(time.monotonic() - t0)
-                print(f"repeat {i}: alert publish -> job RUNNING {latencies[-1]:.2f}s", flush=True)
+                submitted = [a["at"] for a in service.audit.read()
+                             if a.get("run_id") == run_id and a.get("outcome") == "submitted"]
+                to_submit.append(submitted[0] - t0_wall)
+                print(f"repeat {i}: alert publish -> job RUNNING {latencies[-1]:.2f}s "
+                      f"(publish -> submitted {to_submit[-1]:.2f}s, submitted -> RUNNING "
+                      f"{latencies[-1] - to_submit[-1]:.2f}s)", flush=True)
                 client.stop_job(f"{run_id}-r1")
         finally:
             stop.set()
             thread.join(timeout=30)
             publisher.stop()
+        print(f"publish -> submitted: median {statistics.median(to_submit):.2f}s")
         print(f"median {statistics.median(latencies):.2f}s over {len(latencies)} "
               f"(min {min(latencies):.2f}s, max {max(latencies):.2f}s)")
 

@@ -276,12 +276,13 @@ def _kill_all(procs: list[subprocess.Popen[bytes]], temp_dir: str, gcs_address: 
                 os.killpg(proc.pid, signal.SIGKILL)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=10)
+    port = f":{gcs_address.rsplit(':', 1)[1]}" if gcs_address else ""
     ours = []
     for p in psutil.process_iter(["pid", "cmdline"]):
         with contextlib.suppress(psutil.Error):
             if temp_dir in " ".join(p.info["cmdline"] or ()) or (
-                    gcs_address and p.environ().get("RAY_ADDRESS") == gcs_address):
-                ours.append(p)  # Ray's processes, and job drivers connected to our head
+                    port and p.environ().get("RAY_ADDRESS", "").endswith(port)):
+                ours.append(p)  # Ray's processes, and job drivers of our head (any of its IPs)
     for p in ours:
         with contextlib.suppress(psutil.Error):
             p.kill()

@@ -210,7 +210,7 @@ def test_killed_training_job_resumes_from_checkpoint(tmp_path, pubsub_emulator_h
             assert summary["state"] == "SUCCEEDED"
             meta = json.loads((run_dir / "run.json").read_text())
             assert (meta["run_id"], meta["incarnation"]) == (run_id, 2)
-            print(f"e2e: first job reached step {reached}, latest checkpoint {saved}; "
+            print(f"e2e: killed with metrics.jsonl at step {reached}, latest checkpoint {saved}; "
                   f"second restored {restored} and finished {TOTAL_STEPS}")
         finally:
             try:
