@@ -831,9 +831,15 @@ class RunController:
         self.pending_cause = cls.cause
         self.pending_reason = str(exc)
         self.drain = None
-        self._recovery = {"kind": "unannounced", "cause": cls.cause.value, "error": str(exc),
-                          "failed_at": self.clock(), "failed_step": self.progress.step}
-        if self._chunk_started_at is not None and self.lifecycle.state is S.RUNNING:
+        if self._recovery is not None:  # failed again before the first step: one recovery
+            self._recovery.setdefault("further_failures", []).append(
+                {"cause": cls.cause.value, "error": str(exc), "at": self.clock()})
+        else:
+            self._recovery = {"kind": "unannounced", "cause": cls.cause.value,
+                              "error": str(exc), "failed_at": self.clock(),
+                              "failed_step": self.progress.step}
+        if (self._chunk_started_at is not None and self.lifecycle.state is S.RUNNING
+                and "since_chunk_start_s" not in self._recovery):
             # A fault that fires at a chunk's start (chaos kill) is detected this much later.
             self._recovery["since_chunk_start_s"] = round(self.clock() - self._chunk_started_at, 3)
         if cls.cause is StopCause.HOST_LOST and self.plan is not None:
