@@ -75,8 +75,9 @@ def plan_mesh(cfg: RunConfig, hosts: Sequence[HostRef], *, platform: str,
     for h in hosts:
         by_slice.setdefault(h.slice_name, []).append(h)
     if not by_slice:
-        raise TopologyError("No hosts are available to form a mesh.",
-                            fix="add TPU nodes to the Ray cluster, or run with cluster.mode=emulate")
+        raise TopologyError(
+            "No hosts are available to form a mesh.",
+            fix="add TPU nodes to the Ray cluster, or run with cluster.mode=emulate")
     full = hosts_per_slice or max(len(v) for v in by_slice.values())
     complete = sorted(name for name, v in by_slice.items() if len(v) >= full)
     if not complete:

@@ -28,7 +28,8 @@ EMULATED_LABEL = "tpu-orchestrator.dev/emulated"
 LOOPBACK = "127.0.0.1"
 
 
-def hosts_from_nodes(nodes: Sequence[dict[str, Any]], *, exclude: Sequence[str] = ()) -> list[HostRef]:
+def hosts_from_nodes(nodes: Sequence[dict[str, Any]], *,
+                     exclude: Sequence[str] = ()) -> list[HostRef]:
     """Alive TPU nodes (``ray.nodes()`` entries) as unordered HostRefs (index = -1)."""
     out: list[HostRef] = []
     for n in nodes:
@@ -128,7 +129,7 @@ def _pin_ray_to_loopback() -> None:
 
 def connect_ray(address: str | None, *, timeout_s: float,
                 init: Callable[..., Any] | None = None) -> None:
-    """``ray.init`` bounded by ``timeout_s``; an unreachable address becomes an error naming the fix.
+    """``ray.init`` bounded by ``timeout_s``; an unreachable address becomes an error with a fix.
 
     Ray retries an unreachable GCS forever, so the call runs in a daemon thread and the driver
     gives up after the timeout (the process exits right after, taking the thread with it).

@@ -226,7 +226,7 @@ def _loss(model, params, tokens):
 
 
 def _train_step(model, tx, state, batch):
-    """One optimizer step over ``batch`` (accum, micro, seq): gradients averaged over micro-batches."""
+    """One optimizer step over ``batch`` (accum, micro, seq); grads averaged over micro-batches."""
     grad_fn = jax.value_and_grad(functools.partial(_loss, model))
     if batch.shape[0] == 1:
         loss, grads = grad_fn(state["params"], batch[0])
@@ -273,10 +273,19 @@ class _CheckpointIO:
         self.manager.wait_until_finished()
 
     def read_meta(self, step: int) -> dict:
-        return self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+        args = ocp.args.Composite(meta=ocp.args.JsonRestore())
+        return self.manager.restore(step, args=args)["meta"]
 
     def restore(self, step: int, abstract_state):
-        meta = self.read_meta(step)
+        try:
+            meta = self.read_meta(step)
+        except (KeyError, ValueError, FileNotFoundError) as exc:
+            # Not a checkpoint this project wrote (or a damaged one): retrying cannot help.
+            raise CheckpointError(
+                f"Checkpoint step {step} in {self.directory} has no readable run metadata "
+                f"({type(exc).__name__}: {exc}).",
+                fix=f"use a new run.run_dir, or move {self.directory / str(step)} away to "
+                    "resume from an older step") from None
         want = self.cfg.model.fingerprint()
         if meta.get("model_fingerprint") != want:
             raise CheckpointError(

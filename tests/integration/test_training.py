@@ -13,6 +13,10 @@ import numpy as np
 import pytest
 
 from orchestrator.config import load_config
+from orchestrator.errors import CheckpointError
+from orchestrator.plan import plan_mesh
+from orchestrator.worker_group import WorkerGroup
+from tests.integration.cli import snapshot
 from tests.integration.groups import References, bit_identical, max_abs_diff, train_group
 from tests.support.ray_cluster import cluster_fixture
 
@@ -29,10 +33,11 @@ cluster = cluster_fixture(layout=[2, 1, 1], names=["pod", "ms-a", "ms-b"])
 
 
 @pytest.fixture(scope="module", autouse=True)
-def references(tmp_path_factory):
+def references(cluster, tmp_path_factory):
     """1 process × 4 devices: the default mesh (fsdp=4) and the multislice one (data=2 × fsdp=2).
 
-    Autouse, so the subprocess starts first and trains while the cluster comes up.
+    Started in the background once the cluster is up (a busy CPU can make a Ray node miss its
+    fixed 30 s registration window), so it trains while the first groups form.
     """
     refs = References(tmp_path_factory.mktemp("reference"), devices=4, steps=STEPS,
                       overrides=OVERRIDES, variants={"multislice": MULTISLICE_MESH})
@@ -114,7 +119,7 @@ def test_restore_two_host_checkpoint_onto_one_host(cluster, cfg, uninterrupted, 
     assert (copy / "checkpoints" / str(STEPS)).is_dir()
 
 
-def test_multislice_dcn_data_axis(cluster, cfg, tmp_path, references):
+def test_multislice_dcn_data_axis(cluster, cfg, tmp_path, references, uninterrupted):
     """2 slices × 1 host × 2 devices: data splits across slices (DCN), fsdp inside each one."""
     run = train_group(cfg, cluster.hosts("ms-a", "ms-b"), tmp_path, until=STEPS,
                       checkpoint_every=STEPS, hosts_per_slice=1)
@@ -130,3 +135,27 @@ def test_multislice_dcn_data_axis(cluster, cfg, tmp_path, references):
     ref = references.get("multislice")
     np.testing.assert_allclose(run.losses, ref.losses, rtol=0, atol=TOL)
     assert max_abs_diff(run.params, ref.params) <= TOL
+    # And the 1-slice run (fsdp=4 over 2 hosts) up to float32 reduction order.
+    np.testing.assert_allclose(run.losses, uninterrupted.losses, rtol=0, atol=1e-5)
+    assert max_abs_diff(run.params, uninterrupted.params) <= 1e-5
+
+
+def test_foreign_checkpoint_is_a_checkpoint_error_and_untouched(cluster, cfg, tmp_path):
+    """A step directory without our run metadata: a non-retryable CheckpointError naming the fix
+    (not a group failure the controller would retry), and the directory left as it was."""
+    (tmp_path / "checkpoints" / "5" / "state").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "5" / "state" / "junk").write_text("not orbax")
+    before = snapshot(tmp_path / "checkpoints")
+    plan = plan_mesh(cfg, cluster.hosts("ms-a"), platform="cpu", hosts_per_slice=1)
+    group = WorkerGroup(cfg, plan, run_dir=tmp_path, incarnation=1)
+    try:
+        group.start()
+        group.initialize()
+        with pytest.raises(CheckpointError) as info:
+            group.build_and_restore(accum_steps=1)
+    finally:
+        group.shutdown()
+    assert not info.value.retryable
+    assert "no readable run metadata" in info.value.message
+    assert "run.run_dir" in info.value.fix
+    assert snapshot(tmp_path / "checkpoints") == before

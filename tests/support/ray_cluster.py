@@ -42,7 +42,8 @@ class RunningCluster:
 @contextmanager
 def emulated_cluster(*, slices: int = 1, hosts_per_slice: int = 2, devices_per_host: int = 2,
                      layout: Sequence[int] | None = None, names: Sequence[str] | None = None,
-                     connect_timeout_s: float = 120.0) -> Iterator[RunningCluster]:
+                     connect_timeout_s: float = 120.0, start_attempts: int = 2
+                     ) -> Iterator[RunningCluster]:
     """``slices`` × ``hosts_per_slice`` hosts of ``devices_per_host`` CPU devices each.
 
     ``layout`` (hosts per slice, e.g. ``[2, 1, 1]``) overrides ``slices``/``hosts_per_slice`` for
@@ -53,15 +54,13 @@ def emulated_cluster(*, slices: int = 1, hosts_per_slice: int = 2, devices_per_h
     sizes = list(layout) if layout is not None else [hosts_per_slice] * slices
     if names is not None and len(names) != len(sizes):
         raise ValueError("names must name every slice of the layout")
-    cluster = EmulatedCluster(devices_per_host=devices_per_host)
     t0 = time.perf_counter()
+    cluster = EmulatedCluster(devices_per_host=devices_per_host)
     try:
-        address = cluster.start()
-        made = tuple(cluster.add_slice(n, name=names[i] if names else None)
-                     for i, n in enumerate(sizes))
-        connect_ray(address, timeout_s=connect_timeout_s)
-        running = RunningCluster(emulated=cluster, address=address, slice_names=made,
-                                 devices_per_host=devices_per_host)
+        made = _start(cluster, sizes, names, attempts=start_attempts)
+        connect_ray(cluster.cluster.address, timeout_s=connect_timeout_s)
+        running = RunningCluster(emulated=cluster, address=cluster.cluster.address,
+                                 slice_names=made, devices_per_host=devices_per_host)
         _wait_for_hosts(running, sum(sizes), timeout_s=connect_timeout_s)
         log.info("test_cluster_up", layout=sizes, seconds=round(time.perf_counter() - t0, 1))
         yield running
@@ -71,6 +70,24 @@ def emulated_cluster(*, slices: int = 1, hosts_per_slice: int = 2, devices_per_h
                 ray.shutdown()
         finally:
             cluster.shutdown()
+
+
+def _start(cluster: EmulatedCluster, sizes: list[int], names: Sequence[str] | None, *,
+           attempts: int) -> tuple[str, ...]:
+    """Start head and slices; on a loaded machine a raylet can miss Ray's fixed 30 s
+    registration window, so a failed start is torn down and tried again from scratch."""
+    for attempt in range(1, attempts + 1):
+        try:
+            cluster.start()
+            return tuple(cluster.add_slice(n, name=names[i] if names else None)
+                         for i, n in enumerate(sizes))
+        except Exception as exc:
+            cluster.shutdown()
+            if attempt == attempts:
+                raise
+            log.warning("test_cluster_start_retry", attempt=attempt, error=str(exc)[:200])
+            cluster._next_slice = 0
+    raise AssertionError("unreachable")
 
 
 def _wait_for_hosts(running: RunningCluster, count: int, *, timeout_s: float) -> None:
