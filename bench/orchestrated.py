@@ -24,6 +24,8 @@ class RunDir:
     metrics: list[dict] = field(default_factory=list)
     timeline: list[dict] = field(default_factory=list)
     retries: int = 0
+    ray_start_failed: bool = False
+    """The last start failed inside Ray's own node start-up (an overloaded machine)."""
 
     @classmethod
     def read(cls, path: Path) -> RunDir:
@@ -94,6 +96,7 @@ def run_main(run_dir: Path, overrides: list[str], *, timeout_s: float,
             continue
         rd = RunDir.read(run_dir)
         rd.retries = retries
+        rd.ray_start_failed = code != 0 and _start_failed(log_path(run_dir), offset)
         return code, rd
 
 

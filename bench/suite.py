@@ -80,7 +80,8 @@ class Suite:
                                       f"{c.checkpoint_every}", chaos], timeout_s=c.run_timeout_s)
         wall = time.time() - t0
         fig = figures.announced_recovery(rd)
-        fig.update({"exit_code": code, "process_wall_s": wall})
+        fig.update({"exit_code": code, "process_wall_s": wall,
+                    "ray_start_failed": rd.ray_start_failed})
         self.raw["announced"].append(fig)
         if c.mode == "smoke" and not self.raw["orch_overhead"]:
             self.raw["orch_overhead"].append(
@@ -109,7 +110,8 @@ class Suite:
         code, second = run_main(run_dir, overrides, timeout_s=c.run_timeout_s)
         wall = time.time() - t0
         fig = figures.full_restart(killed, first, second)
-        fig.update({"exit_code": code, "process_wall_s": wall})
+        fig.update({"exit_code": code, "process_wall_s": wall,
+                    "ray_start_failed": second.ray_start_failed})
         self.raw["restart"].append(fig)
         st = spread([m["step_time_s"] for m in figures.steady_steps(first.metrics,
                                                                     skip=c.skip_steps)])

@@ -29,6 +29,10 @@ def test_smoke_mode_writes_every_figure(tmp_path: Path) -> None:
     assert sorted(result["figures"]) == sorted(FIGURE_KEYS)
     assert {"nproc", "cpu_model", "mem_total_gib", "versions"} <= set(result["machine"])
     announced = result["figures"]["2_announced_preemption"]["runs"]
+    restarts = result["figures"]["3_recovery_vs_full_restart"]["runs_full_restart"]
+    if any(r.get("ray_start_failed") for r in [*announced, *restarts]):
+        pytest.skip("Ray's own node start-up timed out 3 times (machine overloaded); "
+                    "nothing of the harness ran to check")
     assert announced and announced[0]["ok"], announced
     restart = result["figures"]["3_recovery_vs_full_restart"]
     assert restart["orchestrator_s"]["n"] == 1 and restart["full_restart_s"]["n"] == 1
