@@ -34,6 +34,8 @@ class BenchConfig:
     raytrain: bool = True
     """Include Ray Train's JaxTrainer in figure 4's scheduled mode."""
     run_timeout_s: float = 900.0
+    goodput_systems: str = "orchestrator,full_restart,ray_train_jaxtrainer"
+    """Comma-separated systems figure 4's scheduled mode runs."""
     only_goodput: bool = False
     """Run figure 4's scheduled mode alone (needs goodput_minutes > 0); other figures empty."""
 

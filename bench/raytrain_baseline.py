@@ -113,7 +113,8 @@ def main(argv: list[str]) -> int:
     os.environ["RAY_TRAIN_V2_ENABLED"] = "1"
     for attempt in range(3):  # a loaded machine can miss Ray's fixed 30 s raylet start bound
         try:
-            ray.init(num_cpus=args.hosts, include_dashboard=False,
+            # address="local": always a fresh instance, never another job's cluster on this host.
+            ray.init(address="local", num_cpus=args.hosts, include_dashboard=False,
                      runtime_env={"env_vars": env})
             break
         except Exception:

@@ -184,7 +184,10 @@ def run_schedule(cfg: BenchConfig, *, workdir: Path, progress: Callable[[str], N
         ("full_restart", lambda: restart_schedule(cfg, workdir, topology))]
     if cfg.raytrain:
         runs.append(("ray_train_jaxtrainer", lambda: raytrain_schedule(cfg, workdir)))
+    wanted = {s.strip() for s in cfg.goodput_systems.split(",")}
     for name, fn in runs:
+        if name not in wanted:
+            continue
         progress(f"figure 4: {name}, {cfg.goodput_minutes} min, preemption every "
                  f"{cfg.preempt_every_s} s")
         try:
