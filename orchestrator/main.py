@@ -22,7 +22,7 @@ from typing import Any
 
 import structlog
 
-from orchestrator import logs
+from orchestrator import configtools, logs
 from orchestrator.config import RunConfig, load_config
 from orchestrator.errors import (
     CheckpointError,
@@ -94,10 +94,11 @@ class Driver:
     def run(self) -> int:
         from orchestrator.controller import RayClusterView, RunController
 
-        self._prepare_run_dir()
+        self._check_checkpoint()
         self._connect()
         cluster = RayClusterView()
         self._check_capacity(cluster)
+        self._prepare_run_dir()
         self.metrics = self._build_metrics()
         self.intake = self._build_intake()
         peak_box: dict[str, Any] = {}
@@ -112,10 +113,35 @@ class Driver:
 
     # ---- parts --------------------------------------------------------------------------
 
+    def _check_checkpoint(self) -> None:
+        """Refuse, before touching anything, a run_dir whose checkpoint another model wrote.
+
+        Orbax renames a step directory to its bare number only once the save committed, so the
+        newest such directory's ``meta/metadata`` (our run metadata, JSON) is what a restore
+        would read.
+        """
+        ckpt = self.run_dir / "checkpoints"
+        steps = sorted((int(p.name) for p in ckpt.iterdir() if p.name.isdigit()),
+                       reverse=True) if ckpt.is_dir() else []
+        if not steps:
+            return
+        meta_path = ckpt / str(steps[0]) / "meta" / "metadata"
+        try:
+            meta = json.loads(meta_path.read_text())
+        except (OSError, ValueError) as exc:
+            raise CheckpointError(
+                f"Checkpoint step {steps[0]} in {ckpt} has no readable run metadata ({exc}).",
+                fix="point run.run_dir at a directory written by tpu-orchestrator, or a new "
+                    "one") from None
+        if meta.get("model_fingerprint") != self.cfg.model.fingerprint():
+            raise CheckpointError(
+                f"Checkpoint step {steps[0]} in {ckpt} was written by a different model "
+                f"({json.dumps(meta.get('model'))}); this run's model is "
+                f"{json.dumps(configtools.to_dict(self.cfg.model))}.",
+                fix="use a new run.run_dir, or set model.* to the checkpoint's values")
+
     def _prepare_run_dir(self) -> None:
         import yaml
-
-        from orchestrator import configtools
 
         self.run_dir.mkdir(parents=True, exist_ok=True)
         meta_path = self.run_dir / "run.json"
@@ -136,8 +162,7 @@ class Driver:
             "config_digest": self.cfg.digest(),
             "run_dir": str(self.run_dir),
             "started_at": time.time(),
-            "ray_job_submission_id": os.environ.get("RAY_JOB_SUBMISSION_ID")
-            or os.environ.get("RAY_SUBMISSION_ID"),
+            "ray_job_submission_id": _submission_id(),
         }
         tmp = meta_path.with_suffix(".tmp")
         tmp.write_text(json.dumps(meta, indent=2))
@@ -156,11 +181,8 @@ class Driver:
         address = c.address or os.environ.get("RAY_ADDRESS")
         if c.mode == "emulate" or (c.mode == "auto" and not address):
             em = c.emulate
-            self.emulated = EmulatedCluster(devices_per_host=em.devices_per_host)
             t0 = time.perf_counter()
-            addr = self.emulated.start()
-            for _ in range(em.slices + em.spare_slices):
-                self.emulated.add_slice(em.hosts_per_slice)
+            addr = self._start_emulated(EmulatedCluster, em)
             connect_ray(addr, timeout_s=c.connect_timeout_s)
             log.info("emulated_cluster_started", slices=em.slices, spare=em.spare_slices,
                      hosts_per_slice=em.hosts_per_slice, devices_per_host=em.devices_per_host,
@@ -168,6 +190,27 @@ class Driver:
         else:
             connect_ray(address, timeout_s=c.connect_timeout_s)
         self._ray_started = ray.is_initialized()
+
+    def _start_emulated(self, cluster_cls: Any, em: Any, attempts: int = 2) -> str:
+        """Start the emulated cluster; Ray's fixed node start-up limits can trip on a loaded
+        machine, so a failed start is torn down and tried again once."""
+        for attempt in range(1, attempts + 1):
+            self.emulated = cluster_cls(devices_per_host=em.devices_per_host)
+            try:
+                addr = self.emulated.start()
+                for _ in range(em.slices + em.spare_slices):
+                    self.emulated.add_slice(em.hosts_per_slice)
+                return addr
+            except Exception as exc:  # Ray raises plain Exception on node start time-outs
+                self.emulated.shutdown()
+                self.emulated = None
+                log.warning("emulated_cluster_start_failed", attempt=attempt, error=str(exc))
+                if attempt == attempts:
+                    raise ClusterUnreachableError(
+                        f"The local emulated Ray cluster did not start ({exc}).",
+                        fix="retry when the machine is less loaded, or lower "
+                            "cluster.emulate.slices / hosts_per_slice") from None
+        raise AssertionError("unreachable")
 
     def _check_capacity(self, cluster: Any) -> None:
         """Fail fast (before any actor) when the cluster cannot host the requested mesh."""
@@ -292,15 +335,25 @@ class Driver:
             self.emulated.shutdown()
 
 
+def _job_config() -> dict:
+    """The job config Ray hands a driver started by ``ray job submit`` (else empty)."""
+    try:
+        data = json.loads(os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR") or "{}")
+    except ValueError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
 def _current_runtime_env() -> dict:
     """The Ray job's runtime env when launched by ``ray job submit`` (else empty)."""
-    raw = os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR")
-    if raw:
-        try:
-            return json.loads(raw).get("runtime_env", {}) or {}
-        except ValueError:
-            return {}
-    return {}
+    return _job_config().get("runtime_env") or {}
+
+
+def _submission_id() -> str | None:
+    """Ray 2.60 passes the submission id only inside the job config's metadata."""
+    meta = _job_config().get("metadata") or {}
+    return meta.get("job_submission_id") or os.environ.get("RAY_JOB_SUBMISSION_ID")
+
 
 
 def _fmt(v: float | None, unit: str = "", *, pct: bool = False) -> str:
