@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import shlex
+import signal
 import sys
 import textwrap
 import time
@@ -34,7 +35,7 @@ from orchestrator.errors import (
 
 log = structlog.get_logger("orchestrator.main")
 
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -59,8 +60,20 @@ def explain(exc: OrchestratorError) -> str:
     return textwrap.fill(f"{title}: {body}", width=100)
 
 
+def _interrupt_on_signals() -> None:
+    """SIGTERM (``ray job stop``, Kubernetes) and SIGINT both unwind the driver through its
+    teardown; a driver started from a background job inherits SIGINT ignored, so reset it."""
+
+    def _raise(signum: int, _frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, _raise)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    _interrupt_on_signals()
     json_logs = args.log_format == "json" if args.log_format else not sys.stderr.isatty()
     logs.configure(json_logs=json_logs, level=args.log_level)
     try:
@@ -74,6 +87,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, ClusterUnreachableError, CheckpointError, TopologyError) as exc:
         print(explain(exc), file=sys.stderr)
         return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("Interrupted before the run started; nothing was left running.", file=sys.stderr)
+        return EXIT_INTERRUPTED
     finally:
         driver.close()
 
@@ -224,8 +240,10 @@ class Driver:
                 fix="add TPU worker nodes, or run with cluster.mode=emulate")
         c = self.cfg.cluster
         hps = c.emulate.hosts_per_slice if c.mode != "tpu" else None
-        plan = plan_mesh(self.cfg, hosts, platform=cluster.platform(), hosts_per_slice=hps)
-        want = c.slices or (c.emulate.slices if c.mode != "tpu" else plan.num_slices)
+        want = c.slices or (c.emulate.slices if c.mode != "tpu" else None)
+        plan = plan_mesh(self.cfg, hosts, platform=cluster.platform(), hosts_per_slice=hps,
+                         max_slices=want)
+        want = want or plan.num_slices
         if plan.num_slices < want:
             raise TopologyError(
                 f"The mesh needs {want} complete slice(s) but the cluster has "
