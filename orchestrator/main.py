@@ -112,6 +112,7 @@ class Driver:
 
         self._check_checkpoint()
         self._connect()
+        _interrupt_on_signals()  # Ray's in-process head node installs its own SIGTERM handler
         cluster = RayClusterView()
         self._check_capacity(cluster)
         self._prepare_run_dir()
