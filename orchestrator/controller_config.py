@@ -153,7 +153,7 @@ class ChaosFaultConfig:
 
     at_step: int
     host: int
-    kind: Literal["preempt", "kill", "hang", "unhealthy"]
+    kind: Literal["preempt", "kill", "hang", "unhealthy", "kill_in_save", "hang_init"]
     deadline_s: float = 30.0
 
 
