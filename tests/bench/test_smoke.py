@@ -35,5 +35,9 @@ def test_smoke_mode_writes_every_figure(tmp_path: Path) -> None:
                     "nothing of the harness ran to check")
     assert announced and announced[0]["ok"], announced
     restart = result["figures"]["3_recovery_vs_full_restart"]
-    assert restart["orchestrator_s"]["n"] == 1 and restart["full_restart_s"]["n"] == 1
+    assert restart["orchestrator_s"]["n"] == 1
+    (baseline,) = restarts
+    assert baseline["notice_to_first_step_s"] is not None and baseline["steps_lost"] is not None
+    # A resubmission whose Ray start-up had to be retried is measured but left out of the ratio.
+    assert restart["full_restart_s"]["n"] == (0 if baseline["resubmit_startup_retries"] else 1)
     assert "figure" in proc.stdout and "json:" in proc.stdout
