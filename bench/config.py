@@ -65,7 +65,7 @@ class BenchConfig:
 
 PRESETS: dict[str, dict] = {
     "smoke": {"repeats": 1, "skip_steps": 2, "overhead_steps": 12, "checkpoint_every": 4,
-              "preempt_at_step": 10, "steps_after_preempt": 3, "goodput_minutes": 0.0,
+              "preempt_at_step": 10, "steps_after_preempt": 20, "goodput_minutes": 0.0,
               "run_timeout_s": 420.0},
     "quick": {},
     "full": {"repeats": 3, "overhead_steps": 150, "preempt_at_step": 45,

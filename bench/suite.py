@@ -106,6 +106,9 @@ class Suite:
         killed = run_until_step(run_dir, overrides, stop_at_step=c.preempt_at_step,
                                 timeout_s=c.run_timeout_s)
         first = RunDir.read(run_dir)
+        if first.summary.get("state") == "SUCCEEDED":
+            raise RuntimeError("the job finished before the kill landed (metrics are flushed "
+                               "about once a second); raise bench.steps_after_preempt")
         shutil.copy(run_dir / "metrics.jsonl", run_dir.parent / f"restart-{i}-first.jsonl")
         code, second = run_main(run_dir, overrides, timeout_s=c.run_timeout_s)
         wall = time.time() - t0
