@@ -239,7 +239,7 @@ class RunController:
             while not self.lifecycle.terminal:
                 handlers[self.lifecycle.state]()
         except KeyboardInterrupt:
-            self._fail("interrupted by the operator (Ctrl-C); checkpoints are intact",
+            self._fail("interrupted (Ctrl-C or SIGTERM); checkpoints are intact",
                        StopCause.OPERATOR)
         except OrchestratorError as exc:
             if not exc.retryable:
