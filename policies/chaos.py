@@ -15,7 +15,7 @@ from enum import StrEnum
 
 class FaultKind(StrEnum):
     PREEMPT = "preempt"  # an announced notice for the host with ``deadline_s``
-    KILL = "kill"  # kill -9 of the host actor: unannounced loss
+    KILL = "kill"  # kill -9 of the host actor (after earlier async saves commit): unannounced loss
     HANG = "hang"  # the host stops answering: a barrier must time out
     UNHEALTHY = "unhealthy"  # a health report that marks the host unhealthy
     KILL_IN_SAVE = "kill_in_save"  # kill -9 right after step ``at_step``'s async save started

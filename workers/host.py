@@ -159,6 +159,11 @@ class HostActor:
             return
         self._fault = None
         if f["kind"] == "kill":
+            # Deterministic injection: earlier async saves are allowed to commit first, so the
+            # restore point does not depend on how fast this machine writes (``kill_in_save``
+            # covers the kill that lands while a save is in flight).
+            if self.trainer is not None:
+                self.trainer.ckpt.wait()
             os.kill(os.getpid(), signal.SIGKILL)  # kill -9: no cleanup, no flush
         if f["kind"] == "hang":
             time.sleep(f.get("seconds", 3600))
