@@ -159,7 +159,7 @@ def test_incompatible_checkpoint_is_refused_and_untouched(default_run):
     res = run_main([f"run.run_dir={run_dir}", f"run.total_steps={STEPS + 10}",
                     "model.d_model=32"])
     assert res.code != 0, res.stdout[-3000:]
-    text = res.stdout + res.stderr
+    text = " ".join((res.stdout + res.stderr).split())  # the message is wrapped to 100 columns
     assert "different model" in text and "use a new run.run_dir" in text, text[-4000:]
     assert snapshot(run_dir / "checkpoints") == before
     assert res.leftovers == ()
