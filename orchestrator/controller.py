@@ -812,6 +812,28 @@ class RunController:
 
     # ---- failures -----------------------------------------------------------------------
 
+    def _record_actor_deaths(self, exc: GroupFailure, error_type: str) -> None:
+        """Ray as an event source: each dead host actor becomes a HOST_LOST record in the event
+        log. Recorded, not fed back: the failure is already being handled, and the host's node
+        may be alive and fit to place on again (a killed process is not a lost VM)."""
+        if self.intake is None or self.plan is None or error_type != "ActorDiedError":
+            return
+        from orchestrator.events.ray_source import event_from_exception
+
+        for i in exc.hosts:
+            if 0 <= i < len(self.plan.hosts):
+                try:
+                    cause = exc.__cause__
+                    if not isinstance(cause, ray.exceptions.RayActorError):
+                        cause = ray.exceptions.ActorDiedError()  # found dead by the probe
+                    ev = event_from_exception(cause, self.plan.hosts[i],
+                                              job=self.cfg.run.name, incarnation=self.incarnation,
+                                              now=self.clock())
+                    self.intake.record_action(ev, "group_failure", cause="actor died",
+                                              error=str(exc)[:500])
+                except Exception as err:  # recording must never stop the recovery
+                    log.error("actor_death_record_failed", error=str(err))
+
     def _group_failed(self, exc: GroupFailure) -> None:
         """Unannounced failure: the whole group goes; re-form from the last checkpoint."""
         if isinstance(exc, BarrierTimeout):  # a hang: a peer that aborted meanwhile is a symptom
@@ -828,6 +850,7 @@ class RunController:
         cls = self.policies.classifier.decide(StopObservation(error_type=error_type,
                                                               message=str(exc)))
         log.warning("group_failed", error=str(exc), cause=cls.cause.value, hosts=list(exc.hosts))
+        self._record_actor_deaths(exc, error_type)
         self.pending_cause = cls.cause
         self.pending_reason = str(exc)
         self.drain = None
