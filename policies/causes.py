@@ -22,6 +22,19 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 
+class FailureKind(StrEnum):
+    """What the worker-group seam saw go wrong, in a closed set (no Ray types): the only input
+    the controller gives the classifier for an unannounced stop."""
+
+    ACTOR_DIED = "actor_died"  # a host process is gone (kill -9, OOM kill, crash)
+    ACTOR_UNAVAILABLE = "actor_unavailable"  # a host cannot be reached (node going away)
+    NODE_DIED = "node_died"  # the host's Ray node (VM) is gone
+    SLICE_LOST = "slice_lost"  # a whole slice went away
+    HUNG = "hung"  # a bounded phase passed its bound (init, compile, restore, step, save)
+    STEP_ERROR = "step_error"  # the step (or a phase call) raised in a live host: a bug
+    CHECKPOINT_CORRUPT = "checkpoint_corrupt"  # the chosen checkpoint could not be read
+
+
 class StopCause(StrEnum):
     """Closed set of reasons the JAX group stopped. Values double as config keys."""
 
@@ -85,6 +98,19 @@ EVENT_KIND_CAUSES: dict[str, StopCause] = {
     "hang": StopCause.TIMEOUT,
 }
 
+FAILURE_KIND_CAUSES: dict[FailureKind, StopCause] = {
+    FailureKind.ACTOR_DIED: StopCause.HOST_LOST,
+    FailureKind.ACTOR_UNAVAILABLE: StopCause.HOST_LOST,
+    FailureKind.NODE_DIED: StopCause.HOST_LOST,
+    FailureKind.SLICE_LOST: StopCause.HOST_LOST,
+    FailureKind.HUNG: StopCause.TIMEOUT,
+    FailureKind.STEP_ERROR: StopCause.APPLICATION_ERROR,
+    # The restore falls back to an older step; the re-form is not the application's fault and
+    # must not spend its small budget, but it must stay bounded (a disk that corrupts every
+    # checkpoint): it counts against the timeout budget's neighbour, host_lost.
+    FailureKind.CHECKPOINT_CORRUPT: StopCause.HOST_LOST,
+}
+
 # Exception type names (as ``type(exc).__name__`` gives them) and the cause each one means.
 ERROR_TYPE_CAUSES: dict[str, StopCause] = {
     "NodeDiedError": StopCause.HOST_LOST,
@@ -115,6 +141,7 @@ class StopObservation:
     """
 
     event_kind: str | None = None
+    failure: FailureKind | None = None
     error_type: str | None = None
     exit_code: int | None = None
     exit_signal: int | None = None
@@ -147,11 +174,14 @@ class StopClassifier:
             kind = obs.event_kind.strip().lower()
             if kind in kinds:
                 return Classification(cause=kinds[kind], reason=f"event kind {obs.event_kind!r}")
-        if obs.oom:
+        if obs.oom:  # before the failure kind: an OOM-killed actor is a bug, not a lost host
             return Classification(
                 cause=StopCause.APPLICATION_ERROR,
                 reason=f"{obs.error_type or 'process'} killed for memory (OOM)",
             )
+        if obs.failure is not None:
+            return Classification(cause=FAILURE_KIND_CAUSES[obs.failure],
+                                  reason=f"failure {obs.failure.value}")
         if obs.error_type:
             name = obs.error_type.rsplit(".", 1)[-1]
             if name in errors:
