@@ -14,6 +14,7 @@ from policies.chaos import Fault, FaultKind, FaultSchedule
 from policies.checkpoint_interval import AnySave, FixedInterval, OnRequest, YoungDaly
 from policies.health import HealthPolicy
 from policies.preemption import DeadlinePolicy, GrowPolicy, PlacementPolicy
+from policies.reaction import ReactionPolicy
 from policies.resize import BatchMode, ResizePolicy
 from policies.restart_budget import RestartBudgetPolicy
 
@@ -167,7 +168,8 @@ class Policies:
     grow: GrowPolicy
     deadline: DeadlinePolicy
     save: AnySave
-    health: HealthPolicy
+    health: HealthPolicy  # legacy: removed when the controller switches
+    reaction: ReactionPolicy
     resize: ResizePolicy
     chaos: FaultSchedule
 
@@ -223,6 +225,10 @@ class ControllerConfig:
                 max_steps=ci.max_steps, prior_mtbi_s=ci.prior_mtbi_s,
                 prior_weight=ci.prior_weight,
             )
+        health = HealthPolicy(
+            cordon_after=self.health.cordon_after, window_s=self.health.window_s,
+            min_drain_interval_s=self.health.min_drain_interval_s,
+        )
         return Policies(
             classifier=StopClassifier(),
             budget=RestartBudgetPolicy(
@@ -244,10 +250,8 @@ class ControllerConfig:
                 on_short_deadline=self.deadline.on_short_deadline,
             ),
             save=AnySave(policies=(OnRequest(), interval)),
-            health=HealthPolicy(
-                cordon_after=self.health.cordon_after, window_s=self.health.window_s,
-                min_drain_interval_s=self.health.min_drain_interval_s,
-            ),
+            health=health,
+            reaction=ReactionPolicy(health=health),
             resize=ResizePolicy(mode=BatchMode(self.batch_on_resize), lr_scaling=self.lr_on_scale),
             chaos=FaultSchedule(
                 faults=tuple(
