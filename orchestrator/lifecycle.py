@@ -54,24 +54,23 @@ _ACTIVE = frozenset({S.FORMING, S.RESTORING, S.COMPILING, S.RUNNING, S.DRAINING,
 # FAILED is reachable from every non-terminal state (a budget or a fatal error can end the run
 # anywhere); terminal states have no exits. No self-loops: staying is not a transition.
 TRANSITIONS: dict[RunState, frozenset[RunState]] = {
-    # plan a topology from the hosts alive now: form it, wait for capacity, or retry later
-    S.PLANNING: frozenset({S.FORMING, S.WAITING_FOR_CAPACITY, S.BACKOFF, S.FAILED}),
-    # start host actors + distributed init; restore if a checkpoint exists, else init + compile
-    S.FORMING: frozenset({S.RESTORING, S.COMPILING, S.RELEASING, S.FAILED}),
-    # restore into the new mesh; compile next (or straight to RUNNING if compile is lazy)
-    S.RESTORING: frozenset({S.COMPILING, S.RUNNING, S.RELEASING, S.FAILED}),
+    # plan a topology from the hosts alive now: form it, or wait (bounded) for capacity
+    S.PLANNING: frozenset({S.FORMING, S.WAITING_FOR_CAPACITY, S.FAILED}),
+    # start host actors + distributed init + build; a failure releases the half-built group
+    S.FORMING: frozenset({S.RESTORING, S.RELEASING, S.FAILED}),
+    # restore the newest readable checkpoint into the new mesh (or init from the seed)
+    S.RESTORING: frozenset({S.COMPILING, S.RELEASING, S.FAILED}),
     S.COMPILING: frozenset({S.RUNNING, S.RELEASING, S.FAILED}),
-    # notice / grow / operator -> DRAINING; lost host or timeout -> RELEASING; done -> final save
-    S.RUNNING: frozenset({S.DRAINING, S.CHECKPOINTING, S.RELEASING, S.SUCCEEDED, S.FAILED}),
-    # all hosts stopped at one step boundary: save, or skip the save (short deadline), or resume
-    # (notice withdrawn / stale)
-    S.DRAINING: frozenset({S.CHECKPOINTING, S.RELEASING, S.RUNNING, S.FAILED}),
-    # synchronous save: then tear down (re-form) or finish
+    # notice / grow / operator -> DRAINING; lost host or timeout -> RELEASING; target -> final save
+    S.RUNNING: frozenset({S.DRAINING, S.CHECKPOINTING, S.RELEASING, S.FAILED}),
+    # all hosts stopped at one step boundary: save, or skip the save (short deadline)
+    S.DRAINING: frozenset({S.CHECKPOINTING, S.RELEASING, S.FAILED}),
+    # synchronous save: then tear down (re-form, stop) or finish
     S.CHECKPOINTING: frozenset({S.RELEASING, S.SUCCEEDED, S.FAILED}),
     # whole JAX group torn down: re-plan at once (announced), after a backoff (unannounced),
-    # wait for capacity, or finish
-    S.RELEASING: frozenset({S.PLANNING, S.BACKOFF, S.WAITING_FOR_CAPACITY, S.SUCCEEDED, S.FAILED}),
-    # bounded: capacity arrived or shrink chosen -> PLANNING; bound passed -> FAILED
+    # or end (operator stop, budget spent)
+    S.RELEASING: frozenset({S.PLANNING, S.BACKOFF, S.FAILED}),
+    # bounded: capacity arrived or the bound passed -> PLANNING decides; operator stop -> FAILED
     S.WAITING_FOR_CAPACITY: frozenset({S.PLANNING, S.FAILED}),
     S.BACKOFF: frozenset({S.PLANNING, S.FAILED}),
     S.SUCCEEDED: frozenset(),
