@@ -92,6 +92,7 @@ class RunHistory:
     handled_incidents: frozenset[str] = frozenset()  # incidents already acted on
     closed_incidents: frozenset[str] = frozenset()  # incidents seen closed (closed wins)
     gave_up: bool = False
+    stopped: tuple[str, ...] = ()  # submission ids autoresume itself stopped (stalled)
 
     def restarts_since(self, since: float) -> int:
         return sum(1 for t in self.restart_times if t >= since)
@@ -121,6 +122,7 @@ class Observation:
     history: RunHistory
     heartbeat: Heartbeat | None
     now: float
+    hold: str | None = None  # why the run must not be resumed (operator marker), if it must not
 
     @property
     def latest(self) -> Submission | None:
@@ -191,9 +193,18 @@ def decide(obs: Observation, rules: AutoresumeRules) -> Decision:
             action=Action.NOTHING, reason=f"incident kind {inc.kind.value} is not acted on"
         )
 
+    if obs.hold is not None:
+        return Decision(action=Action.NOTHING, reason=f"run is on hold: {obs.hold}")
     latest = obs.latest
     if latest is not None and latest.status is JobStatus.SUCCEEDED:
         return Decision(action=Action.NOTHING, reason="run already succeeded")
+    if (latest is not None and latest.status is JobStatus.STOPPED
+            and latest.submission_id not in hist.stopped):
+        return Decision(
+            action=Action.NOTHING,
+            reason=f"{latest.submission_id} was stopped deliberately (`ray job stop`, not by "
+            "autoresume); a stopped run is not resumed",
+        )
     if latest is not None and latest.status is JobStatus.UNKNOWN:
         return Decision(action=Action.NOTHING, reason="Ray reports an unknown job status")
 

@@ -28,10 +28,16 @@ class Pending:
     why: str = ""
 
 
-def _history_to_json(h: RunHistory) -> dict[str, Any]:
+_ID_SETS = ("handled_incidents", "closed_incidents")
+
+
+def _history_to_json(h: RunHistory, order: dict[str, list[str]]) -> dict[str, Any]:
+    """Incident ids are written oldest first (the order they were added), so pruning after a
+    restart still drops the oldest."""
     return {"submissions": list(h.submissions), "restart_times": list(h.restart_times),
-            "last_action_at": h.last_action_at, "handled_incidents": sorted(h.handled_incidents),
-            "closed_incidents": sorted(h.closed_incidents), "gave_up": h.gave_up}
+            "last_action_at": h.last_action_at,
+            **{name: _ordered(order.get(name, []), getattr(h, name)) for name in _ID_SETS},
+            "gave_up": h.gave_up, "stopped": list(h.stopped)}
 
 
 def _history_from_json(d: dict[str, Any]) -> RunHistory:
@@ -42,22 +48,28 @@ def _history_from_json(d: dict[str, Any]) -> RunHistory:
         handled_incidents=frozenset(d.get("handled_incidents", ())),
         closed_incidents=frozenset(d.get("closed_incidents", ())),
         gave_up=bool(d.get("gave_up", False)),
+        stopped=tuple(d.get("stopped", ())),
     )
 
 
-def _trim(ids: frozenset[str]) -> frozenset[str]:
-    return ids if len(ids) <= MAX_REMEMBERED_INCIDENTS else frozenset(
-        sorted(ids)[-MAX_REMEMBERED_INCIDENTS:])
+def _ordered(previous: list[str], ids: frozenset[str]) -> list[str]:
+    """``ids`` oldest first: those already known keep their place, new ones go last; at most
+    MAX_REMEMBERED_INCIDENTS, the oldest dropped (never by name: ids are not ordered by time)."""
+    kept = [i for i in previous if i in ids]
+    known = set(kept)
+    added = sorted(i for i in ids if i not in known)  # several in one update: any fixed order
+    return (kept + added)[-MAX_REMEMBERED_INCIDENTS:]
 
 
 class StateStore:
-    """state.json in ``state_dir``; every mutation is written through."""
+    """state.json in ``state_dir``; every mutation is written through (fsync, atomic rename)."""
 
     def __init__(self, state_dir: str) -> None:
         os.makedirs(state_dir, exist_ok=True)
         self.path = os.path.join(state_dir, "state.json")
         self.runs: dict[str, RunHistory] = {}
         self.pending: dict[str, Pending] = {}
+        self._order: dict[str, dict[str, list[str]]] = {}  # run -> id set -> ids oldest first
         self._load()
 
     def _load(self) -> None:
@@ -67,10 +79,13 @@ class StateStore:
         except FileNotFoundError:
             return
         self.runs = {k: _history_from_json(v) for k, v in data.get("runs", {}).items()}
+        self._order = {k: {name: list(v.get(name, ())) for name in _ID_SETS}
+                       for k, v in data.get("runs", {}).items()}
         self.pending = {k: Pending(**v) for k, v in data.get("pending", {}).items()}
 
     def save(self) -> None:
-        data = {"runs": {k: _history_to_json(v) for k, v in self.runs.items()},
+        data = {"runs": {k: _history_to_json(v, self._order.get(k, {}))
+                         for k, v in self.runs.items()},
                 "pending": {k: vars(v) for k, v in self.pending.items()}}
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(self.path), prefix=".state-")
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
@@ -84,8 +99,10 @@ class StateStore:
 
     def update(self, run_id: str, **changes: Any) -> RunHistory:
         h = replace(self.history(run_id), **changes)
-        h = replace(h, handled_incidents=_trim(h.handled_incidents),
-                    closed_incidents=_trim(h.closed_incidents))
+        order = self._order.setdefault(run_id, {})
+        for name in _ID_SETS:
+            order[name] = _ordered(order.get(name, []), getattr(h, name))
+        h = replace(h, **{name: frozenset(order[name]) for name in _ID_SETS})
         self.runs[run_id] = h
         self.save()
         return h

@@ -60,10 +60,29 @@ def test_no_submission_at_all_is_resubmitted():
     assert (d.action, d.submission_id) == (Action.RESUBMIT, "run-a-r1")
 
 
-@pytest.mark.parametrize("status", [JobStatus.STOPPED, JobStatus.FAILED])
-def test_terminal_non_success_resubmits(status):
-    """STOPPED and FAILED both mean the run is dead."""
-    assert decide(obs(sub("run-a-r2", status)), RULES).action is Action.RESUBMIT
+def test_failed_run_resubmits():
+    """FAILED means the run died."""
+    assert decide(obs(sub("run-a-r2", JobStatus.FAILED)), RULES).action is Action.RESUBMIT
+
+
+def test_deliberately_stopped_run_is_not_resubmitted():
+    """`ray job stop` by someone else is a do-not-resume marker: NOTHING, reason says so."""
+    d = decide(obs(sub("run-a-r2", JobStatus.STOPPED)), RULES)
+    assert d.action is Action.NOTHING and "stopped deliberately" in d.reason
+
+
+def test_run_stopped_by_autoresume_itself_is_resubmitted():
+    """A stalled submission autoresume stopped (resubmit failed) still gets its resubmission."""
+    hist = RunHistory(stopped=("run-a-r2",))
+    d = decide(obs(sub("run-a-r2", JobStatus.STOPPED), hist=hist), RULES)
+    assert (d.action, d.submission_id) == (Action.RESUBMIT, "run-a-r3")
+
+
+def test_run_on_hold_is_left_alone():
+    """An operator's do-not-resume marker wins over a dead job."""
+    d = decide(replace(obs(sub("run-a-r0", JobStatus.FAILED)), hold="DO_NOT_RESUME: upgrade"),
+               RULES)
+    assert d.action is Action.NOTHING and "upgrade" in d.reason
 
 
 def test_succeeded_run_is_left_alone():
