@@ -37,13 +37,15 @@ class RayJobsConfig:
     retry_max_s: float = 300.0
     stop_timeout_s: float = 120.0
     """How long to wait for a stalled job to stop before resubmitting (STOP_AND_RESUBMIT)."""
+    request_timeout_s: float = 30.0
+    """Bound of every job API call (the Ray client sets none): a hung head is 'unreachable'."""
 
     def __post_init__(self) -> None:
         if not self.address.startswith(("http://", "https://")):
             raise ConfigError("ray.address", f"{self.address!r} is not an http(s) URL",
                               "point it at the Ray dashboard/job API, e.g. http://127.0.0.1:8265 "
                               "(kubectl port-forward svc/<cluster>-head-svc 8265)")
-        for name in ("retry_base_s", "retry_max_s", "stop_timeout_s"):
+        for name in ("retry_base_s", "retry_max_s", "stop_timeout_s", "request_timeout_s"):
             _positive(f"ray.{name}", getattr(self, name))
         if self.retry_max_s < self.retry_base_s:
             raise ConfigError("ray.retry_max_s", "is below ray.retry_base_s",
@@ -88,6 +90,32 @@ class PolicyConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class OriginConfig:
+    """Which alerts may resume runs: anything else is dead-lettered with the reason."""
+
+    project: str = ""
+    """The incident's scoping_project_id must equal it (required when subscription is set)."""
+    metric_prefix: str = "custom.googleapis.com/tpu_orchestrator"
+    """The incident's metric type must be under it."""
+    user_labels: dict[str, str] = field(default_factory=lambda: {"app": "tpu-orchestrator"})
+    """User labels the alert policy must carry (deploy/terraform/monitoring.tf sets them)."""
+
+    def __post_init__(self) -> None:
+        if not self.metric_prefix:
+            raise ConfigError("origin.metric_prefix", "is empty",
+                              "set the orchestrator's metric prefix, e.g. "
+                              "custom.googleapis.com/tpu_orchestrator")
+        for key, value in self.user_labels.items():
+            if not isinstance(key, str) or not isinstance(value, str) or not key:
+                raise ConfigError("origin.user_labels", f"{key!r}: {value!r} is not string: "
+                                  "string", "write origin.user_labels as label: value pairs")
+
+    def as_kwargs(self) -> dict:
+        return {"project": self.project, "metric_prefix": self.metric_prefix,
+                "user_labels": dict(self.user_labels)}
+
+
+@dataclass(frozen=True, kw_only=True)
 class AutoresumeConfig:
     """The whole service."""
 
@@ -101,12 +129,17 @@ class AutoresumeConfig:
     """How often scheduled retries (backoff, unreachable cluster) are looked at."""
     ray: RayJobsConfig = field(default_factory=RayJobsConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
+    origin: OriginConfig = field(default_factory=OriginConfig)
 
     def __post_init__(self) -> None:
         if self.subscription and not _SUBSCRIPTION_RE.match(self.subscription):
             raise ConfigError("subscription", f"{self.subscription!r} is not a full subscription "
                               "path", "write projects/<project>/subscriptions/<name> "
                               "(terraform output alerts_subscription)")
+        if self.subscription and not self.origin.project:
+            raise ConfigError("origin.project", "is not set",
+                              "set it to the project whose alert policies notify the alerts "
+                              "topic; incidents from any other project are refused")
         if not self.state_dir:
             raise ConfigError("state_dir", "is empty", "set a writable directory")
         if not self.run_dirs:

@@ -3,8 +3,13 @@
 Parsing and validation are the event intake's (``orchestrator.events.alerts``); this adds the two
 things autoresume needs that the generic event does not carry, read from the notification:
 
-* the run: ``incident.metric.labels.run_id``, else the ``generic_task`` resource's ``job`` label
-  (what the metric exporter writes), else a ``job`` / ``run_id`` policy user label;
+* the run: the labels of the time series that fired, ``incident.resource.labels.job`` (the
+  ``generic_task`` job the metric exporter writes, = the run id) and/or
+  ``incident.metric.labels.run_id``; when both are present they must agree. A policy's user
+  labels never name a run (they are the same for every series of the policy), and an incident
+  with neither label is refused;
+* its origin: the scoping project, the metric type prefix and the policy user labels must match
+  the service's ``origin`` config, so an alert policy someone else wrote cannot resume runs;
 * the kind: the alert policy's ``kind`` user label (deploy/terraform sets it), else a guess from
   the metric type (``.../heartbeat`` -> heartbeat_absent, ``.../mfu`` -> mfu_low,
   ``.../loss`` -> loss_not_finite).
@@ -19,7 +24,6 @@ from orchestrator.events.alerts import parse_alert_notification
 from orchestrator.events.model import Event, EventKind, MalformedEvent
 from policies.autoresume import Incident, IncidentKind, IncidentState
 
-RUN_LABELS = ("run_id", "job")
 KIND_LABEL = "kind"
 _METRIC_KINDS = {
     "heartbeat": IncidentKind.HEARTBEAT_ABSENT,
@@ -40,8 +44,37 @@ def _text(value: object) -> str | None:
     return value if isinstance(value, str) and value.strip() else None
 
 
-def incident_from_notification(payload: object, *, now: float) -> tuple[Incident, Event]:
-    """Validate and convert; raise ``MalformedEvent`` (reason for the dead letter) otherwise."""
+def check_origin(inc: Mapping[str, Any], *, project: str, metric_prefix: str,
+                 user_labels: Mapping[str, str]) -> None:
+    """Raise ``MalformedEvent`` unless the incident comes from our project, metric and policy."""
+    scoping = inc.get("scoping_project_id")
+    if project and scoping != project:
+        raise MalformedEvent(
+            f"incident from project {str(scoping)[:100]!r}, not {project!r}",
+            fix="set origin.project to the project whose alert policies notify this topic")
+    metric = inc.get("metric") if isinstance(inc.get("metric"), Mapping) else {}
+    mtype = metric.get("type")
+    prefix = metric_prefix.rstrip("/") + "/"
+    if metric_prefix and not (isinstance(mtype, str) and mtype.startswith(prefix)):
+        raise MalformedEvent(
+            f"incident metric {str(mtype)[:200]!r} is not under {prefix!r}",
+            fix="alert only on the orchestrator's metrics, or set origin.metric_prefix")
+    labels = _labels(inc, "policy_user_labels")
+    for key, want in user_labels.items():
+        if labels.get(key) != want:
+            raise MalformedEvent(
+                f"alert policy user label {key}={str(labels.get(key))[:100]!r}, expected "
+                f"{want!r}", fix="label the alert policy (deploy/terraform/monitoring.tf does) "
+                "or set origin.user_labels")
+
+
+def incident_from_notification(
+    payload: object, *, now: float, origin: Mapping[str, Any] | None = None
+) -> tuple[Incident, Event]:
+    """Validate and convert; raise ``MalformedEvent`` (reason for the dead letter) otherwise.
+
+    ``origin`` (project, metric_prefix, user_labels) is checked when given.
+    """
     if not isinstance(payload, dict):
         raise MalformedEvent(f"alert notification must be a JSON object, got "
                              f"{type(payload).__name__}")
@@ -53,14 +86,22 @@ def incident_from_notification(payload: object, *, now: float) -> tuple[Incident
     resource_labels = _labels(resource, "labels")
     user_labels = {**_labels(_labels(inc, "metadata"), "user_labels"),
                    **_labels(inc, "policy_user_labels")}
+    if origin is not None:
+        check_origin(inc, **origin)
 
-    run_id = (_text(metric_labels.get("run_id")) or _text(resource_labels.get("job"))
-              or event.target.job or _text(user_labels.get("run_id")))
+    by_metric = _text(metric_labels.get("run_id"))
+    by_resource = _text(resource_labels.get("job"))
+    if by_metric and by_resource and by_metric != by_resource:
+        raise MalformedEvent(
+            f"the incident names two runs: metric label run_id={by_metric[:100]!r}, resource "
+            f"label job={by_resource[:100]!r}",
+            fix="export the run id as the generic_task job (run.name is the run id)")
+    run_id = by_metric or by_resource
     if run_id is None:
         raise MalformedEvent(
-            "the incident names no run: no metric label run_id, resource label job, or policy "
-            "user label job/run_id",
-            fix="group the alert condition by metric.label.run_id / resource.label.job "
+            "the incident names no run: the series that fired has no resource label job or "
+            "metric label run_id (policy user labels do not name a run)",
+            fix="group the alert condition by resource.label.job / metric.label.run_id "
                 "(deploy/terraform/monitoring.tf does)",
         )
     kind_text = _text(user_labels.get(KIND_LABEL))

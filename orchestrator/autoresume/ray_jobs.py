@@ -2,13 +2,22 @@
 
 Everything the service asks Ray goes through ``RayJobs``; failures to reach the cluster become
 ``ClusterUnreachableError`` (retryable: the service backs off), so no Ray or HTTP exception type
-leaks into the decision code. Ray 2.60 requires a token by default: see ``auth_headers``.
+leaks into the decision code. Ray's client sets no HTTP timeout, so every call (the client's
+construction probes the head too) runs bounded by ``ray.request_timeout_s``. Ray 2.60 requires a
+token by default: see ``auth_headers``.
+
+A submission belongs to a run only if Ray says so: tagged with the run id in its metadata, named
+``<run_id>`` / ``<run_id>-r<n>``, or recorded in run.json *and* running the run's own entrypoint.
+An id run.json lists is never enough alone: run.json is writable by every job, and autoresume may
+stop the submissions it believes are the run's.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+import shlex
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import structlog
@@ -31,7 +40,7 @@ class RayJobsApi(Protocol):
     """What the service needs from Ray; the real one is ``RayJobs``."""
 
     def run_submissions(
-        self, run_id: str, extra_ids: tuple[str, ...] = (), aliases: tuple[str, ...] = ()
+        self, run_id: str, recorded_ids: tuple[str, ...] = (), entrypoint: Sequence[str] = ()
     ) -> tuple[Submission, ...]: ...
     def submit(self, *, submission_id: str, entrypoint: str, runtime_env: Mapping[str, Any],
                metadata: Mapping[str, str]) -> None: ...
@@ -89,19 +98,30 @@ def _seconds(ms: object) -> float | None:
     return float(ms) / 1000.0 if isinstance(ms, (int, float)) and ms > 0 else None
 
 
+def same_program(job_entrypoint: object, argv: Sequence[str]) -> bool:
+    """The job's shell line runs ``argv`` (the interpreter's name may differ: python/python3)."""
+    if not isinstance(job_entrypoint, str) or len(argv) < 2:
+        return False
+    try:
+        words = shlex.split(job_entrypoint)
+    except ValueError:
+        return False
+    return len(words) >= 2 and words[1:] == list(argv[1:])
+
+
 def belongs_to(run_id: str, submission_id: str | None, metadata: Mapping[str, str] | None,
-               extra_ids: tuple[str, ...] = (), aliases: tuple[str, ...] = ()) -> bool:
-    """A submission is the run's if tagged with its id, named <run>[-r<n>] (or after an alias,
-    e.g. the job name the user submitted under), or recorded in run.json."""
-    names = (run_id, *aliases)
-    if (metadata or {}).get(RUN_ID_METADATA) in names:
+               recorded_ids: tuple[str, ...] = (), entrypoint: Sequence[str] = (),
+               job_entrypoint: object = None) -> bool:
+    """Tagged with the run id, named <run_id>[-r<n>], or recorded in run.json and running the
+    run's entrypoint. A job name is no alias: names are not unique."""
+    if (metadata or {}).get(RUN_ID_METADATA) == run_id:
         return True
     if not submission_id:
         return False
-    if submission_id in names or submission_id in extra_ids:
+    if submission_id == run_id or (submission_id.startswith(f"{run_id}-r")
+                                   and restart_number(submission_id) >= 0):
         return True
-    return any(submission_id.startswith(f"{n}-r") and restart_number(submission_id) >= 0
-               for n in names)
+    return submission_id in recorded_ids and same_program(job_entrypoint, entrypoint)
 
 
 class RayJobs:
@@ -120,11 +140,39 @@ class RayJobs:
             if factory is None:
                 from ray.job_submission import JobSubmissionClient
                 factory = JobSubmissionClient
-            try:
-                self._client = factory(self._cfg.address, headers=dict(self._headers))
-            except Exception as exc:  # the client probes /api/version on construction
+            try:  # the client probes /api/version on construction
+                self._client = self._bounded(
+                    "connect", lambda: factory(self._cfg.address, headers=dict(self._headers)))
+            except ClusterUnreachableError:
+                raise
+            except Exception as exc:
                 raise self._unreachable(exc) from None
         return self._client
+
+    def _bounded(self, what: str, fn: Callable[[], Any]) -> Any:
+        """``fn()`` on a daemon thread, given up after request_timeout_s (the thread of a hung
+        request is left to finish or die with the process; it holds no lock of ours)."""
+        box: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                box["value"] = fn()
+            except BaseException as exc:
+                box["error"] = exc
+
+        worker = threading.Thread(target=run, name=f"ray-job-api-{what}", daemon=True)
+        worker.start()
+        worker.join(self._cfg.request_timeout_s)
+        if worker.is_alive():
+            self._client = None
+            raise ClusterUnreachableError(
+                f"Ray job API at {self._cfg.address}: {what} got no answer within "
+                f"{self._cfg.request_timeout_s:g}s",
+                fix="check the head's health (it may be overloaded or hung); raise "
+                    "ray.request_timeout_s if it is just slow")
+        if "error" in box:
+            raise box["error"]
+        return box.get("value")
 
     def _unreachable(self, exc: BaseException) -> ClusterUnreachableError:
         self._client = None
@@ -137,7 +185,9 @@ class RayJobs:
     def _call(self, what: str, fn: Callable[[Any], Any]) -> Any:
         client = self._connect()
         try:
-            return fn(client)
+            return self._bounded(what, lambda: fn(client))
+        except ClusterUnreachableError:
+            raise
         except RuntimeError as exc:
             if what == "submit" and "already" in str(exc).lower():
                 raise SubmissionRefused(str(exc)) from None
@@ -146,14 +196,14 @@ class RayJobs:
             raise self._unreachable(exc) from None
 
     def run_submissions(
-        self, run_id: str, extra_ids: tuple[str, ...] = (), aliases: tuple[str, ...] = ()
+        self, run_id: str, recorded_ids: tuple[str, ...] = (), entrypoint: Sequence[str] = ()
     ) -> tuple[Submission, ...]:
         jobs = self._call("list", lambda c: c.list_jobs())
         out = []
         for job in jobs:
             sid = getattr(job, "submission_id", None)
-            if sid and belongs_to(run_id, sid, getattr(job, "metadata", None), extra_ids,
-                                      aliases):
+            if sid and belongs_to(run_id, sid, getattr(job, "metadata", None), recorded_ids,
+                                  entrypoint, getattr(job, "entrypoint", None)):
                 out.append(Submission(submission_id=sid, status=_status(job.status),
                                       start_time=_seconds(getattr(job, "start_time", None)),
                                       end_time=_seconds(getattr(job, "end_time", None))))

@@ -1,7 +1,9 @@
 """Find a run's directory and submission metadata (RUN_DIR/run.json, written by the driver).
 
 The registry scans configured globs each time it is asked: runs come and go, and the scan is a
-few stat calls. A run matches by its ``run_id`` or its ``job`` name.
+few stat calls. A run matches by its ``run_id`` alone (a job name is not unique); two run
+directories claiming the same id are refused as ambiguous. An operator stops autoresume for a run
+by creating ``RUN_DIR/DO_NOT_RESUME`` (its text, if any, is the reason).
 """
 
 from __future__ import annotations
@@ -33,8 +35,15 @@ class RunRecord:
     submission_ids: tuple[str, ...] = ()  # ids the driver recorded for itself, if any
 
 
+HOLD_FILE = "DO_NOT_RESUME"
+
+
 class RunMetadataError(ValueError):
     """run.json exists but cannot be used; ``reason`` goes to the audit log."""
+
+
+class AmbiguousRunError(RunMetadataError):
+    """Several run directories claim the same run id: autoresume acts on none of them."""
 
 
 def read_run_json(run_dir: str) -> RunRecord:
@@ -69,12 +78,14 @@ def read_run_json(run_dir: str) -> RunRecord:
 
 
 class RunRegistry:
-    """Run directories under the configured globs, looked up by run id or job name."""
+    """Run directories under the configured globs, looked up by run id only."""
 
     def __init__(self, patterns: tuple[str, ...]) -> None:
         self._patterns = patterns
 
-    def find(self, name: str) -> RunRecord | None:
+    def find(self, run_id: str) -> RunRecord | None:
+        """The one run with this id; None if none; AmbiguousRunError if several claim it."""
+        found: dict[str, RunRecord] = {}
         for pattern in self._patterns:
             for run_dir in sorted(glob.glob(pattern)):
                 if not os.path.isfile(os.path.join(run_dir, "run.json")):
@@ -84,9 +95,27 @@ class RunRegistry:
                 except RunMetadataError as exc:
                     log.warning("autoresume_bad_run_json", run_dir=run_dir, reason=str(exc))
                     continue
-                if name in (record.run_id, record.job):
-                    return record
+                if record.run_id == run_id:
+                    found[os.path.realpath(run_dir)] = record
+        if len(found) > 1:
+            raise AmbiguousRunError(
+                f"run id {run_id!r} is claimed by {len(found)} run directories "
+                f"({', '.join(sorted(found))}); autoresume resubmits none of them. Fix: give "
+                "each run its own run.name (the run id) and remove the stray run.json")
+        return next(iter(found.values()), None)
+
+
+def hold_reason(run_dir: str) -> str | None:
+    """Why the operator put the run on hold (RUN_DIR/DO_NOT_RESUME), or None."""
+    path = os.path.join(run_dir, HOLD_FILE)
+    if not os.path.exists(path):
         return None
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            text = fh.read(500).strip()
+    except OSError:
+        text = ""
+    return f"{HOLD_FILE} in {run_dir}" + (f": {text}" if text else "")
 
 
 def last_heartbeat(run_dir: str, *, tail_bytes: int = 16384) -> Heartbeat | None:

@@ -11,7 +11,6 @@ small and correctness beats throughput here.
 from __future__ import annotations
 
 import json
-import shlex
 import threading
 import time
 from collections.abc import Callable
@@ -32,7 +31,14 @@ from orchestrator.autoresume.ray_jobs import (
     RayJobsApi,
     SubmissionRefused,
 )
-from orchestrator.autoresume.runs import RunRecord, RunRegistry, last_heartbeat
+from orchestrator.autoresume.runenv import RefusedResubmission, vet_entrypoint, vet_runtime_env
+from orchestrator.autoresume.runs import (
+    AmbiguousRunError,
+    RunRecord,
+    RunRegistry,
+    hold_reason,
+    last_heartbeat,
+)
 from orchestrator.autoresume.state import JsonlLog, Pending, StateStore
 from orchestrator.errors import ClusterUnreachableError
 from orchestrator.events.model import MalformedEvent
@@ -86,7 +92,8 @@ class AutoresumeService:
             except (UnicodeDecodeError, json.JSONDecodeError) as exc:
                 return self._dead_letter(data, f"not JSON: {exc}", message_id, now)
             try:
-                incident, _event = incident_from_notification(payload, now=now)
+                incident, _event = incident_from_notification(
+                    payload, now=now, origin=self.cfg.origin.as_kwargs())
             except MalformedEvent as exc:
                 return self._dead_letter(data, exc.reason, message_id, now)
             log.info("autoresume_incident", incident_id=incident.incident_id,
@@ -114,12 +121,18 @@ class AutoresumeService:
 
     def _consider(self, incident: Incident, *, attempts: int, message_id: str = "") -> str:
         now = self.clock()
-        run = self.registry.find(incident.run_id)
+        try:
+            run = self.registry.find(incident.run_id)
+        except AmbiguousRunError as exc:
+            self._record(incident, Decision(action=Action.NOTHING, reason=str(exc)), now,
+                         message_id=message_id, outcome="ambiguous_run")
+            log.error("autoresume_ambiguous_run", run=incident.run_id, reason=str(exc))
+            return "ambiguous_run"
         if run is None:
             where = list(self.cfg.run_dirs)
             self._record(incident, Decision(
                 action=Action.NOTHING,
-                reason=f"no run directory with run_id or job {incident.run_id!r} under {where}"),
+                reason=f"no run directory with run_id {incident.run_id!r} under {where}"),
                 now, message_id=message_id)
             return "unknown_run"
         incident = replace(incident, run_id=run.run_id)
@@ -132,13 +145,14 @@ class AutoresumeService:
                          now, message_id=message_id)
             return "closed"
         try:
-            submissions = self.ray.run_submissions(
-                run.run_id, run.submission_ids, (run.job,) if run.job != run.run_id else ())
+            submissions = self.ray.run_submissions(run.run_id, run.submission_ids,
+                                                   run.entrypoint)
         except ClusterUnreachableError as exc:
             return self._retry_unreachable(incident, attempts, exc, now, message_id)
         obs = Observation(incident=incident, submissions=submissions,
                           history=self.state.history(run.run_id),
-                          heartbeat=last_heartbeat(run.run_dir), now=now)
+                          heartbeat=last_heartbeat(run.run_dir), now=now,
+                          hold=hold_reason(run.run_dir))
         decision = decide(obs, self.rules)
         if decision.action in (Action.RESUBMIT, Action.STOP_AND_RESUBMIT) and decision.delay_s > 0:
             self._schedule(incident, now + decision.delay_s, 0, f"backoff: {decision.reason}")
@@ -167,7 +181,19 @@ class AutoresumeService:
             return "gave_up"
         assert decision.submission_id is not None
         try:
-            if decision.stop_submission_id and not self._stop(decision.stop_submission_id):
+            entrypoint = vet_entrypoint(run.entrypoint)
+            runtime_env = vet_runtime_env(run.runtime_env)
+        except RefusedResubmission as exc:
+            self.state.update(run.run_id,
+                              handled_incidents=hist.handled_incidents | {incident.incident_id})
+            self._record(incident, replace(decision, action=Action.NOTHING,
+                                           reason=f"run.json refused: {exc}"),
+                         now, message_id=message_id, outcome="refused")
+            log.error("autoresume_refused", run=run.run_id, run_dir=run.run_dir, reason=str(exc))
+            return "refused"
+        try:
+            if decision.stop_submission_id and not self._stop(run.run_id,
+                                                              decision.stop_submission_id):
                 self._schedule(incident, now + self.cfg.ray.retry_base_s, attempts + 1,
                                f"{decision.stop_submission_id} did not stop in time")
                 self._record(incident, decision, now, message_id=message_id,
@@ -175,8 +201,8 @@ class AutoresumeService:
                 return "stop_timed_out"
             self.ray.submit(
                 submission_id=decision.submission_id,
-                entrypoint=shlex.join(run.entrypoint),
-                runtime_env=run.runtime_env,
+                entrypoint=entrypoint,
+                runtime_env=runtime_env,
                 metadata={RUN_ID_METADATA: run.run_id, INCIDENT_METADATA: incident.incident_id},
             )
         except SubmissionRefused as exc:
@@ -201,8 +227,12 @@ class AutoresumeService:
                  reason=decision.reason)
         return "submitted"
 
-    def _stop(self, submission_id: str) -> bool:
-        """Stop a stalled submission and wait (bounded) until Ray says it is no longer live."""
+    def _stop(self, run_id: str, submission_id: str) -> bool:
+        """Stop a stalled submission and wait (bounded) until Ray says it is no longer live.
+        Recorded first as stopped by us: a STOPPED job is otherwise an operator's decision."""
+        hist = self.state.history(run_id)
+        if submission_id not in hist.stopped:
+            self.state.update(run_id, stopped=(*hist.stopped, submission_id))
         self.ray.stop(submission_id)
         deadline = self.clock() + self.cfg.ray.stop_timeout_s
         while self.clock() < deadline:

@@ -28,11 +28,14 @@ class TableRay:
     def __init__(self) -> None:
         self.jobs: dict[str, Submission] = {}
         self.submitted: list[tuple[str, str, dict]] = []
+        self.entrypoints: dict[str, str] = {}  # what each job runs, as Ray reports it
+        self.stopped: list[str] = []
         self.t = 0.0
 
-    def run_submissions(self, run_id, extra_ids=(), aliases=()):
+    def run_submissions(self, run_id, recorded_ids=(), entrypoint=()):
         return tuple(s for k, s in self.jobs.items()
-                     if belongs_to(run_id, k, None, extra_ids, aliases))
+                     if belongs_to(run_id, k, None, recorded_ids, entrypoint,
+                                   self.entrypoints.get(k)))
 
     def submit(self, *, submission_id, entrypoint, runtime_env, metadata):
         if submission_id in self.jobs:
@@ -42,6 +45,7 @@ class TableRay:
                                               status=JobStatus.PENDING, start_time=self.t)
 
     def stop(self, submission_id):
+        self.stopped.append(submission_id)
         s = self.jobs[submission_id]
         self.jobs[submission_id] = Submission(submission_id=submission_id,
                                               status=JobStatus.STOPPED, start_time=s.start_time)
@@ -247,22 +251,23 @@ def test_unreachable_ray_retries_with_backoff_never_raises(tmp_path):
     assert [e["attempt"] for e in warned] == [1, 2, 3, 4]
 
 
-def test_submissions_found_by_job_name_alias(tmp_path):
-    """run.json's run_id differs from the job name the user submitted under: still the run's."""
+def test_recorded_submission_id_is_the_runs_when_it_runs_the_runs_entrypoint(tmp_path):
+    """run.json's ray_job_submission_id (a user-chosen name) counts when Ray runs our argv."""
     run_dir = make_run(tmp_path, "run-a")
     meta = json.loads((run_dir / "run.json").read_text())
-    meta.update(run_id="run-a-1234abcd", ray_job_submission_id="raysubmit_x")
+    meta.update(ray_job_submission_id="raysubmit_x")
     (run_dir / "run.json").write_text(json.dumps(meta))
     ray, clock = TableRay(), Clock()
-    ray.jobs["run-a-r0"] = Submission(submission_id="run-a-r0", status=JobStatus.RUNNING,
-                                      start_time=clock.t - 10)
+    ray.jobs["raysubmit_x"] = Submission(submission_id="raysubmit_x", status=JobStatus.RUNNING,
+                                         start_time=clock.t - 10)
+    ray.entrypoints["raysubmit_x"] = "python3 -m orchestrator.main --config 'tiny yaml.yaml'"
     svc = service(tmp_path, ray, clock, startup_grace_s=600.0)
     assert svc.handle_message(encode(notification(incident_id="i-1", run_id="run-a"))) == (
         "nothing")
-    ray.finish("run-a-r0", JobStatus.FAILED)
+    ray.finish("raysubmit_x", JobStatus.FAILED)
     assert svc.handle_message(encode(notification(incident_id="i-2", run_id="run-a"))) == (
         "submitted")
-    assert ray.submitted[0][0] == "run-a-1234abcd-r1"
+    assert ray.submitted[0][0] == "run-a-r1"
 
 
 def test_auth_headers_modes(tmp_path):
