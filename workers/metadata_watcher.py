@@ -4,7 +4,10 @@ Long-polls ``instance/preempted`` and ``instance/maintenance-event`` with ``wait
 and the last ETag (so no change is missed between two polls), sending ``Metadata-Flavor: Google``
 and refusing answers that lack it (a proxy or a captive portal is not the metadata server). A
 change to a notice value calls ``callback`` with an event dict in the orchestrator's own schema
-(docs/events.md, schema_version 1); the driver feeds it to the intake.
+(docs/events.md, schema_version 1); the driver feeds it to the intake. ``maintenance-event``
+values: ``TERMINATE_ON_HOST_MAINTENANCE`` (or ``SHUTDOWN_...``: Google's sources disagree) is a
+maintenance notice with ``maintenance_notice_s``; ``MIGRATE_ON_HOST_MAINTENANCE`` is a live
+migration: noted, never a drain with an invented deadline (the VM keeps running).
 
 Pure standard library, no JAX: it runs in a thread of the actor and must never take it down, so
 every error (unreachable, 503, garbage) is logged and retried with capped exponential backoff.
@@ -30,6 +33,9 @@ SCHEMA_VERSION = 1
 DEFAULT_ENDPOINT = "http://metadata.google.internal/computeMetadata/v1"
 PREEMPTED_KEY = "instance/preempted"
 MAINTENANCE_KEY = "instance/maintenance-event"
+ID_KEY = "instance/id"
+NAME_KEY = "instance/name"
+MIGRATE_VALUES = ("MIGRATE_ON_HOST_MAINTENANCE",)
 _DMI_FILES = ("/sys/class/dmi/id/product_name", "/sys/class/dmi/id/bios_vendor")
 
 
@@ -62,7 +68,7 @@ class MetadataWatcher:
 
     def __init__(
         self, *, callback: Callable[[dict[str, Any]], None], host: str,
-        slice_name: str | None = None, job: str | None = None,
+        slice_name: str | None = None, job: str | None = None, host_kind: str | None = None,
         endpoint: str = DEFAULT_ENDPOINT, timeout_s: float = 60.0,
         backoff_initial_s: float = 1.0, backoff_max_s: float = 30.0,
         preemption_notice_s: float = 30.0, maintenance_notice_s: float = 60.0,
@@ -77,6 +83,7 @@ class MetadataWatcher:
         self._base_path = parts.path.rstrip("/")
         self._callback = callback
         self.host = host
+        self.host_kind = host_kind
         self.slice_name = slice_name
         self.job = job
         self.timeout_s = timeout_s
@@ -206,18 +213,21 @@ class MetadataWatcher:
         elif key == MAINTENANCE_KEY:
             if upper in ("", "NONE"):
                 return None
-            kind = "maintenance_scheduled"
+            kind = "live_migration" if upper in MIGRATE_VALUES else "maintenance_scheduled"
         else:
             return None
         now = self._clock()
+        target: dict[str, Any] = {"job": self.job, "slice": self.slice_name, "host": self.host}
+        if self.host_kind:
+            target["host_kind"] = self.host_kind
         return {
             "schema_version": SCHEMA_VERSION,
             "id": f"metadata:{self.host}:{key.rsplit('/', 1)[-1]}:{upper}:{etag or int(now)}",
             "kind": kind,
-            "target": {"job": self.job, "slice": self.slice_name, "host": self.host},
+            "target": target,
             "source": "metadata",
             "observed_at": now,
-            "deadline": now + self.notice_s[key],
+            "deadline": None if kind == "live_migration" else now + self.notice_s[key],
             "occurred_at": now,
             "incarnation": None,
             "message": f"{key} = {value[:200]}",
@@ -238,11 +248,31 @@ def start_watcher(settings: dict[str, Any], *, host: Any,
     opts = dict(settings)
     if not should_watch(str(opts.pop("enabled", "auto"))):
         return None
-    name = getattr(host, "instance", None) or str(getattr(host, "index", "")) or None
+    instance = getattr(host, "instance", None)
+    name = instance or str(getattr(host, "index", "")) or None
     if not name:
         raise ValueError("start_watcher needs a HostRef-like host with an instance name or index")
-    watcher = MetadataWatcher(callback=sink, host=name,
-                              slice_name=getattr(host, "slice_name", None) or None,
+    watcher = MetadataWatcher(callback=sink, host=name, host_kind="instance" if instance else
+                              "index", slice_name=getattr(host, "slice_name", None) or None,
                               job=opts.pop("job", None) or job, **opts)
     watcher.start()
     return watcher
+
+
+def instance_identity(settings: dict[str, Any]) -> tuple[str, str] | None:
+    """(numeric instance id, instance name) from this VM's metadata server, or None off GCE or
+    on any error: what a host reports at start so events naming only the id can be targeted
+    (``EventIntake.set_instance_ids``). ``settings`` is the ``events.metadata`` section."""
+    opts = dict(settings)
+    if not should_watch(str(opts.pop("enabled", "auto"))):
+        return None
+    opts.pop("job", None)
+    try:
+        probe = MetadataWatcher(callback=lambda _e: None, host="identity", **opts)
+        instance_id, _ = probe.fetch(ID_KEY)
+        name, _ = probe.fetch(NAME_KEY)
+    except (MetadataError, ValueError) as exc:
+        log.warning("metadata identity unavailable (%s); events naming only the instance id "
+                    "cannot be targeted to this host", exc)
+        return None
+    return (instance_id, name) if instance_id and name else None

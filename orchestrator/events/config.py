@@ -119,6 +119,8 @@ class EventsConfig:
     dedupe_window: int = 10000  # event ids remembered (persisted in RUN_DIR/event_dedupe.json)
     notice_s: float = 30.0  # notice assumed for log-sink preemption/maintenance entries
     stale_grace_s: float = 0.0  # a notice is stale once now > deadline + grace
+    cluster: str | None = None  # this job's cluster (GKE cluster_name): cluster-wide events
+    max_payload_depth: int = 32  # JSON nesting limit; deeper payloads are dead letters
 
     def __post_init__(self) -> None:
         if isinstance(self.dedupe_window, bool) or self.dedupe_window < 1:
@@ -129,3 +131,13 @@ class EventsConfig:
         if self.stale_grace_s < 0:
             raise ConfigError("events.stale_grace_s", "must be >= 0",
                               "set `events.stale_grace_s` to 0 or more seconds")
+        if self.cluster is not None and (not isinstance(self.cluster, str)
+                                         or not self.cluster.strip()):
+            raise ConfigError("events.cluster", f"{self.cluster!r} is not a cluster name",
+                              "set `events.cluster` to the GKE cluster_name the job runs on, "
+                              "or null")
+        if isinstance(self.max_payload_depth, bool) or not isinstance(
+                self.max_payload_depth, int) or not 4 <= self.max_payload_depth <= 512:
+            raise ConfigError("events.max_payload_depth",
+                              f"must be an integer in 4..512, got {self.max_payload_depth!r}",
+                              "set `events.max_payload_depth` to e.g. 32")

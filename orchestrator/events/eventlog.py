@@ -1,7 +1,9 @@
 """Append-only records in the run directory: events.jsonl and dead_letters.jsonl.
 
-Every line is flushed before the intake acknowledges the message it came from, so a driver
-crash can at worst re-handle (and dedupe) a message, never lose one. Payloads are stored as
+Every line is written and fsynced (``JsonlWriter.sync``) before the intake acknowledges the
+message it came from, so a driver crash can at worst re-handle (and dedupe) a message, never lose
+one; an accepted event the crashed driver never acted on is found again by
+``EventIntake.replay_unhandled``. Payloads are stored as
 received, truncated past ``MAX_RAW_CHARS`` with their size and sha256 kept.
 """
 
@@ -31,6 +33,11 @@ class JsonlWriter:
         self._seq = _last_seq(path)
         self._fh = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
 
+    @property
+    def seq(self) -> int:
+        """Number of the last line written (0 for an empty file)."""
+        return self._seq
+
     def write(self, record: dict[str, Any]) -> int:
         with self._lock:
             self._seq += 1
@@ -41,6 +48,13 @@ class JsonlWriter:
             if self._fsync:
                 os.fsync(self._fh.fileno())
             return self._seq
+
+    def sync(self) -> None:
+        """Make every line written so far durable (before acknowledging what they record)."""
+        with self._lock:
+            if not self._fh.closed:
+                self._fh.flush()
+                os.fsync(self._fh.fileno())
 
     def close(self) -> None:
         with self._lock:
@@ -78,14 +92,17 @@ def raw_for_record(raw: Any) -> Any:
 
 
 def recent_event_ids(path: Path) -> list[str]:
-    """Ids of events recorded in the tail of events.jsonl (to rebuild the dedupe window)."""
+    """Ids of events *accepted* in the tail of events.jsonl (to rebuild the dedupe window): a
+    stale or irrelevant verdict is not remembered, so the same id may be judged again later."""
     ids: list[str] = []
     for line in _tail_lines(path):
         try:
             record = json.loads(line)
         except ValueError:
             continue
-        event = record.get("event") if isinstance(record, dict) else None
+        if not isinstance(record, dict) or record.get("decision") != "accepted":
+            continue
+        event = record.get("event")
         if isinstance(event, dict) and isinstance(event.get("id"), str):
             ids.append(event["id"])
     return ids

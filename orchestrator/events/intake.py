@@ -3,9 +3,11 @@
 Threads: the Pub/Sub supervisor and the inbox watcher parse in their own threads; malformed
 payloads become dead letters and irrelevant ones are recorded and acknowledged right there.
 Relevant events wait in a queue until the driver calls ``poll(hosts, incarnation)``, which drops
-duplicates and stale events (with the reason), records each one in events.jsonl, and only then
-acknowledges the messages they came from. Nothing raises into the driver: a failure in a source
-is logged and the source retries.
+duplicates and stale events (with the reason), records each one in events.jsonl, fsyncs it, and
+only then acknowledges the messages they came from. Only *accepted* ids enter the dedupe window:
+a stale verdict (a host not in the mesh yet, say) is not permanent. Events accepted by a driver
+that crashed before acting on them come back through ``replay_unhandled``. Nothing raises into
+the driver: a failure in a source is logged and the source retries.
 """
 
 from __future__ import annotations
@@ -24,8 +26,14 @@ import structlog
 
 from orchestrator.events import parsing
 from orchestrator.events.config import EventsConfig, PubSubConfig
+from orchestrator.events.deadletters import DeadLetterPublisher
 from orchestrator.events.dedupe import DedupeWindow
-from orchestrator.events.eventlog import JsonlWriter, raw_for_record, recent_event_ids
+from orchestrator.events.eventlog import (
+    JsonlWriter,
+    raw_for_record,
+    read_jsonl,
+    recent_event_ids,
+)
 from orchestrator.events.inbox import InboxWatcher
 from orchestrator.events.model import Event, MalformedEvent
 from orchestrator.events.pubsub_source import (
@@ -36,6 +44,7 @@ from orchestrator.events.pubsub_source import (
     make_subscriber,
 )
 from orchestrator.events.relevance import Verdict, relevance, staleness
+from orchestrator.events.replay import unhandled_events
 from orchestrator.hosts import HostRef
 
 log = structlog.get_logger(__name__)
@@ -90,7 +99,14 @@ class EventIntake:
         self._dl_publisher: Any = None
         self._last_save = 0.0
         self._started = False
+        self._start_seq = 0  # events.jsonl lines up to here were written by earlier drivers
         self.counts: Counter[str] = Counter()
+        self.id_to_name: dict[str, str] = {}  # GCE instance id -> name, from the hosts
+
+    def set_instance_ids(self, id_to_name: Mapping[str, str]) -> None:
+        """The id -> name map the hosts read from their metadata servers (targets events that
+        name an instance only by its numeric id)."""
+        self.id_to_name = {str(k): str(v) for k, v in id_to_name.items()}
 
     # ---------------------------------------------------------------- lifecycle
     def start(self) -> None:
@@ -101,6 +117,7 @@ class EventIntake:
         self._events = JsonlWriter(self.run_dir / EVENTS_FILE)
         self._dead = JsonlWriter(self.run_dir / DEAD_LETTERS_FILE)
         self._dedupe.load(recent_event_ids(self.run_dir / EVENTS_FILE))
+        self._start_seq = self._events.seq
         self._started = True
         if self.cfg.inbox:
             self._inbox = InboxWatcher(self.run_dir, self._on_inbox_file,
@@ -222,19 +239,22 @@ class EventIntake:
             except MalformedEvent as exc:
                 self._dead_letter(payload, exc, via=via, source=source,
                                   attributes=attributes, message_id=message_id)
-                _safe(ack)
+                self._ack_durably(ack, self._dead)
                 return
+            if event.labels.get("parse.ignored"):
+                log.info("event_fields_ignored", id=event.id, via=via,
+                         notes=event.labels["parse.ignored"][:500])
             filters = self.cfg.pubsub.filters if via == "pubsub" else None
             verdict = relevance(event, job=self.job, attributes=attributes, filters=filters)
             if not verdict.accepted:
                 log.debug("event_irrelevant", id=event.id, reason=verdict.reason, via=via)
                 self._record(event, verdict, via=via, received_at=now)
-                _safe(ack)
+                self._ack_durably(ack, self._events)
                 return
             if event.id in self._dedupe:
                 self._record(event, Verdict("duplicate", "already recorded"), via=via,
                              received_at=now, with_raw=False)
-                _safe(ack)
+                self._ack_durably(ack, self._events)
                 return
             with self._cond:
                 self._pending.append(_Pending(event, via, now, ack, dict(attributes or {})))
@@ -250,7 +270,8 @@ class EventIntake:
             return parsing.parse_bytes(bytes(payload) if not isinstance(payload, str) else payload,
                                        now=now, source=source,
                                        max_bytes=self.cfg.pubsub.max_payload_bytes,
-                                       notice_s=self.cfg.notice_s)
+                                       notice_s=self.cfg.notice_s,
+                                       max_depth=self.cfg.max_payload_depth)
         if isinstance(payload, Mapping):
             return parsing.parse_value(dict(payload), now=now, source=source,
                                        notice_s=self.cfg.notice_s)
@@ -264,8 +285,11 @@ class EventIntake:
                 self._cond.wait(timeout)
             return bool(self._pending)
 
-    def poll(self, hosts: Sequence[HostRef], incarnation: int) -> list[Event]:
-        """Clean, relevant, deduplicated, current events since the last poll (all recorded)."""
+    def poll(self, hosts: Sequence[HostRef], incarnation: int, *,
+             id_to_name: Mapping[str, str] | None = None) -> list[Event]:
+        """Clean, relevant, deduplicated, current events since the last poll (all recorded and
+        fsynced before their messages are acknowledged). ``hosts``: every host a notice may
+        name (mesh and spares); ``id_to_name`` overrides ``set_instance_ids``."""
         with self._cond:
             batch, self._pending = self._pending, []
         if not batch:
@@ -279,17 +303,19 @@ class EventIntake:
                     verdict = Verdict("duplicate", "already recorded")
                 else:
                     verdict = staleness(event, hosts=hosts, incarnation=incarnation, now=now,
-                                        grace_s=self.cfg.stale_grace_s)
+                                        grace_s=self.cfg.stale_grace_s,
+                                        id_to_name=self.id_to_name if id_to_name is None
+                                        else id_to_name, cluster=self.cfg.cluster)
                 self._record(event, verdict, via=item.via, received_at=item.received_at,
                              with_raw=verdict.decision != "duplicate")
-                if verdict.decision == "duplicate":
-                    continue
-                self._dedupe.add(event.id)
                 if verdict.accepted:
+                    self._dedupe.add(event.id)  # only handled events: stale may come again
                     accepted.append(event)
-                else:
+                elif verdict.decision != "duplicate":
                     log.info("event_dropped", id=event.id, kind=event.kind.value,
                              reason=verdict.reason)
+            assert self._events is not None
+            self._events.sync()  # durable before any ack: a crash now loses nothing
             if now - self._last_save >= DEDUPE_SAVE_INTERVAL_S:
                 self._dedupe.save()
                 self._last_save = now
@@ -302,7 +328,8 @@ class EventIntake:
         return accepted
 
     def record_action(self, event: Event, action: str, **details: Any) -> None:
-        """Append what the driver/controller did about ``event`` to events.jsonl."""
+        """Append what the driver/controller did about ``event`` to events.jsonl (this line is
+        what marks an accepted event as handled for ``replay_unhandled``)."""
         if self._events is None:
             return
         try:
@@ -311,6 +338,19 @@ class EventIntake:
                                 "details": raw_for_record(details)})
         except Exception:
             log.exception("event_action_record_failed", id=event.id, action=action)
+
+    def replay_unhandled(self, now: float) -> list[Event]:
+        """Events an earlier driver accepted (and acknowledged) but never recorded an action
+        for, whose deadline (a maintenance window: its end) has not passed, oldest first. The
+        controller calls this once at start and must ``record_action`` each one it handles;
+        until then they are returned again by the next driver. Never raises."""
+        try:
+            records = read_jsonl(self.run_dir / EVENTS_FILE)
+            return unhandled_events(records, upto_seq=self._start_seq if self._started else None,
+                                    now=now, grace_s=self.cfg.stale_grace_s)
+        except Exception:
+            log.exception("event_replay_failed", run_dir=str(self.run_dir))
+            return []
 
     @property
     def remembered_ids(self) -> int:
@@ -344,29 +384,24 @@ class EventIntake:
                           "payload": raw_for_record(payload if not isinstance(payload, Event)
                                                     else payload.to_json())})
         if self.cfg.pubsub.dead_letter_topic:
-            self._publish_dead_letter(payload, exc.reason, message_id)
-
-    def _publish_dead_letter(self, payload: Any, reason: str, message_id: str | None) -> None:
-        cfg = self._pubsub_cfg
-        try:
-            if isinstance(payload, (bytes, bytearray, memoryview)):
-                data = bytes(payload)
-            elif isinstance(payload, str):
-                data = payload.encode("utf-8", "replace")
-            else:
-                data = json.dumps(raw_for_record(payload), default=repr).encode("utf-8")
-            data = data[: 10 * 1024 * 1024 - 1024]
             if self._dl_publisher is None:
-                self._dl_publisher = self._publisher_factory(cfg)
-            topic = self._dl_publisher.topic_path(cfg.project, cfg.dead_letter_topic)
-            future = self._dl_publisher.publish(
-                topic, data, dead_letter_reason=reason[:1000], job=self.job,
-                original_message_id=message_id or "")
-            future.result(timeout=10)
-        except Exception as exc:
-            log.warning("dead_letter_publish_failed", error=str(exc)[:300],
-                        fix="check events.pubsub.dead_letter_topic exists; the dead letter is "
-                            "still in dead_letters.jsonl")
+                self._dl_publisher = DeadLetterPublisher(self._pubsub_cfg, self.job,
+                                                         self._publisher_factory)
+            self._dl_publisher.publish(payload, exc.reason, message_id)
+
+    def _ack_durably(self, ack: Callable[[], None], writer: JsonlWriter | None) -> None:
+        """fsync what was just written, then ack; a real message is never acked unrecorded.
+        In-process submissions (no ack) skip the fsync: nothing would be redelivered anyway."""
+        if ack is _noop:
+            return
+        try:
+            if writer is not None:
+                writer.sync()
+        except Exception:
+            log.exception("event_record_sync_failed",
+                          fix="check free space in the run directory; the message stays unacked")
+            return
+        _safe(ack)
 
 
 def _safe(fn: Callable[[], None]) -> None:

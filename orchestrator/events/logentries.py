@@ -1,20 +1,24 @@
-"""Cloud Logging entries routed to Pub/Sub by a log sink: GCE system events and GKE node events.
+"""Cloud Logging entries routed to Pub/Sub by a log sink: GCE system events (this module) and GKE
+node events (``gke.py``).
 
-A sink publishes the LogEntry JSON itself as the message data. We accept:
+A sink publishes the LogEntry JSON itself as the message data. GCE audit system events
+(``logName .../cloudaudit.googleapis.com%2Fsystem_event``) are read from
+``protoPayload.methodName``; the method names are Compute Engine's interruption reasons (as
+listed by GoogleCloudPlatform/ml-auto-solutions ``interruption_validation_dag.py``):
 
-* GCE audit system events (``logName`` ``.../cloudaudit.googleapis.com%2Fsystem_event``,
-  ``protoPayload.methodName``): ``compute.instances.preempted`` (a preemption notice: the VM has
-  the platform's notice period, ~30 s, from the entry's timestamp),
-  ``compute.instances.{terminate,shutdown}OnHostMaintenance`` (maintenance that stops the VM,
-  same notice), ``compute.instances.migrateOnHostMaintenance`` (live migration: informational,
-  no deadline) and ``compute.instances.hostError`` (the VM was terminated: host lost).
-* GKE Kubernetes events about nodes (``resource.type == "k8s_node"``, the Event object as
-  ``jsonPayload``): ``NodeNotReady``/``Rebooted`` (unhealthy), ``NodeShutdown`` (graceful node
-  shutdown, which is how a spot node's preemption reaches Kubernetes: a notice),
-  ``RemovingNode``/``DeletingNode`` (lost).
+* ``preempted``, ``baremetalCaretakerPreempted`` -> preemption notice (the platform's notice
+  period, ``events.notice_s``, from the entry's timestamp);
+* ``terminateOnHostMaintenance`` / ``shutdownOnHostMaintenance`` -> maintenance with that notice;
+* ``upcomingMaintenance`` -> scheduled maintenance carrying its window
+  (``protoPayload.metadata.windowStartTime/windowEndTime``, ``maintenanceStatus``,
+  ``canReschedule``): the earliest warning Google gives, days ahead;
+* ``migrateOnHostMaintenance`` -> live migration: noted, the VM keeps running;
+* ``hostError`` and the other interruptions that stop the VM -> host lost.
 
-Anything else raises MalformedEvent with the method / reason, so a too-wide sink filter shows up
-in the dead letters instead of vanishing.
+The host is the instance ``protoPayload.resourceName`` names (``projects/P/zones/Z/instances/N``),
+else the ``gce_instance`` resource's numeric ``instance_id`` (resolved through the id -> name map
+the hosts read from their metadata servers). An entry that names no instance (a reservation
+block, say) cannot be tied to a host and is dead-lettered with that reason.
 """
 
 from __future__ import annotations
@@ -22,34 +26,43 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from orchestrator.events.fields import Fields
 from orchestrator.events.model import Event, EventKind, MalformedEvent, Target
-from orchestrator.events.timefmt import parse_rfc3339
 
 SOURCE = "logging"
 DEFAULT_NOTICE_S = 30.0
+PREFIX = "compute.instances."
 
-# method -> (kind, has a notice deadline)
+# method (after "compute.instances.") -> (kind, notice deadline from the entry's timestamp)
 GCE_METHODS: dict[str, tuple[EventKind, bool]] = {
-    "compute.instances.preempted": (EventKind.PREEMPTION_NOTICE, True),
-    "compute.instances.terminateOnHostMaintenance": (EventKind.MAINTENANCE_SCHEDULED, True),
-    "compute.instances.shutdownOnHostMaintenance": (EventKind.MAINTENANCE_SCHEDULED, True),
-    "compute.instances.migrateOnHostMaintenance": (EventKind.MAINTENANCE_SCHEDULED, False),
-    "compute.instances.hostError": (EventKind.HOST_LOST, False),
-}
-GKE_REASONS: dict[str, tuple[EventKind, bool]] = {
-    "NodeNotReady": (EventKind.HOST_UNHEALTHY, False),
-    "Rebooted": (EventKind.HOST_UNHEALTHY, False),
-    "NodeShutdown": (EventKind.PREEMPTION_NOTICE, True),
-    "RemovingNode": (EventKind.HOST_LOST, False),
-    "DeletingNode": (EventKind.HOST_LOST, False),
+    "preempted": (EventKind.PREEMPTION_NOTICE, True),
+    "baremetalCaretakerPreempted": (EventKind.PREEMPTION_NOTICE, True),
+    "terminateOnHostMaintenance": (EventKind.MAINTENANCE_SCHEDULED, True),
+    "shutdownOnHostMaintenance": (EventKind.MAINTENANCE_SCHEDULED, True),
+    "upcomingMaintenance": (EventKind.MAINTENANCE_SCHEDULED, False),  # deadline = window start
+    "migrateOnHostMaintenance": (EventKind.LIVE_MIGRATION, False),
+    "hostError": (EventKind.HOST_LOST, False),
+    "guestTerminate": (EventKind.HOST_LOST, False),
+    "instanceManagerHaltForRestart": (EventKind.HOST_LOST, False),
+    "stoppedDueToPdDoubleServe": (EventKind.HOST_LOST, False),
+    "kmsKeyError": (EventKind.HOST_LOST, False),
+    "shredmillKeyError": (EventKind.HOST_LOST, False),
+    "invalidVmImage": (EventKind.HOST_LOST, False),
+    "scratchDiskCreationFailed": (EventKind.HOST_LOST, False),
+    "localSsdInitializationError": (EventKind.HOST_LOST, False),
+    "localSsdInitializationKeyError": (EventKind.HOST_LOST, False),
+    "localSsdVerifyTarError": (EventKind.HOST_LOST, False),
+    "localSsdRecoveryFailedError": (EventKind.HOST_LOST, False),
+    "localSsdRecoveryTimeoutError": (EventKind.HOST_LOST, False),
+    "localSsdRecoveryAttempting": (EventKind.HOST_UNHEALTHY, False),
 }
 
 
 def is_log_entry(payload: object) -> bool:
-    """Cheap shape test: a LogEntry always has logName or one of the payload fields."""
+    """Cheap shape test: a LogEntry has logName or a payload field (either spelling)."""
     return isinstance(payload, Mapping) and any(
-        key in payload for key in ("logName", "protoPayload", "jsonPayload")
-    )
+        key in payload for key in ("logName", "log_name", "protoPayload", "proto_payload",
+                                   "jsonPayload", "json_payload"))
 
 
 def parse_log_entry(
@@ -59,14 +72,15 @@ def parse_log_entry(
     """One LogEntry -> Event, or MalformedEvent naming what is unsupported or broken."""
     if not isinstance(entry, Mapping):
         raise MalformedEvent("log entry must be a JSON object")
-    resource = _obj(entry, "resource", "resource")
-    resource_type = resource.get("type")
-    timestamp = entry.get("timestamp")
-    occurred = parse_rfc3339(timestamp, "timestamp") if timestamp is not None else None
-    if "protoPayload" in entry:
-        return _gce_system_event(entry, resource, occurred, now, notice_s, source)
-    if resource_type == "k8s_node" and "jsonPayload" in entry:
-        return _gke_node_event(entry, resource, occurred, now, notice_s, source)
+    fields = Fields(entry, "")
+    resource = fields.obj("resource", strict=True)
+    resource_type = resource.text("type")
+    if fields.has("proto_payload"):
+        return _gce_system_event(fields, resource, now, notice_s, source)
+    if resource_type == "k8s_node" and fields.has("json_payload"):
+        from orchestrator.events.gke import parse_node_event
+
+        return parse_node_event(fields, resource, now=now, notice_s=notice_s, source=source)
     raise MalformedEvent(
         f"unsupported log entry (resource.type={str(resource_type)[:40]!r})",
         fix="route only GCE system events and GKE k8s_node events to the subscription "
@@ -74,97 +88,98 @@ def parse_log_entry(
     )
 
 
-def _gce_system_event(entry, resource, occurred, now, notice_s, source) -> Event:
-    proto = _obj(entry, "protoPayload", "protoPayload")
-    method = proto.get("methodName")
-    if not isinstance(method, str) or not method:
-        operation = entry.get("operation")
-        method = operation.get("producer") if isinstance(operation, Mapping) else None
-    if not isinstance(method, str) or not method:
+def _gce_system_event(entry: Fields, resource: Fields, now: float, notice_s: float,
+                      source: str) -> Event:
+    proto = entry.obj("proto_payload", strict=True)
+    operation = entry.obj("operation")
+    method = proto.text("method_name", strict=True) or operation.text("producer")
+    if not method:
         raise MalformedEvent("protoPayload.methodName is missing")
-    if method not in GCE_METHODS:
+    short = method.removeprefix(PREFIX)
+    if not method.startswith(PREFIX) or short not in GCE_METHODS:
         raise MalformedEvent(f"unsupported GCE system event {method[:80]!r}",
-                             fix=f"route only: {', '.join(sorted(GCE_METHODS))}")
-    kind, has_deadline = GCE_METHODS[method]
-    instance = _instance_from_resource_name(proto.get("resourceName"))
-    labels = _labels(resource)
-    host = instance or labels.get("instance_id")
-    if not host:
-        raise MalformedEvent("GCE system event names no instance (protoPayload.resourceName)")
-    operation = entry.get("operation")
-    op_id = operation.get("id") if isinstance(operation, Mapping) else None
-    insert_id = entry.get("insertId")
-    key = op_id if isinstance(op_id, str) and op_id else insert_id
-    if not isinstance(key, str) or not key:
+                             fix="route only: " + ", ".join(PREFIX + m for m in GCE_METHODS))
+    kind, notice = GCE_METHODS[short]
+    labels = resource.labels()
+    target = _instance_target(proto.text("resource_name", strict=True),
+                              resource.text("type"), labels)
+    key = operation.text("id") or entry.text("insert_id", strict=True)
+    if not key:
         raise MalformedEvent("log entry has neither operation.id nor insertId")
-    status = proto.get("status")
-    message = status.get("message") if isinstance(status, Mapping) else None
-    return _event(
-        kind=kind, host=host, key=f"gce:{key[:300]}:{method}", occurred=occurred, now=now,
-        deadline=(occurred if occurred is not None else now) + notice_s if has_deadline else None,
-        message=message if isinstance(message, str) else method, source=source,
-        labels={"gce.method": method, "gce.instance_id": labels.get("instance_id", ""),
-                "gce.zone": labels.get("zone", "")},
-        raw=entry,
-    )
+    occurred = entry.time("timestamp", strict=notice)
+    status = proto.obj("status").text("message")
+    extra: dict[str, str] = {"gce.method": method, "gce.instance_id": labels.get("instance_id", ""),
+                             "gce.zone": labels.get("zone", "")}
+    window: tuple[float | None, float | None] = (None, None)
+    deadline = (occurred if occurred is not None else now) + notice_s if notice else None
+    if short == "upcomingMaintenance":
+        window, extra_m = _upcoming_window(proto.obj("metadata", strict=True))
+        extra.update(extra_m)
+        deadline = window[0]
+        key = f"{key}:{extra_m.get('maintenance.window_start_time', '')}"
+    return build_event(
+        kind=kind, target=target, key=f"gce:{key[:300]}:{method}", occurred=occurred, now=now,
+        deadline=deadline, message=status or method, source=source, labels=extra, raw=entry.data,
+        notes=entry.notes, window=window)
 
 
-def _gke_node_event(entry, resource, occurred, now, notice_s, source) -> Event:
-    payload = _obj(entry, "jsonPayload", "jsonPayload")
-    reason = payload.get("reason")
-    if not isinstance(reason, str) or not reason:
-        raise MalformedEvent("jsonPayload.reason is missing from the GKE node event")
-    if reason not in GKE_REASONS:
-        raise MalformedEvent(f"unsupported GKE node event reason {reason[:80]!r}",
-                             fix=f"route only reasons: {', '.join(sorted(GKE_REASONS))}")
-    kind, has_deadline = GKE_REASONS[reason]
-    involved = payload.get("involvedObject")
-    node = involved.get("name") if isinstance(involved, Mapping) else None
-    labels = _labels(resource)
-    node = node if isinstance(node, str) and node else labels.get("node_name")
-    if not node:
-        raise MalformedEvent("GKE node event names no node (involvedObject.name)")
-    insert_id = entry.get("insertId")
-    if not isinstance(insert_id, str) or not insert_id:
-        raise MalformedEvent("log entry has no insertId")
-    message = payload.get("message")
-    return _event(
-        kind=kind, host=node, key=f"gke:{insert_id[:300]}", occurred=occurred, now=now,
-        deadline=(occurred if occurred is not None else now) + notice_s if has_deadline else None,
-        message=message if isinstance(message, str) else reason, source=source,
-        labels={"gke.reason": reason, "gke.cluster": labels.get("cluster_name", ""),
-                "gke.location": labels.get("location", "")},
-        raw=entry,
-    )
+def _upcoming_window(meta: Fields) -> tuple[tuple[float | None, float | None], dict[str, str]]:
+    """The maintenance window of an ``upcomingMaintenance`` entry; its start decides when the
+    drain must be done, so it is required and strict; the rest is informational."""
+    raw_start = meta.get("window_start_time")
+    start = meta.time("window_start_time", strict=True)
+    if start is None:
+        raise MalformedEvent("upcomingMaintenance has no protoPayload.metadata.windowStartTime",
+                             fix="route the system event as Compute Engine writes it")
+    end = meta.time("window_end_time")
+    if end is not None and end < start:
+        meta.note("window_end_time", "is before windowStartTime")
+        end = None
+    extra = {"maintenance.window_start_time": str(raw_start)[:64]}
+    for name, label in (("maintenance_status", "maintenance.status"), ("type", "maintenance.type"),
+                        ("latest_window_start_time", "maintenance.latest_window_start_time")):
+        value = meta.text(name)
+        if value:
+            extra[label] = value[:64]
+    can = meta.flag("can_reschedule")
+    if can is not None:
+        extra["maintenance.can_reschedule"] = "true" if can else "false"
+    return (start, end), extra
 
 
-def _event(*, kind, host, key, occurred, now, deadline, message, source, labels, raw) -> Event:
-    return Event(kind=kind, target=Target(host=host[:256]), source=source, id=key,
-                 observed_at=now, deadline=deadline, occurred_at=occurred,
-                 message=message[:4096], labels=labels, raw=dict(raw))
+def _instance_target(resource_name: str | None, resource_type: str | None,
+                     labels: Mapping[str, str]) -> Target:
+    """Only fields that name an instance: the resourceName's instance, else the gce_instance
+    resource's numeric id. Anything else is dead-lettered with what it did name."""
+    instance = instance_from_resource_name(resource_name)
+    if instance:
+        return Target(host=instance[:256], host_kind="instance")
+    if resource_type == "gce_instance" and labels.get("instance_id"):
+        return Target(host=labels["instance_id"][:256], host_kind="instance_id")
+    raise MalformedEvent(
+        f"GCE system event names no instance (resourceName={str(resource_name)[:120]!r}, "
+        f"resource.type={str(resource_type)[:40]!r})",
+        fix="only events about VM instances can be tied to a host of the run; route "
+            "reservation-level events elsewhere")
 
 
-def _instance_from_resource_name(name: object) -> str | None:
-    """``projects/P/zones/Z/instances/NAME`` -> NAME."""
+def instance_from_resource_name(name: object) -> str | None:
+    """``projects/P/zones/Z/instances/NAME`` (or a full URL of it) -> NAME."""
     if not isinstance(name, str):
         return None
-    parts = name.split("/")
+    parts = name.rstrip("/").split("/")
     if len(parts) >= 2 and parts[-2] == "instances" and parts[-1]:
         return parts[-1]
     return None
 
 
-def _obj(parent: Mapping[str, Any], key: str, where: str) -> Mapping[str, Any]:
-    value = parent.get(key)
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise MalformedEvent(f"{where} must be an object")
-    return value
-
-
-def _labels(resource: Mapping[str, Any]) -> dict[str, str]:
-    labels = resource.get("labels")
-    if not isinstance(labels, Mapping):
-        return {}
-    return {str(k): v for k, v in labels.items() if isinstance(v, str)}
+def build_event(*, kind: EventKind, target: Target, key: str, occurred: float | None,
+                now: float, deadline: float | None, message: str, source: str,
+                labels: dict[str, str], raw: Any, notes: list[str],
+                window: tuple[float | None, float | None] = (None, None)) -> Event:
+    """The Event for a parsed entry; soft-field notes ride along in ``parse.ignored``."""
+    if notes:
+        labels = {**labels, "parse.ignored": "; ".join(notes)[:1024]}
+    return Event(kind=kind, target=target, source=source, id=key, observed_at=now,
+                 deadline=deadline, occurred_at=occurred, message=message[:4096], labels=labels,
+                 raw=dict(raw), window_start=window[0], window_end=window[1])

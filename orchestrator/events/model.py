@@ -45,6 +45,8 @@ class EventKind(StrEnum):
     OPERATOR_DRAIN = "operator_drain"
     OPERATOR_RESUME = "operator_resume"
     OPERATOR_STOP = "operator_stop"
+    LIVE_MIGRATION = "live_migration"  # the VM keeps running: noted, never drained
+    MAINTENANCE_CANCELLED = "maintenance_cancelled"  # a scheduled window was withdrawn: noted
 
     @classmethod
     def parse(cls, text: object) -> EventKind:
@@ -80,22 +82,40 @@ _KIND_ALIASES = {
     "drain": "operator_drain",
     "resume": "operator_resume",
     "stop": "operator_stop",
+    "migration": "live_migration",
+    "migrate": "live_migration",
 }
+
+# How ``Target.host`` names a host. Third-party parsers always say which field they read, so a
+# GCE instance called "3" never matches mesh index 3; ``None`` (our own schema, the CLI) keeps the
+# operator's convenience of "any of instance, Ray node id, IP or mesh index".
+HOST_KINDS = ("instance", "instance_id", "node_name", "tpu_worker", "ray_node", "ip", "index")
 
 
 @dataclass(frozen=True, kw_only=True)
 class Target:
     """What an event is about. ``None`` means "any": a job-wide event has no slice and no host.
 
-    ``host`` is any name ``HostRef.matches`` understands (instance, Ray node id, ip, mesh index).
+    ``host_kind`` says which name ``host`` is (``HOST_KINDS``: a GCE instance name, a numeric
+    instance id, a GKE node name, a TPU worker id within ``slice``, a Ray node id, an IP, a mesh
+    index); ``None`` means any of instance, Ray node id, IP or mesh index (operator input).
+    ``cluster`` is the cluster the source resource belongs to (GKE ``cluster_name``); an event
+    naming no host is job-wide only for this job's own cluster (``events.targeting``).
     """
 
     job: str | None = None
     slice: str | None = None
     host: str | None = None
+    host_kind: str | None = None
+    cluster: str | None = None
 
     def to_json(self) -> dict[str, str | None]:
-        return {"job": self.job, "slice": self.slice, "host": self.host}
+        out = {"job": self.job, "slice": self.slice, "host": self.host}
+        if self.host_kind is not None:
+            out["host_kind"] = self.host_kind
+        if self.cluster is not None:
+            out["cluster"] = self.cluster
+        return out
 
     @classmethod
     def from_json(cls, data: object) -> Target:
@@ -103,15 +123,25 @@ class Target:
             return cls()
         if not isinstance(data, Mapping):
             raise MalformedEvent(f"target must be an object, got {type(data).__name__}")
-        unknown = sorted(str(k) for k in data if k not in ("job", "slice", "host"))
+        data = normalize_keys(data, _TARGET_FIELDS, "target")
+        unknown = sorted(str(k) for k in data if k not in _TARGET_FIELDS)
         if unknown:
             raise MalformedEvent(f"target has unknown field {unknown[0][:80]!r}",
-                                 fix="target takes only job, slice and host")
+                                 fix=f"target takes only {', '.join(_TARGET_FIELDS)}")
+        host_kind = _opt_name(data.get("host_kind"), "target.host_kind")
+        if host_kind is not None and host_kind not in HOST_KINDS:
+            raise MalformedEvent(f"target.host_kind {host_kind[:40]!r} is unknown",
+                                 fix=f"use one of: {', '.join(HOST_KINDS)} (or leave it out)")
         return cls(
             job=_opt_name(data.get("job"), "target.job"),
             slice=_opt_name(data.get("slice"), "target.slice"),
             host=_opt_name(data.get("host"), "target.host", allow_int=True),
+            host_kind=host_kind,
+            cluster=_opt_name(data.get("cluster"), "target.cluster"),
         )
+
+
+_TARGET_FIELDS = ("job", "slice", "host", "host_kind", "cluster")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -120,8 +150,10 @@ class Event:
 
     ``id`` is the dedupe key: the same real-world occurrence must get the same id from every
     redelivery. ``observed_at`` is when we first saw it; ``occurred_at`` when the source says it
-    happened; ``deadline`` (unix s) is when the notice runs out. ``raw`` keeps the payload as
-    received for the record; it is never interpreted after parsing.
+    happened; ``deadline`` (unix s) is when the notice runs out (for scheduled maintenance: when
+    its window starts, the time a drain must meet). ``window_start``/``window_end`` carry a
+    maintenance window. ``raw`` keeps the payload as received for the record; it is never
+    interpreted after parsing.
     """
 
     kind: EventKind
@@ -135,6 +167,8 @@ class Event:
     message: str = ""
     labels: Mapping[str, str] = field(default_factory=dict)
     raw: Any = None
+    window_start: float | None = None
+    window_end: float | None = None
 
     def __hash__(self) -> int:  # labels is a dict; identity of an event is its id
         return hash(self.id)
@@ -154,15 +188,20 @@ class Event:
             "message": self.message,
             "labels": dict(self.labels),
         }
+        if self.window_start is not None or self.window_end is not None:
+            out["window_start"] = self.window_start
+            out["window_end"] = self.window_end
         if with_raw and self.raw is not None:
             out["raw"] = self.raw
         return out
 
     @classmethod
     def from_json(cls, data: object, *, now: float | None = None) -> Event:
-        """Validate our own schema; ``now`` fills a missing ``observed_at``."""
+        """Validate our own schema (snake_case or lowerCamelCase keys, like proto3 JSON);
+        ``now`` fills a missing ``observed_at``."""
         if not isinstance(data, Mapping):
             raise MalformedEvent(f"event must be a JSON object, got {type(data).__name__}")
+        data = normalize_keys(data, _EVENT_FIELDS, "event")
         version = data.get("schema_version")
         if isinstance(version, bool) or not isinstance(version, int):
             raise MalformedEvent("schema_version must be an integer",
@@ -170,8 +209,7 @@ class Event:
         if version != SCHEMA_VERSION:
             raise MalformedEvent(f"unsupported schema_version {version}",
                                  fix=f"send schema_version {SCHEMA_VERSION}")
-        known = {"schema_version", "id", "kind", "target", "source", "observed_at", "deadline",
-                 "occurred_at", "incarnation", "message", "labels", "raw"}
+        known = set(_EVENT_FIELDS)
         unknown = sorted(str(k) for k in data if k not in known)
         if unknown:
             raise MalformedEvent(f"unknown field {unknown[0][:80]!r}",
@@ -204,10 +242,40 @@ class Event:
             message=message[:MAX_TEXT_CHARS],
             labels=parse_labels(data.get("labels"), "labels"),
             raw=data.get("raw"),
+            window_start=_opt_time(data.get("window_start"), "window_start"),
+            window_end=_opt_time(data.get("window_end"), "window_end"),
         )
 
     def with_observed(self, observed_at: float) -> Event:
         return replace(self, observed_at=observed_at)
+
+
+_EVENT_FIELDS = ("schema_version", "id", "kind", "target", "source", "observed_at", "deadline",
+                 "occurred_at", "incarnation", "message", "labels", "raw", "window_start",
+                 "window_end")
+
+
+def camel(name: str) -> str:
+    """``observed_at`` -> ``observedAt`` (the proto3 JSON name of a snake_case field)."""
+    head, *rest = name.split("_")
+    return head + "".join(part[:1].upper() + part[1:] for part in rest)
+
+
+def normalize_keys(data: Mapping[str, Any], names: tuple[str, ...] | list[str],
+                   where: str) -> dict[str, Any]:
+    """``data`` with lowerCamelCase spellings of ``names`` renamed to snake_case. Both spellings
+    of one field with different values is an error (which one was meant is unknowable)."""
+    out = dict(data)
+    for name in names:
+        alias = camel(name)
+        if alias == name or alias not in out:
+            continue
+        value = out.pop(alias)
+        if name in out and out[name] != value:
+            raise MalformedEvent(f"{where} has both {name!r} and {alias!r} with different values",
+                                 fix=f"send only {name!r}")
+        out[name] = value
+    return out
 
 
 def new_event_id(prefix: str = "evt") -> str:
@@ -251,16 +319,31 @@ def _opt_name(value: object, where: str, *, allow_int: bool = False) -> str | No
     return None if value is None else _name(value, where, allow_int=allow_int)
 
 
-def _opt_time(value: object, where: str) -> float | None:
-    """Unix seconds as a finite, non-negative number (or null)."""
-    if value is None:
-        return None
+# Unix seconds before 2100-01-01: a millisecond timestamp read as seconds (year ~57000) is not.
+MAX_UNIX_S = 4_102_444_800.0
+
+
+def plausible_unix(value: object, where: str) -> float:
+    """A finite number of unix seconds in [0, 2100); MalformedEvent naming ``where`` otherwise."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise MalformedEvent(f"{where} must be unix seconds (a number) or null")
+        raise MalformedEvent(f"{where} must be unix seconds (a number)")
     try:
         number = float(value)
     except OverflowError:
         raise MalformedEvent(f"{where} is not a plausible unix time") from None
-    if not math.isfinite(number) or number < 0 or number > 1e11:
-        raise MalformedEvent(f"{where} is not a plausible unix time: {value!r}")
+    if not math.isfinite(number) or number < 0:
+        raise MalformedEvent(f"{where} is not a plausible unix time: {str(value)[:40]}")
+    if number >= MAX_UNIX_S:
+        hint = " (milliseconds sent as seconds?)" if number / 1000 < MAX_UNIX_S else ""
+        raise MalformedEvent(f"{where} {str(value)[:40]} is after the year 2100{hint}",
+                             fix=f"send {where} as unix seconds")
     return number
+
+
+def _opt_time(value: object, where: str) -> float | None:
+    """Unix seconds as a plausible number (or null)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise MalformedEvent(f"{where} must be unix seconds (a number) or null")
+    return plausible_unix(value, where)

@@ -1,15 +1,17 @@
 """Pure decisions about one event: is it for this job, and is it still current?
 
 No clock, no I/O: ``now``, the mesh's hosts and the incarnation are passed in, so these rules
-are tested on synthetic inputs and shared with anything that replays an event log.
+are tested on synthetic inputs and shared with the intake, ``explain`` and anything that replays
+an event log. Which hosts an event names is ``targeting.resolve_targets`` (one rule everywhere).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass
 
-from orchestrator.events.model import Event
+from orchestrator.events.model import Event, EventKind
+from orchestrator.events.targeting import Targeting, resolve_targets
 from orchestrator.hosts import HostRef
 
 
@@ -17,7 +19,7 @@ from orchestrator.hosts import HostRef
 class Verdict:
     """``accept`` or a short machine-readable ``decision`` plus a human ``reason``."""
 
-    decision: str  # "accepted" | "irrelevant" | "stale"
+    decision: str  # "accepted" | "irrelevant" | "stale" | "duplicate"
     reason: str = ""
 
     @property
@@ -30,7 +32,9 @@ ACCEPT = Verdict("accepted")
 
 def relevance(event: Event, *, job: str, attributes: Mapping[str, str] | None = None,
               filters: Mapping[str, str] | None = None) -> Verdict:
-    """Only events for this job (target.job or a ``job`` label) that match the attribute filters."""
+    """Only events for this job (target.job or a ``job`` label) that match the attribute filters
+    (a filter key is read from the message attributes, else from the event's labels, which hold
+    an alert's user labels under their own keys)."""
     if event.target.job is not None and event.target.job != job:
         return Verdict("irrelevant", f"for job {event.target.job!r}, not {job!r}")
     label_job = event.labels.get("job")
@@ -43,32 +47,61 @@ def relevance(event: Event, *, job: str, attributes: Mapping[str, str] | None = 
     return ACCEPT
 
 
+def expires_at(event: Event) -> float | None:
+    """When a notice stops mattering: a maintenance window's end, else its deadline; None for
+    kinds that never expire (alerts, losses, operator stop)."""
+    if not event.kind.is_notice:
+        return None
+    if event.kind is EventKind.MAINTENANCE_SCHEDULED and event.window_end is not None:
+        return event.window_end
+    return event.deadline
+
+
 def staleness(event: Event, *, hosts: Sequence[HostRef], incarnation: int, now: float,
-              grace_s: float = 0.0) -> Verdict:
-    """Stale when for an older incarnation, a notice past its deadline, or outside the mesh."""
+              grace_s: float = 0.0, id_to_name: Mapping[str, str] | None = None,
+              cluster: str | None = None) -> Verdict:
+    """Stale when for an older incarnation, a notice past its deadline (a maintenance window
+    past its end), or naming no host of the mesh and not the job as a whole."""
+    return judge_targets(event, hosts=hosts, incarnation=incarnation, now=now, grace_s=grace_s,
+                         id_to_name=id_to_name, cluster=cluster)[0]
+
+
+def judge_targets(event: Event, *, hosts: Sequence[HostRef], incarnation: int, now: float,
+                  grace_s: float = 0.0, id_to_name: Mapping[str, str] | None = None,
+                  cluster: str | None = None) -> tuple[Verdict, Targeting | None]:
+    """``staleness`` plus the targeting it used (None when judged stale before targeting)."""
     if event.incarnation is not None and event.incarnation < incarnation:
-        return Verdict("stale", f"for incarnation {event.incarnation}, now {incarnation}")
-    if event.kind.is_notice and event.deadline is not None and now > event.deadline + grace_s:
-        return Verdict("stale", f"deadline passed {now - event.deadline:.1f}s ago")
-    target = event.target
-    if target.host is not None:
-        matching = [h for h in hosts if h.matches(target.host)]
-        if target.slice is not None:
-            matching = [h for h in matching if h.slice_name == target.slice]
-        if not matching:
-            where = f" in slice {target.slice!r}" if target.slice else ""
-            return Verdict("stale", f"host {target.host!r}{where} is not in the mesh")
-    elif target.slice is not None and not any(h.slice_name == target.slice for h in hosts):
-        return Verdict("stale", f"slice {target.slice!r} is not in the mesh")
-    return ACCEPT
+        return Verdict("stale", f"for incarnation {event.incarnation}, now {incarnation}"), None
+    expiry = expires_at(event)
+    if expiry is not None and now > expiry + grace_s:
+        what = "window ended" if expiry != event.deadline else "deadline passed"
+        return Verdict("stale", f"{what} {now - expiry:.1f}s ago"), None
+    targeting = resolve_targets(event, hosts, id_to_name=id_to_name, cluster=cluster)
+    if not targeting.for_this_mesh:
+        return Verdict("stale", targeting.reason), targeting
+    return ACCEPT, targeting
 
 
-def target_hosts(event: Event, hosts: Sequence[HostRef]) -> list[HostRef]:
+def judge(event: Event, *, job: str, hosts: Sequence[HostRef], incarnation: int, now: float,
+          seen: Container[str] = (), attributes: Mapping[str, str] | None = None,
+          filters: Mapping[str, str] | None = None, grace_s: float = 0.0,
+          id_to_name: Mapping[str, str] | None = None, cluster: str | None = None,
+          ) -> tuple[Verdict, Targeting | None]:
+    """The intake's whole verdict in its order: relevance, dedupe (``seen`` = ids already
+    handled), then staleness and targeting. Used by ``explain`` to say what the intake would do."""
+    verdict = relevance(event, job=job, attributes=attributes, filters=filters)
+    if not verdict.accepted:
+        return verdict, None
+    if event.id in seen:
+        return Verdict("duplicate", "already recorded"), None
+    return judge_targets(event, hosts=hosts, incarnation=incarnation, now=now, grace_s=grace_s,
+                         id_to_name=id_to_name, cluster=cluster)
+
+
+def target_hosts(event: Event, hosts: Sequence[HostRef],
+                 id_to_name: Mapping[str, str] | None = None) -> list[HostRef]:
     """The mesh hosts an event is about (all of them for a job-wide event)."""
-    target = event.target
-    if target.host is not None:
-        return [h for h in hosts if h.matches(target.host)
-                and (target.slice is None or h.slice_name == target.slice)]
-    if target.slice is not None:
-        return [h for h in hosts if h.slice_name == target.slice]
-    return list(hosts)
+    targeting = resolve_targets(event, hosts, id_to_name=id_to_name)
+    if targeting.job_wide:
+        return list(hosts)
+    return [h for h in hosts if h.node_id in targeting.node_ids]

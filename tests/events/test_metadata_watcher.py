@@ -185,4 +185,59 @@ def test_start_watcher_as_the_host_actor_calls_it():
             events = got.wait_for(1)
         finally:
             watcher.stop()
-    assert events[0]["target"] == {"job": "demo", "slice": "slice-a", "host": "vm-1"}
+    assert events[0]["target"] == {"job": "demo", "slice": "slice-a", "host": "vm-1",
+                                   "host_kind": "instance"}
+
+
+def test_live_migration_is_noted_without_a_deadline():
+    """MIGRATE_ON_HOST_MAINTENANCE keeps the VM running: live_migration, no invented deadline;
+    TERMINATE_ON_HOST_MAINTENANCE stays a maintenance notice with its 60 s."""
+    from orchestrator.events.model import Event, EventKind
+
+    got = Collector()
+    watcher = _watcher("http://127.0.0.1:9", got, host_kind="instance")
+    migrate = watcher.event_for(MAINTENANCE_KEY, "MIGRATE_ON_HOST_MAINTENANCE", "e1")
+    terminate = watcher.event_for(MAINTENANCE_KEY, "TERMINATE_ON_HOST_MAINTENANCE", "e2")
+    assert (migrate["kind"], migrate["deadline"]) == ("live_migration", None)
+    assert (terminate["kind"], terminate["deadline"]) == ("maintenance_scheduled", 1060.0)
+    parsed = Event.from_json(migrate)
+    assert parsed.kind is EventKind.LIVE_MIGRATION
+    assert parsed.target.host_kind == "instance"
+
+
+def test_host_named_by_index_says_so():
+    """A host without an instance name is named by index, marked as such (never taken for an
+    instance called "1")."""
+    from dataclasses import asdict, replace
+
+    from orchestrator.events.config import MetadataConfig
+    from tests.events.helpers import hosts
+    from workers.metadata_watcher import start_watcher
+
+    host = replace(hosts(2)[1], instance="")
+    with fake_metadata_server() as (endpoint, server):
+        server.set(PREEMPTED_KEY, "TRUE")
+        got = Collector()
+        settings = asdict(MetadataConfig(enabled="on", endpoint=endpoint, timeout_s=5,
+                                         backoff_initial_s=0.05))
+        watcher = start_watcher(settings, host=host, sink=got)
+        try:
+            events = got.wait_for(1)
+        finally:
+            watcher.stop()
+    assert (events[0]["target"]["host"], events[0]["target"]["host_kind"]) == ("1", "index")
+
+
+def test_instance_identity_reads_id_and_name():
+    """The id -> name pair a host reports at start, from its own metadata server."""
+    from dataclasses import asdict
+
+    from orchestrator.events.config import MetadataConfig
+    from workers.metadata_watcher import ID_KEY, NAME_KEY, instance_identity
+
+    with fake_metadata_server() as (endpoint, server):
+        server.values.update({ID_KEY: "2093000891450668968", NAME_KEY: "vm-1"})
+        server.etags.update({ID_KEY: 1, NAME_KEY: 1})
+        settings = asdict(MetadataConfig(enabled="on", endpoint=endpoint, timeout_s=5))
+        assert instance_identity(settings) == ("2093000891450668968", "vm-1")
+    assert instance_identity(asdict(MetadataConfig(enabled="off"))) is None

@@ -25,7 +25,7 @@ def test_gce_preempted_entry_is_a_preemption_notice_with_platform_deadline():
     event = parse_bytes(_bytes("logentry_gce_compute_instances_preempted_real_gcpdiag.json"),
                         now=NOW, source="pubsub")
     assert event.kind is EventKind.PREEMPTION_NOTICE
-    assert event.target == Target(host="spot-vm-termination")
+    assert event.target == Target(host="spot-vm-termination", host_kind="instance")
     assert event.occurred_at == pytest.approx(parse_rfc3339("2025-03-17T06:00:14.413235Z", "t"))
     assert event.deadline == pytest.approx(event.occurred_at + 30.0)
     assert event.id == ("gce:systemevent-1742191214262-630838074f9b5-9fa4f9d5-b984944c:"
@@ -38,7 +38,7 @@ def test_gce_preempted_entry_is_a_preemption_notice_with_platform_deadline():
     [
         ("logentry_gce_compute_instances_hostError_real.json", EventKind.HOST_LOST, False),
         ("logentry_gce_compute_instances_migrateOnHostMaintenance_ASSEMBLED.json",
-         EventKind.MAINTENANCE_SCHEDULED, False),
+         EventKind.LIVE_MIGRATION, False),
         ("logentry_gce_compute_instances_terminateOnHostMaintenance_ASSEMBLED.json",
          EventKind.MAINTENANCE_SCHEDULED, True),
         ("logentry_gke_node_NodeNotReady_ASSEMBLED.json", EventKind.HOST_UNHEALTHY, False),
