@@ -16,7 +16,6 @@ import signal
 import sys
 import textwrap
 import time
-import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -160,6 +159,8 @@ class Driver:
     def _prepare_run_dir(self) -> None:
         import yaml
 
+        from orchestrator.autoresume.runenv import redact_runtime_env
+
         self.run_dir.mkdir(parents=True, exist_ok=True)
         meta_path = self.run_dir / "run.json"
         prev: dict = {}
@@ -169,12 +170,12 @@ class Driver:
             except (OSError, ValueError):
                 prev = {}
         meta = {
-            "run_id": prev.get("run_id") or f"{self.cfg.run.name}-{uuid.uuid4().hex[:8]}",
+            "run_id": prev.get("run_id") or self.cfg.run.name,  # = the exported metrics' job
             "job": self.cfg.run.name,
             "entrypoint": ["python", "-m", "orchestrator.main", *self.argv],
             "entrypoint_shell": shlex.join(["python", "-m", "orchestrator.main", *self.argv]),
             "cwd": os.getcwd(),
-            "runtime_env": _current_runtime_env(),
+            "runtime_env": redact_runtime_env(_current_runtime_env()),  # no secrets in run.json
             "incarnation": int(prev.get("incarnation", 0)) + 1,
             "config_digest": self.cfg.digest(),
             "run_dir": str(self.run_dir),
@@ -192,9 +193,10 @@ class Driver:
     def _connect(self) -> None:
         import ray
 
-        from orchestrator.topology import EmulatedCluster, connect_ray
+        from orchestrator.topology import EmulatedCluster, check_cluster_mode, connect_ray
 
         c = self.cfg.cluster
+        check_cluster_mode(c.mode, c.address, os.environ)  # issue 16: misuse -> exit 2
         address = c.address or os.environ.get("RAY_ADDRESS")
         if c.mode == "emulate" or (c.mode == "auto" and not address):
             em = c.emulate

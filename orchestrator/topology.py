@@ -8,13 +8,13 @@ carrying the very same labels and resources, so discovery is one code path for b
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import structlog
 
-from orchestrator.errors import ClusterUnreachableError
+from orchestrator.errors import ClusterUnreachableError, ConfigError
 from orchestrator.hosts import HostRef
 
 log = structlog.get_logger(__name__)
@@ -26,6 +26,46 @@ TOPOLOGY_LABEL = "ray.io/tpu-topology"
 INSTANCE_LABEL = "tpu-orchestrator.dev/instance"
 EMULATED_LABEL = "tpu-orchestrator.dev/emulated"
 LOOPBACK = "127.0.0.1"
+
+
+JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # Ray sets it for a driver started by a Ray job
+_LOCAL_CLUSTER = ("start a local TPU-like cluster with `make cluster` (python -m "
+                  "orchestrator.cluster up) and submit to it with cluster.mode=auto")
+
+
+def check_cluster_mode(mode: str, address: str | None, env: Mapping[str, str]) -> None:
+    """Refuse, before anything starts, a ``cluster.mode`` that cannot work where the driver runs.
+
+    * ``emulate`` inside a Ray job: the emulated cluster started in the job cannot fetch the
+      job's ``working_dir`` package from the outer cluster (Ray's RuntimeEnvSetupError). We refuse
+      rather than join emulated nodes to the outer cluster: nodes started by a job die with it and
+      would make the job's cluster depend on one job's lifetime.
+    * ``emulate`` with ``cluster.address``: emulate starts its own cluster; the address would be
+      silently ignored.
+    * ``tpu`` with no cluster at all (no ``cluster.address``, no ``RAY_ADDRESS``): a new local Ray
+      would have no TPU hosts.
+    """
+    in_job = JOB_CONFIG_ENV in env
+    if mode == "emulate" and in_job:
+        raise ConfigError(
+            "cluster.mode", "is `emulate` but this driver runs inside a Ray job (`ray job "
+            "submit`): an emulated cluster started inside a job cannot fetch the job's "
+            "working_dir from the outer cluster",
+            "submit with cluster.mode=auto (the default) to a cluster that has TPU hosts: "
+            f"{_LOCAL_CLUSTER}; or run `python -m orchestrator.main cluster.mode=emulate` "
+            "directly, without `ray job submit`")
+    if mode == "emulate" and address:
+        raise ConfigError(
+            "cluster.address", f"is {address!r} but cluster.mode=emulate starts its own local "
+            "cluster and would ignore it",
+            "drop cluster.address to emulate locally, or use cluster.mode=auto to run on that "
+            "cluster")
+    if mode == "tpu" and not (address or env.get("RAY_ADDRESS")):
+        raise ConfigError(
+            "cluster.mode", "is `tpu` but no Ray cluster is named (cluster.address and "
+            "RAY_ADDRESS are unset), so there would be no TPU hosts",
+            "submit with `ray job submit` to a TPU cluster (it sets RAY_ADDRESS), set "
+            f"cluster.address, or {_LOCAL_CLUSTER}")
 
 
 def hosts_from_nodes(nodes: Sequence[dict[str, Any]], *,
