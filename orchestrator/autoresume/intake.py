@@ -1,9 +1,12 @@
 """Streaming pull of the alerts subscription into the service (google-cloud-pubsub).
 
-``PUBSUB_EMULATOR_HOST`` is honoured by the client itself. A message is acked only after the
-service has recorded it; an unexpected error nacks it (Pub/Sub redelivers, and the subscription's
-dead-letter policy caps the attempts). A subscription that fails (deleted, permission denied,
-network) is re-opened with backoff and logged, never a crash loop.
+``PUBSUB_EMULATOR_HOST`` is honoured by the client itself. Every message first goes through the
+event intake's bounded parser (``orchestrator.events.bounded``: size and nesting-depth limits):
+a poison message (huge, deeply nested, not JSON) is dead-lettered with its reason and acked, never
+redelivered forever. A message is acked only after the service has recorded it; an unexpected
+error nacks it (Pub/Sub redelivers, and the subscription's dead-letter policy caps the attempts).
+A subscription that fails (deleted, permission denied, network) is re-opened with backoff and
+logged, never a crash loop.
 """
 
 from __future__ import annotations
@@ -15,10 +18,25 @@ from typing import Any
 import structlog
 
 from orchestrator.autoresume.service import AutoresumeService
+from orchestrator.events import bounded
+from orchestrator.events.model import MalformedEvent
 
 log = structlog.get_logger(__name__)
 
 MAX_REOPEN_S = 300.0
+MAX_MESSAGE_BYTES = bounded.PUBSUB_MAX_BYTES  # an alert notification is a few KiB
+MAX_DEPTH = bounded.DEFAULT_MAX_DEPTH
+
+
+def handle_delivery(service: AutoresumeService, data: bytes, *, message_id: str = "") -> str:
+    """The shared guards, then the service: what was done ("dead_letter" for poison).
+    Raises only what the service raises on a well-formed message (the caller nacks that)."""
+    try:
+        bounded.loads(data, max_bytes=MAX_MESSAGE_BYTES, max_depth=MAX_DEPTH)
+    except MalformedEvent as exc:
+        return service._dead_letter(bytes(data[:65536]), exc.reason, message_id,
+                                    service.clock())
+    return service.handle_message(data, message_id=message_id)
 
 
 def _default_subscriber() -> Any:
@@ -40,7 +58,7 @@ def run_forever(
 
     def callback(message: Any) -> None:
         try:
-            service.handle_message(message.data, message_id=message.message_id)
+            handle_delivery(service, message.data, message_id=message.message_id)
         except Exception:
             log.exception("autoresume_handle_failed", message_id=message.message_id)
             message.nack()

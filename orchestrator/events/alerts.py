@@ -61,7 +61,7 @@ def parse_alert_notification(
     if not isinstance(payload, Mapping):
         raise MalformedEvent(f"alert notification must be a JSON object, "
                              f"got {type(payload).__name__}")
-    top = Fields(payload, "")
+    top = Fields(payload, "", snake=True)
     version = top.get("version")
     if version is not None and not isinstance(version, str):
         raise MalformedEvent("alert notification version must be a string such as \"1.2\"")

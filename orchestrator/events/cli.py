@@ -1,10 +1,11 @@
-"""Operator CLI: ``python -m orchestrator.events publish|status``.
+"""Operator CLI: ``python -m orchestrator.events publish|status|explain``.
 
 ``publish`` builds one event of our schema and sends it where the running job listens: the run
 directory's inbox (default, needs only a shared filesystem) or a Pub/Sub topic (``--project P
 --topic T``, or ``--via pubsub`` to use the emulator the driver started, recorded in
 RUN_DIR/pubsub.json). PUBSUB_EMULATOR_HOST is honoured. ``status`` prints the tail of
-events.jsonl and dead_letters.jsonl.
+events.jsonl and dead_letters.jsonl. ``explain`` says what the driver would do with payloads
+(``explain.py``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,14 @@ from orchestrator.events.config import PubSubConfig
 from orchestrator.events.eventlog import read_jsonl
 from orchestrator.events.inbox import write_inbox
 from orchestrator.events.intake import DEAD_LETTERS_FILE, EVENTS_FILE, PUBSUB_INFO_FILE
-from orchestrator.events.model import Event, EventKind, MalformedEvent, Target, new_event_id
+from orchestrator.events.model import (
+    HOST_KINDS,
+    Event,
+    EventKind,
+    MalformedEvent,
+    Target,
+    new_event_id,
+)
 
 
 class CliError(OrchestratorError):
@@ -38,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="preemption, maintenance, unhealthy, lost, slice_lost, drain, resume, "
                           f"stop, ... (any of: {', '.join(k.value for k in EventKind)})")
     pub.add_argument("--host", help="host: mesh index, instance name, Ray node id or ip")
+    pub.add_argument("--host-kind", choices=HOST_KINDS,
+                     help="say which name --host is (default: any of them)")
     pub.add_argument("--slice", help="slice name")
     pub.add_argument("--job", help="only this job may act on it")
     pub.add_argument("--deadline-s", type=float, help="notice: seconds from now until it happens")
@@ -51,13 +61,17 @@ def build_parser() -> argparse.ArgumentParser:
     st = sub.add_parser("status", help="tail of the run's event log")
     st.add_argument("--run-dir", type=Path, required=True)
     st.add_argument("-n", type=int, default=20, help="lines to show")
+    from orchestrator.events.explain import add_parser
+
+    add_parser(sub)
     return parser
 
 
 def make_event(args: argparse.Namespace, *, now: float) -> Event:
     try:
         kind = EventKind.parse(args.kind)
-        target = Target.from_json({"job": args.job, "slice": args.slice, "host": args.host})
+        target = Target.from_json({"job": args.job, "slice": args.slice, "host": args.host,
+                                   "host_kind": getattr(args, "host_kind", None)})
     except MalformedEvent as exc:
         raise CliError(exc.reason, fix=exc.fix) from None
     if args.deadline_s is not None and args.deadline_s < 0:
@@ -113,6 +127,10 @@ def status(args: argparse.Namespace) -> dict:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "explain":
+        from orchestrator.events.explain import run
+
+        return run(args)
     try:
         result = publish(args) if args.command == "publish" else status(args)
     except OrchestratorError as exc:

@@ -20,15 +20,26 @@ MAX_NOTES = 8
 
 
 class Fields:
-    """One JSON object at path ``where``; ``notes`` is shared with the objects read from it."""
+    """One JSON object at path ``where``; ``notes`` is shared with the objects read from it.
+    ``snake``: the format's own spelling is snake_case (alert notifications), else camelCase
+    (proto3 JSON); it only names absent fields in messages."""
 
-    def __init__(self, data: object, where: str, notes: list[str] | None = None) -> None:
+    def __init__(self, data: object, where: str, notes: list[str] | None = None, *,
+                 snake: bool = False) -> None:
         self.data: Mapping[str, Any] = data if isinstance(data, Mapping) else {}
         self.where = where
         self.notes = notes if notes is not None else []
+        self.snake = snake
+
+    def key(self, name: str) -> str:
+        """The spelling of ``name`` this payload uses (lowerCamelCase when absent)."""
+        if name in self.data or (self.snake and camel(name) not in self.data):
+            return name
+        return camel(name)
 
     def path(self, name: str) -> str:
-        return f"{self.where}.{name}" if self.where else name
+        key = self.key(name)
+        return f"{self.where}.{key}" if self.where else key
 
     def has(self, name: str) -> bool:
         return name in self.data or camel(name) in self.data
@@ -52,7 +63,7 @@ class Fields:
                 raise MalformedEvent(f"{self.path(name)} must be an object")
             self.note(name, f"is a {type(value).__name__}, not an object")
             value = None
-        return Fields(value, self.path(name), self.notes)
+        return Fields(value, self.path(name), self.notes, snake=self.snake)
 
     def labels(self, name: str = "labels") -> dict[str, str]:
         """A string map (resource/metric labels): non-string values are dropped with a note."""
@@ -74,14 +85,16 @@ class Fields:
         return out
 
     # ---- scalars -------------------------------------------------------------------------
-    def text(self, name: str, *, strict: bool = False, required: bool = False) -> str | None:
-        """A non-empty string (numbers are accepted and stringified, ids often are numbers)."""
+    def text(self, name: str, *, strict: bool = False, required: bool = False,
+             numbers: bool = True) -> str | None:
+        """A non-empty string; numbers are accepted and stringified (ids often are numbers)
+        unless ``numbers`` is False (a resource path or a method name is never a number)."""
         value = self.get(name)
         if value is None or value == "":
             if required:
                 raise MalformedEvent(f"{self.path(name)} is missing")
             return None
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if numbers and isinstance(value, (int, float)) and not isinstance(value, bool):
             return str(value)
         if not isinstance(value, str):
             if strict or required:

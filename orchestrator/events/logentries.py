@@ -92,7 +92,8 @@ def _gce_system_event(entry: Fields, resource: Fields, now: float, notice_s: flo
                       source: str) -> Event:
     proto = entry.obj("proto_payload", strict=True)
     operation = entry.obj("operation")
-    method = proto.text("method_name", strict=True) or operation.text("producer")
+    method = proto.text("method_name", strict=True, numbers=False) \
+        or operation.text("producer", numbers=False)
     if not method:
         raise MalformedEvent("protoPayload.methodName is missing")
     short = method.removeprefix(PREFIX)
@@ -101,7 +102,7 @@ def _gce_system_event(entry: Fields, resource: Fields, now: float, notice_s: flo
                              fix="route only: " + ", ".join(PREFIX + m for m in GCE_METHODS))
     kind, notice = GCE_METHODS[short]
     labels = resource.labels()
-    target = _instance_target(proto.text("resource_name", strict=True),
+    target = _instance_target(proto.text("resource_name", strict=True, numbers=False),
                               resource.text("type"), labels)
     key = operation.text("id") or entry.text("insert_id", strict=True)
     if not key:

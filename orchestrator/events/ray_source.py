@@ -52,7 +52,7 @@ def event_from_exception(exc: BaseException, host: HostRef, *, job: str | None =
     suffix = "" if incarnation is None else f":{incarnation}"
     return Event(
         kind=kind,
-        target=Target(job=job, slice=host.slice_name, host=host.node_id or host.instance),
+        target=_target(host, job),
         source=SOURCE, id=f"ray:{kind.value}:{host.node_id}{suffix}", observed_at=now,
         incarnation=incarnation, message=f"{type(exc).__name__}: {str(exc)[:500]}",
         labels={"ray.error": type(exc).__name__, "ray.node_id": host.node_id,
@@ -64,12 +64,19 @@ def node_lost_event(host: HostRef, *, job: str | None = None, now: float,
                     state: str = "DEAD") -> Event:
     return Event(
         kind=EventKind.HOST_LOST,
-        target=Target(job=job, slice=host.slice_name, host=host.node_id or host.instance),
+        target=_target(host, job),
         source=SOURCE, id=f"ray:node_dead:{host.node_id}", observed_at=now,
         message=f"Ray node {host.node_id} of host {host.index} is {state}",
         labels={"ray.node_id": host.node_id, "ray.node_state": state,
                 "host.index": str(host.index)},
     )
+
+
+def _target(host: HostRef, job: str | None) -> Target:
+    """Ray names a host by its node id (the instance name when the id is unknown)."""
+    if host.node_id:
+        return Target(job=job, slice=host.slice_name, host=host.node_id, host_kind="ray_node")
+    return Target(job=job, slice=host.slice_name, host=host.instance, host_kind="instance")
 
 
 def ray_nodes() -> list[dict[str, Any]]:

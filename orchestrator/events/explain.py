@@ -1,0 +1,255 @@
+"""``python -m orchestrator.events explain``: what would the orchestrator do with this message?
+
+For each payload (a file, stdin, every ``*.json`` in ``--dir``; a file may hold one JSON
+document, JSON lines, a JSON list such as ``gcloud pubsub subscriptions pull --format=json``
+prints, or base64 of any of those) it shows the format, the parsed event, the hosts it targets in
+a topology, the intake's verdict (accepted / duplicate / stale / irrelevant / dead letter, with
+the reason) and the reaction the policy would choose. It runs the same code as the driver
+(``parsing``, ``relevance.judge``, ``targeting``, ``policies.reaction``) and touches nothing.
+Exit 0 when every payload is understood (parsed), 1 otherwise, 2 on bad usage.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from orchestrator.events import bounded, parsing
+from orchestrator.events.config import EventsConfig
+from orchestrator.events.model import MalformedEvent
+from orchestrator.events.relevance import judge
+from orchestrator.hosts import HostRef
+from policies.reaction import ReactionObservation, ReactionPolicy
+
+TOPOLOGY_FILE = "topology.json"
+
+
+@dataclass(frozen=True)
+class Topology:
+    """The run as explain sees it: hosts, the id -> name map, job, cluster and incarnation."""
+
+    hosts: tuple[HostRef, ...] = ()
+    id_to_name: Mapping[str, str] = field(default_factory=dict)
+    job: str | None = None
+    cluster: str | None = None
+    incarnation: int = 0
+
+
+class ExplainError(Exception):
+    """Bad input to explain itself (not a payload problem): message names the fix."""
+
+
+def load_topology(path: Path | None) -> Topology:
+    """``path``: a topology JSON (``{"job", "cluster", "incarnation", "hosts": [...],
+    "id_to_name": {...}}``), a run's ``run.json``, or a run directory (its ``topology.json``,
+    else ``run.json``). Hosts take HostRef's fields, plus an optional ``instance_id``."""
+    if path is None:
+        return Topology()
+    if path.is_dir():
+        path = path / TOPOLOGY_FILE if (path / TOPOLOGY_FILE).exists() else path / "run.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ExplainError(f"cannot read topology {path}: {exc}; pass a topology JSON, a "
+                           "run.json or a run directory") from None
+    if isinstance(data, list):
+        data = {"hosts": data}
+    if not isinstance(data, Mapping):
+        raise ExplainError(f"topology {path} must be a JSON object or a list of hosts")
+    hosts: list[HostRef] = []
+    ids = {str(k): str(v) for k, v in dict(data.get("id_to_name") or {}).items()}
+    for i, h in enumerate(data.get("hosts") or []):
+        if not isinstance(h, Mapping):
+            raise ExplainError(f"topology {path}: hosts[{i}] is not an object")
+        instance = str(h.get("instance") or h.get("name") or "")
+        hosts.append(HostRef(
+            index=int(h.get("index", i)), slice_name=str(h.get("slice_name") or h.get("slice")
+                                                         or "slice-0"),
+            worker_id=int(h.get("worker_id", 0)),
+            node_id=str(h.get("node_id") or instance or f"host-{i}"),
+            node_ip=str(h.get("node_ip") or h.get("ip") or ""), instance=instance,
+            devices=int(h.get("devices", 0))))
+        if h.get("instance_id") and instance:
+            ids[str(h["instance_id"])] = instance
+    incarnation = data.get("incarnation", 0)
+    return Topology(hosts=tuple(hosts), id_to_name=ids, job=data.get("job"),
+                    cluster=data.get("cluster"),
+                    incarnation=incarnation if isinstance(incarnation, int) else 0)
+
+
+def read_payloads(sources: list[str], directory: Path | None) -> Iterator[tuple[str, bytes]]:
+    """(name, payload bytes) for each payload in the given files ("-" = stdin) and directory."""
+    files: list[tuple[str, bytes]] = []
+    for src in sources:
+        if src == "-":
+            files.append(("<stdin>", sys.stdin.buffer.read()))
+        else:
+            try:
+                files.append((src, Path(src).read_bytes()))
+            except OSError as exc:
+                raise ExplainError(f"cannot read {src}: {exc.strerror}") from None
+    if directory is not None:
+        if not directory.is_dir():
+            raise ExplainError(f"--dir {directory} is not a directory")
+        files += [(str(p), p.read_bytes()) for p in sorted(directory.glob("*.json"))]
+    for name, data in files:
+        yield from _split(name, data)
+
+
+def _split(name: str, data: bytes) -> Iterator[tuple[str, bytes]]:
+    """One file -> payloads: a JSON list's items, JSON lines, or base64 of those; else whole."""
+    try:
+        value = bounded.loads(data, max_bytes=bounded.PUBSUB_MAX_BYTES, max_depth=64)
+    except MalformedEvent:
+        value = None
+    if isinstance(value, list) and value and all(isinstance(v, Mapping) for v in value):
+        for i, item in enumerate(value):
+            yield f"{name}[{i}]", json.dumps(item).encode()
+        return
+    if value is not None:
+        yield name, data
+        return
+    lines = [ln for ln in data.splitlines() if ln.strip()]
+    if len(lines) > 1 and all(ln.lstrip().startswith(b"{") for ln in lines):
+        for i, line in enumerate(lines):
+            yield f"{name}:{i + 1}", line
+        return
+    try:
+        decoded = base64.b64decode(b"".join(data.split()), validate=True)
+        bounded.loads(decoded, max_bytes=bounded.PUBSUB_MAX_BYTES)
+    except (binascii.Error, ValueError, MalformedEvent):
+        yield name, data
+        return
+    yield from _split(f"{name} (base64)", decoded)
+
+
+def explain_one(name: str, data: bytes, *, topo: Topology, cfg: EventsConfig,
+                seen: set[str], now: float | None, policy: ReactionPolicy) -> dict[str, Any]:
+    """Everything the driver would decide about one payload, as a JSON-able dict."""
+    out: dict[str, Any] = {"payload": name, "understood": False}
+    try:
+        value = bounded.loads(data, max_bytes=cfg.pubsub.max_payload_bytes,
+                              max_depth=cfg.max_payload_depth)
+        out["format"] = parsing.detect_format(value)
+        at = time.time() if now is None else now
+        event = parsing.parse_value(value, now=at, source="explain", notice_s=cfg.notice_s)
+    except MalformedEvent as exc:
+        out["verdict"] = {"decision": "dead_letter", "reason": exc.reason, "fix": exc.fix}
+        return out
+    if now is None:  # judge as if it arrived when it happened
+        at = event.occurred_at if event.occurred_at is not None else event.observed_at
+        event = event.with_observed(at)
+    out["understood"] = True
+    out["event"] = event.to_json(with_raw=False)
+    verdict, targeting = judge(
+        event, job=topo.job or event.target.job or event.labels.get("job") or "", now=at,
+        hosts=topo.hosts, incarnation=topo.incarnation, seen=seen,
+        attributes=parsing.envelope_attributes(value), filters=cfg.pubsub.filters or None,
+        grace_s=cfg.stale_grace_s, id_to_name=topo.id_to_name, cluster=topo.cluster)
+    out["verdict"] = {"decision": verdict.decision, "reason": verdict.reason}
+    if targeting is not None:
+        by_id = {h.node_id: h for h in topo.hosts}
+        out["targets"] = {"job_wide": targeting.job_wide, "reason": targeting.reason,
+                          "hosts": [_host(by_id[n]) for n in sorted(targeting.node_ids)]}
+    if not verdict.accepted:
+        out["reaction"] = {"kind": "ignore", "reason": f"{verdict.decision}: {verdict.reason}"}
+        return out
+    seen.add(event.id)
+    assert targeting is not None
+    reaction = policy.decide(ReactionObservation(
+        now=at, kind=event.kind.value, targets=targeting.node_ids, job_wide=targeting.job_wide,
+        mesh_hosts=frozenset(h.node_id for h in topo.hosts), deadline=event.deadline,
+        window_start=event.window_start, window_end=event.window_end))
+    out["reaction"] = {"kind": reaction.kind.value, "reason": reaction.reason,
+                       "cause": reaction.cause.value if reaction.cause else None,
+                       "doomed": sorted(reaction.doomed), "cordon": sorted(reaction.cordon),
+                       "at_step": reaction.at_step, "deadline": reaction.deadline}
+    return out
+
+
+def _host(h: HostRef) -> str:
+    return f"{h.index}:{h.instance or h.node_id}"
+
+
+def render(result: dict[str, Any]) -> str:
+    """Human-readable lines for one payload."""
+    v = result["verdict"]
+    lines = [f"{result['payload']}: {v['decision'].upper()}"
+             + (f" ({result.get('format')})" if result.get("format") else "")]
+    if v["decision"] == "dead_letter":
+        lines += [f"  reason: {v['reason']}", f"  fix:    {v['fix']}"]
+        return "\n".join(lines)
+    ev = result["event"]
+    lines.append(f"  event:    {ev['kind']} id={ev['id']}")
+    lines.append(f"  target:   {json.dumps(ev['target'])}")
+    for key in ("deadline", "window_start", "window_end"):
+        if ev.get(key) is not None:
+            lines.append(f"  {key + ':':<9} {_iso(ev[key])}")
+    if ev["labels"].get("parse.ignored"):
+        lines.append(f"  ignored:  {ev['labels']['parse.ignored']}")
+    if "targets" in result:
+        t = result["targets"]
+        hosts = "the whole job" if t["job_wide"] else (", ".join(t["hosts"]) or "none")
+        lines.append(f"  hosts:    {hosts} ({t['reason']})")
+    if v["reason"]:
+        lines.append(f"  verdict:  {v['decision']}: {v['reason']}")
+    r = result["reaction"]
+    lines.append(f"  reaction: {r['kind']}: {r['reason']}")
+    return "\n".join(lines)
+
+
+def _iso(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t)) + f" ({t:.0f})"
+
+
+def run(args: Any) -> int:
+    """The subcommand: print each payload's explanation; 0 if all understood, 1 if not."""
+    try:
+        topo = load_topology(args.topology)
+        if args.job:
+            topo = Topology(hosts=topo.hosts, id_to_name=topo.id_to_name, job=args.job,
+                            cluster=topo.cluster, incarnation=topo.incarnation)
+        if args.cluster:
+            topo = Topology(hosts=topo.hosts, id_to_name=topo.id_to_name, job=topo.job,
+                            cluster=args.cluster, incarnation=topo.incarnation)
+        if not args.files and args.dir is None:
+            raise ExplainError("nothing to explain: pass FILE, - (stdin) or --dir DIR")
+        cfg, seen, policy = EventsConfig(), set(), ReactionPolicy()
+        results = [explain_one(name, data, topo=topo, cfg=cfg, seen=seen, now=args.now,
+                               policy=policy)
+                   for name, data in read_payloads(args.files, args.dir)]
+    except ExplainError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps({"payloads": results,
+                          "understood": sum(r["understood"] for r in results),
+                          "total": len(results)}, indent=2))
+    else:
+        print("\n".join(render(r) for r in results))
+        bad = sum(not r["understood"] for r in results)
+        print(f"{len(results) - bad} of {len(results)} payload(s) understood")
+    return 0 if results and all(r["understood"] for r in results) else 1
+
+
+def add_parser(sub: Any) -> None:
+    """Register ``explain`` on the CLI's subparsers."""
+    ex = sub.add_parser("explain", help="what would the orchestrator do with these messages?")
+    ex.add_argument("files", nargs="*", metavar="FILE",
+                    help="payload file(s); - reads stdin")
+    ex.add_argument("--dir", type=Path, help="also every *.json in this directory")
+    ex.add_argument("--topology", type=Path,
+                    help="topology JSON, a run.json, or a run directory (its topology.json or "
+                         "run.json): the hosts, job and cluster to judge against")
+    ex.add_argument("--job", help="this job's name (default: the topology's)")
+    ex.add_argument("--cluster", help="this job's cluster name (events.cluster)")
+    ex.add_argument("--now", type=float,
+                    help="judge at this unix time (default: each payload at its own time)")
+    ex.add_argument("--json", action="store_true", help="machine-readable output")
