@@ -21,18 +21,17 @@ log = structlog.get_logger(__name__)
 
 def unhandled_events(records: Iterable[dict[str, Any]], *, upto_seq: int | None, now: float,
                      grace_s: float = 0.0) -> list[Event]:
-    """Accepted events (lines with ``seq <= upto_seq``: written by earlier drivers) with no
-    later action line and not expired at ``now``, in the order they were accepted."""
+    """Events accepted by earlier drivers (lines with ``seq <= upto_seq``) with no action line
+    (from any driver) and not expired at ``now``, in the order they were accepted."""
     accepted: dict[str, dict[str, Any]] = {}
     handled: set[str] = set()
     for record in records:
         seq = record.get("seq")
-        if upto_seq is not None and isinstance(seq, int) and seq > upto_seq:
-            continue
+        earlier = upto_seq is None or not isinstance(seq, int) or seq <= upto_seq
         decision = record.get("decision")
         if decision == "action" and isinstance(record.get("event_id"), str):
-            handled.add(record["event_id"])
-        elif decision == "accepted" and isinstance(record.get("event"), dict):
+            handled.add(record["event_id"])  # by any driver, this one included
+        elif decision == "accepted" and earlier and isinstance(record.get("event"), dict):
             body = record["event"]
             if isinstance(body.get("id"), str):
                 accepted.setdefault(body["id"], body)
