@@ -1,9 +1,13 @@
-"""Fuzz: >= 10,000 generated payloads through the parser and the intake, a few hundred more
-through the emulator. Zero crashes; every payload accounted for (an event line or a dead letter).
+"""Fuzz: >= 10,000 generated payloads through the parser, the intake and the autoresume
+service's intake (the same bounded parser), a few hundred more through the emulator. The
+"hostile" family is deep nesting (a few levels over the limit up to 10^6) and messages of
+10 MiB (Pub/Sub's limit) and just over. Zero crashes; every payload accounted for (an event line
+or a dead letter in the intake; a recorded outcome in autoresume).
 """
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import random
@@ -14,11 +18,17 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
+from structlog.testing import capture_logs
 
+from orchestrator.autoresume.config import AutoresumeConfig, PolicyConfig
+from orchestrator.autoresume.intake import handle_delivery
+from orchestrator.autoresume.service import AutoresumeService
+from orchestrator.events import bounded
 from orchestrator.events.config import EventsConfig
 from orchestrator.events.intake import EventIntake
 from orchestrator.events.model import Event, MalformedEvent
 from orchestrator.events.parsing import parse_bytes
+from tests.autoresume.notifications import notification
 from tests.events.conftest import FIXTURES, load_fixture
 from tests.events.helpers import hosts, lines
 from tests.events.pubsub_helpers import PubSubFixture
@@ -29,6 +39,8 @@ BASE = {"deadline": None, "database": None, "derandomize": True,
 FIXTURE_DOCS = [load_fixture(p.name) for p in sorted(FIXTURES.glob("*.json"))]
 OWN = {"schema_version": 1, "id": "fz", "kind": "preemption", "target": {"host": "1"},
        "deadline": 2e9, "observed_at": 1.0, "labels": {"a": "b"}, "message": "m"}
+AUTORESUME_DOC = notification(incident_id="fz-1", run_id="run-x")  # what autoresume acts on
+FIXTURE_DOCS.append(AUTORESUME_DOC)
 
 json_scalars = (st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True)
                 | st.text(max_size=16))
@@ -141,23 +153,76 @@ def seeded_payload(seed: int) -> bytes:
     return json.dumps(doc).encode()
 
 
+TEN_MIB = bounded.PUBSUB_MAX_BYTES
+
+
+def _nested(depth: int, rng: random.Random) -> str:
+    """Text of ``depth`` nested containers (lists or objects), closed or left open."""
+    opener, closer = rng.choice([("[", "]"), ('{"a":', "}"), ('{"incident":', "}")])
+    inner = rng.choice(["1", '"x"', "null", "{}"])
+    closed = rng.random() < 0.8
+    return opener * depth + inner + (closer * depth if closed else "")
+
+
+def hostile_payload(seed: int) -> bytes:
+    """Deep nesting and huge messages, alone or inside real documents and push envelopes."""
+    rng = random.Random(seed)
+    mode = rng.randrange(6)
+    if mode == 0:  # pure nesting, just over the limit up to a million levels
+        depth = rng.choice([bounded.DEFAULT_MAX_DEPTH + 1, 64, 1000, 5000, 100_000, 1_000_000])
+        return _nested(depth, rng).encode()
+    if mode == 1:  # nesting right around the limit (some must parse)
+        return _nested(rng.randint(bounded.DEFAULT_MAX_DEPTH - 3,
+                                   bounded.DEFAULT_MAX_DEPTH + 2), rng).encode()
+    doc = copy.deepcopy(rng.choice([*FIXTURE_DOCS, OWN]))
+    if mode == 2:  # a deep value inside a real document
+        text = json.dumps(doc)
+        cut = text.rindex("}")
+        return (text[:cut] + ', "deep": ' + _nested(rng.choice([40, 900, 20_000]), rng)
+                + text[cut:]).encode()
+    if mode == 3:  # a deep payload inside a push envelope
+        inner = _nested(rng.choice([40, 3000]), rng).encode()
+        return json.dumps({"message": {"data": base64.b64encode(inner).decode()},
+                           "subscription": "s"}).encode()
+    if mode == 4 and rng.random() < 0.12:  # 10 MiB: exactly the limit, or one byte over
+        target = TEN_MIB + rng.choice([0, 0, 1])
+        head = json.dumps({**doc, "pad": ""})[:-3]  # without the empty pad string and }
+        pad = target - len(head.encode()) - 2
+        return (head + '"' + "x" * pad + '"}').encode()
+    wide = {f"k{i}": i for i in range(rng.choice([10, 1000, 5000]))}  # wide, not deep
+    return json.dumps({**doc, "wide": wide}).encode()
+
+
 PAYLOADS = {
     "json": (json_values.map(lambda v: json.dumps(v, allow_nan=True).encode()), 1000),
     "mutated": (mutated_documents(), 1000),
     "own": (own_events(), 1000),
     "bytes": (st.binary(max_size=300), 1000),
-    "seeded": (st.integers(0, 2**32 - 1).map(seeded_payload), 6000),
+    "seeded": (st.integers(0, 2**32 - 1).map(seeded_payload), 5400),
+    "hostile": (st.integers(0, 2**32 - 1).map(hostile_payload), 600),
 }
 
 
 class Harness:
-    """One intake for a whole fuzz test; counts what went in."""
+    """One intake and one autoresume service for a whole fuzz test; counts what went in."""
 
     def __init__(self) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="fuzz-"))
         self.intake = EventIntake(EventsConfig(inbox=False), run_dir=self.dir, job="fuzz")
         self.intake.start()
+        cfg = AutoresumeConfig(state_dir=str(self.dir / "autoresume"),
+                               run_dirs=(str(self.dir / "runs/*"),),
+                               policy=PolicyConfig(startup_grace_s=0.0))
+        self.autoresume = AutoresumeService(cfg, ray=NoRay(), clock=lambda: 1_800_000_000.0,
+                                            sleep=lambda s: None)
+        self.autoresume_outcomes: dict[str, int] = {}
         self.sent = 0
+
+    def to_autoresume(self, payload: bytes) -> None:
+        """What the subscription callback does; it acks whenever this returns."""
+        outcome = handle_delivery(self.autoresume, payload, message_id=str(self.sent))
+        assert isinstance(outcome, str)
+        self.autoresume_outcomes[outcome] = self.autoresume_outcomes.get(outcome, 0) + 1
 
     def finish(self) -> tuple[int, int]:
         self.intake.poll(hosts(2), 1)
@@ -184,19 +249,36 @@ def test_parser_and_intake_never_crash_and_account_for_everything(name):
             assert exc.reason
             outcomes["malformed"] += 1
         harness.intake.submit(payload, source="fuzz")
+        harness.to_autoresume(payload)
         harness.sent += 1
         if harness.sent % 200 == 0:
             harness.intake.poll(hosts(2), 1)
 
-    run()
+    with capture_logs():  # thousands of log lines; rendering them would dominate the run
+        run()
     events, dead = harness.finish()
     assert harness.sent >= examples
     assert events + dead == harness.sent
     assert harness.intake.counts["ingest_errors"] == 0
     assert outcomes["event"] + outcomes["malformed"] == harness.sent
-    print(f"fuzz[{name}]: {outcomes}")
-    if name in ("seeded", "mutated", "own"):  # the generators must reach the valid paths too
+    assert sum(harness.autoresume_outcomes.values()) == harness.sent
+    print(f"fuzz[{name}]: {outcomes} autoresume: {harness.autoresume_outcomes}")
+    if name in ("seeded", "mutated", "own", "hostile"):  # valid paths are reached too
         assert outcomes["event"] > 0 and outcomes["malformed"] > 0
+    if name in ("seeded", "mutated"):  # autoresume's own path is reached, not only its guard
+        assert set(harness.autoresume_outcomes) - {"dead_letter"}
+    if name == "hostile":  # every poison message is a recorded dead letter, not a crash
+        dead = harness.autoresume.dead_letters.read()
+        assert len(dead) == harness.autoresume_outcomes["dead_letter"] > 0
+        assert any("nested" in d["reason"] for d in dead)
+        assert any("over the" in d["reason"] for d in dead)
+
+
+class NoRay:
+    """The autoresume Ray seam; fuzzed alerts name no run directory, so it is never called."""
+
+    def __getattr__(self, name: str):
+        raise AssertionError(f"fuzz reached Ray ({name}); no run should match")
 
 
 emulator_host = emulator_fixture(scope="module")

@@ -183,3 +183,41 @@ def _wait(predicate, timeout: float = 20.0) -> None:
     while not predicate():
         assert time.monotonic() < deadline, "condition not reached"
         time.sleep(0.05)
+
+
+def test_autoresume_dead_letters_and_acks_poison_messages(ps, tmp_path):
+    """Regression: a deeply nested message raised RecursionError in the autoresume service and
+    was nacked and redelivered forever. Now: dead-lettered with its reason, acked, gone."""
+    import threading
+
+    from orchestrator.autoresume.config import AutoresumeConfig
+    from orchestrator.autoresume.intake import run_forever
+    from orchestrator.autoresume.service import AutoresumeService
+    from orchestrator.events.pubsub_source import make_subscriber
+
+    class NoRay:  # no run directory matches, so Ray is never asked
+        def __getattr__(self, name):
+            raise AssertionError(f"reached Ray ({name})")
+
+    cfg = AutoresumeConfig(state_dir=str(tmp_path / "state"), run_dirs=(str(tmp_path / "r/*"),))
+    service = AutoresumeService(cfg, ray=NoRay())
+    ps.publish(b"[" * 200_000 + b"]" * 200_000)  # deep, under Pub/Sub's size limit
+    ps.publish(b'{"incident": ' * 5000 + b"1" + b"}" * 5000)
+    stop = threading.Event()
+    thread = threading.Thread(target=run_forever, args=(service, ps.sub_path(ps.subscription),
+                                                         stop),
+                              kwargs={"subscriber_factory": lambda: make_subscriber(ps.admin_cfg)},
+                              daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while len(service.dead_letters.read()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(1.0)  # a nacked message would come straight back within this
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+    dead = service.dead_letters.read()
+    assert len(dead) == 2
+    assert all("nested" in d["reason"] for d in dead)
+    assert ps.pull(ps.subscription) == []  # acked: nothing left to redeliver
