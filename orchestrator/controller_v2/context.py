@@ -1,0 +1,131 @@
+"""What every phase handler works with: the run's wiring, its data, and the next-state value.
+
+Handlers are functions ``handler(run) -> Next``: they do their phase's side effects through the
+seams held here and return the next state with its payload. Only ``core.Controller`` applies a
+``Next`` to the lifecycle (the one mutation point).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from orchestrator.config import RunConfig
+from orchestrator.controller_config import ControllerConfig, Policies
+from orchestrator.controller_v2.ledger import RecoveryLedger
+from orchestrator.controller_v2.seam import Clock, ClusterView, GroupFactory, WorkerGroup
+from orchestrator.lifecycle import Lifecycle, Payload, RunState
+from orchestrator.plan import MeshPlan
+from policies.causes import StopCause
+from policies.resize import BatchPlan
+
+log = structlog.get_logger("orchestrator.controller")
+
+
+@dataclass(frozen=True)
+class Next:
+    """The state a handler wants next, why, and the state's payload."""
+
+    state: RunState
+    reason: str
+    payload: Payload | None = None
+
+
+@dataclass
+class Placement:
+    """Where the run may be placed: the current plan, hosts never to use again, the target."""
+
+    target_slices: int
+    hosts_per_slice: int | None = None
+    plan: MeshPlan | None = None
+    mesh_cfg: RunConfig | None = None  # the config for ``plan`` (batch/LR after a resize)
+    excluded: set[str] = field(default_factory=set)  # node ids: doomed, lost or cordoned
+    cordoned: set[str] = field(default_factory=set)
+    waiting_since: float | None = None
+    last_resize_at: float | None = None
+    batch_plan: BatchPlan | None = None
+    skip_steps: set[int] = field(default_factory=set)  # corrupt checkpoints never to restore
+
+
+@dataclass
+class Pending:
+    """Why the group must stop, and what happens after: set by reactions and failures, read by
+    DRAINING / CHECKPOINTING / RELEASING."""
+
+    cause: StopCause
+    reason: str
+    event_id: str = ""
+    deadline: float | None = None
+    at_step: int | None = None
+    doomed: frozenset[str] = frozenset()
+    stop: bool = False  # end the run after the save (operator stop, target reached)
+    final: bool = False  # the target step was reached
+    regrow: bool = False  # re-form on more slices (not a restart)
+    announced: bool = True
+    noticed_at: float | None = None
+    event: Any = None
+    reaction: Any = None  # the merged policies.reaction.Reaction behind an event-driven drain
+
+
+@dataclass
+class Hooks:
+    """Optional callbacks of the embedding program (metrics, tests); none may stop the run."""
+
+    on_step: Callable[[dict, dict], None] | None = None
+    on_final_group: Callable[[WorkerGroup], None] | None = None
+    peak_resolver: Callable[[Callable[[], float]], tuple[float, str]] | None = None
+    goodput: Callable[[], float | None] | None = None  # read once, for the summary
+
+
+@dataclass
+class Run:
+    """One run's wiring and state, passed to every handler."""
+
+    cfg: RunConfig
+    ctl: ControllerConfig
+    policies: Policies
+    run_dir: Path
+    cluster: ClusterView
+    make_group: GroupFactory
+    clock: Clock
+    lifecycle: Lifecycle
+    ledger: RecoveryLedger
+    placement: Placement
+    intake: Any = None
+    hooks: Hooks = field(default_factory=Hooks)
+    plugins: list[Any] = field(default_factory=list)
+    group: WorkerGroup | None = None
+    pending: Pending | None = None
+    chunk: int = 0
+    flops: float | None = None
+    peak: tuple[float, str] | None = None
+    started_at: float = 0.0
+    poll_interval_s: float = 0.1
+    reactions: Any = None  # controller.reactions.Reactions, set by the Controller
+
+    @property
+    def plan(self) -> MeshPlan | None:
+        return self.placement.plan
+
+    def now(self) -> float:
+        return self.clock.now()
+
+    def teardown(self, *, graceful: bool) -> None:
+        """Stop the current group, if any (idempotent)."""
+        group, self.group = self.group, None
+        if group is not None:
+            try:
+                group.shutdown(graceful=graceful)
+            except Exception as exc:  # teardown must never mask what caused it
+                log.error("group_shutdown_failed", error=str(exc))
+
+    def hook(self, name: str, fn: Callable[[], Any]) -> None:
+        """Run a plug-in or embedding callback; its failure is logged, never raised."""
+        try:
+            fn()
+        except Exception as exc:
+            log.error("hook_failed", hook=name, error=repr(exc))

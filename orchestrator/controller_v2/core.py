@@ -1,0 +1,118 @@
+"""The loop: one handler per state, one place that changes state.
+
+``Controller.run`` calls the handler of the current state, which returns a ``Next``; ``_apply``
+is the only code that moves the lifecycle. Every exit path (success, terminal failure, operator
+stop, Ctrl-C, an uncaught error) tears the group down and writes the summary once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from orchestrator.config import RunConfig
+from orchestrator.controller_v2 import draining, forming, planning, recovering, running
+from orchestrator.controller_v2.context import Hooks, Next, Placement, Run, log
+from orchestrator.controller_v2.ledger import RecoveryLedger
+from orchestrator.controller_v2.plugins import ChaosPlugin, RunPlugin
+from orchestrator.controller_v2.reactions import Reactions
+from orchestrator.controller_v2.seam import Clock, ClusterView, GroupFactory, SystemClock
+from orchestrator.controller_v2.summary import RunSummary, write_summary
+from orchestrator.errors import OrchestratorError
+from orchestrator.lifecycle import Failed, Lifecycle, RunState
+from policies.causes import StopCause
+
+S = RunState
+
+HANDLERS: dict[RunState, Callable[[Run], Next]] = {
+    S.PLANNING: planning.planning,
+    S.FORMING: forming.forming,
+    S.RESTORING: forming.restoring,
+    S.COMPILING: forming.compiling,
+    S.RUNNING: running.running,
+    S.DRAINING: draining.draining,
+    S.CHECKPOINTING: draining.checkpointing,
+    S.RELEASING: recovering.releasing,
+    S.WAITING_FOR_CAPACITY: planning.waiting,
+    S.BACKOFF: recovering.backoff,
+}
+
+
+class Controller:
+    """Owns one run from PLANNING to SUCCEEDED/FAILED."""
+
+    def __init__(self, cfg: RunConfig, *, run_dir: Path | str, cluster: ClusterView,
+                 make_group: GroupFactory, clock: Clock | None = None, intake: Any = None,
+                 metrics: Any = None, hooks: Hooks | None = None,
+                 plugins: Sequence[RunPlugin] | None = None,
+                 poll_interval_s: float = 0.1) -> None:
+        clock = clock or SystemClock()
+        policies = cfg.controller.build_policies()
+        listeners = [_MetricsListener(metrics)] if metrics is not None else []
+        lifecycle = Lifecycle(run_dir=Path(run_dir), clock=clock.now, listeners=listeners)
+        hosts = cluster.hosts() if cfg.cluster.mode == "tpu" and not cfg.cluster.slices else []
+        self.run_state = Run(
+            cfg=cfg, ctl=cfg.controller, policies=policies, run_dir=Path(run_dir),
+            cluster=cluster, make_group=make_group, clock=clock, lifecycle=lifecycle,
+            ledger=RecoveryLedger(),
+            placement=Placement(target_slices=planning.initial_target_slices(cfg, hosts)),
+            intake=intake, hooks=hooks or Hooks(),
+            plugins=list(plugins) if plugins is not None else (
+                [ChaosPlugin(policies.chaos)] if policies.chaos.faults else []),
+            started_at=clock.now(), poll_interval_s=poll_interval_s)
+        self.run_state.reactions = Reactions(self.run_state)
+        self.final_reason = ""
+
+    @property
+    def lifecycle(self) -> Lifecycle:
+        return self.run_state.lifecycle
+
+    @property
+    def plan(self):
+        return self.run_state.plan
+
+    def run(self) -> RunSummary:
+        run = self.run_state
+        try:
+            run.reactions.replay_unhandled()
+            while not run.lifecycle.terminal:
+                self._apply(HANDLERS[run.lifecycle.state](run))
+        except KeyboardInterrupt:
+            self._end("interrupted (Ctrl-C or SIGTERM); checkpoints are intact",
+                      StopCause.OPERATOR)
+        except OrchestratorError as exc:  # a non-retryable error (bad checkpoint, config)
+            log.error("run_failed", error=str(exc))
+            self._end(str(exc), None)
+        except Exception as exc:  # a controller bug: the run still ends with a summary
+            log.exception("controller_error", error=repr(exc))
+            self._end(f"controller error: {exc!r}; checkpoints are intact. Fix: report this "
+                      "bug with RUN_DIR/timeline.jsonl and the driver log", None)
+        finally:
+            run.teardown(graceful=False)
+        return write_summary(run, self.final_reason)
+
+    def _apply(self, nxt: Next) -> None:
+        """The one mutation point: move the lifecycle as the handler asked."""
+        run = self.run_state
+        plan = run.plan
+        run.lifecycle.transition(
+            nxt.state, reason=nxt.reason, step=run.ledger.step,
+            incarnation=run.ledger.incarnation, slices=plan.slice_names if plan else (),
+            hosts=plan.num_processes if plan else 0, payload=nxt.payload)
+        if nxt.state.terminal:
+            self.final_reason = nxt.reason
+
+    def _end(self, reason: str, cause: StopCause | None) -> None:
+        if not self.run_state.lifecycle.terminal:
+            self._apply(Next(S.FAILED, reason, Failed(reason=reason, cause=cause)))
+
+
+class _MetricsListener:
+    """Forwards lifecycle transitions to the metrics pipeline."""
+
+    def __init__(self, metrics: Any) -> None:
+        self.metrics = metrics
+
+    def on_transition(self, transition: Any) -> None:
+        self.metrics.on_transition(transition.to_json())

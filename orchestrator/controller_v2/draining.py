@@ -1,0 +1,56 @@
+"""DRAINING and CHECKPOINTING: the group stopped at one step boundary; save if there is time,
+then finish (target reached), stop (operator) or release for a re-form."""
+
+from __future__ import annotations
+
+from orchestrator.controller_v2 import recovering
+from orchestrator.controller_v2.context import Next, Run, log
+from orchestrator.controller_v2.seam import GroupFailed
+from orchestrator.lifecycle import Checkpointing, Releasing, RunState
+from policies.preemption import DrainKind, DrainObservation
+
+S = RunState
+
+DEFAULT_SAVE_S = 2.0  # before the first measured save
+
+
+def draining(run: Run) -> Next:
+    p = run.pending
+    assert p is not None
+    now = run.now()
+    led = run.ledger
+    decision = run.policies.deadline.decide(DrainObservation(
+        now=now, deadline=p.deadline if p.deadline is not None else now + 3600.0,
+        expected_save_s=led.median_save_s() or DEFAULT_SAVE_S, expected_step_s=0.0,
+        step=led.step, last_committed_step=led.last_committed))
+    log.info("drain_decision", kind=decision.kind.value, reason=decision.reason, step=led.step,
+             event_id=p.event_id)
+    run.reactions.record(p.event or p.event_id, f"drain:{decision.kind.value}",
+                         reason=decision.reason, step=led.step)
+    if decision.kind in (DrainKind.SAVE, DrainKind.SAVE_ANYWAY):
+        return Next(S.CHECKPOINTING, decision.reason, Checkpointing(
+            purpose="drain", save_anyway=decision.kind is DrainKind.SAVE_ANYWAY))
+    return Next(S.RELEASING, decision.reason,
+                Releasing(cause=p.cause, lost_steps=decision.lost_steps))
+
+
+def checkpointing(run: Run) -> Next:
+    group, p = run.group, run.pending
+    assert group is not None and p is not None
+    try:
+        saved = group.save()
+    except GroupFailed as exc:
+        return recovering.after_failure(run, exc.status)
+    run.ledger.save_costs.append(saved.save_s)
+    run.ledger.committed(saved.committed_step)
+    r = run.ledger.open_recovery
+    if r is not None:
+        r.saved_step, r.save_s = saved.committed_step, round(saved.save_s, 3)
+    if p.final:
+        if run.hooks.on_final_group is not None:
+            run.hook("on_final_group", lambda: run.hooks.on_final_group(group))
+        run.teardown(graceful=True)
+        run.pending = None
+        return Next(S.SUCCEEDED, f"reached step {run.ledger.step}")
+    return Next(S.RELEASING, f"checkpoint at step {saved.committed_step} committed",
+                Releasing(cause=p.cause, lost_steps=0))

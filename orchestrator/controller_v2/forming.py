@@ -1,0 +1,75 @@
+"""FORMING, RESTORING and COMPILING: bring a new group from nothing to its first step.
+
+Each phase is one bounded call on the worker group; a failure becomes a recovery
+(``recovering.after_failure``), never an exception out of the loop.
+"""
+
+from __future__ import annotations
+
+from orchestrator.controller_v2 import recovering
+from orchestrator.controller_v2.context import Next, Run, log
+from orchestrator.controller_v2.seam import GroupFailed, GroupSpec
+from orchestrator.lifecycle import Restoring, RunState
+
+S = RunState
+
+
+def forming(run: Run) -> Next:
+    p = run.placement
+    assert p.plan is not None and p.mesh_cfg is not None
+    run.ledger.incarnation += 1
+    init_faults: list[tuple[int, dict]] = []
+    for plugin in run.plugins:
+        init_faults.extend(plugin.init_faults(run))
+    spec = GroupSpec(plan=p.plan, cfg=p.mesh_cfg, incarnation=run.ledger.incarnation,
+                     run_dir=str(run.run_dir),
+                     accum_steps=p.batch_plan.accum_steps if p.batch_plan else 1,
+                     init_faults=tuple(init_faults))
+    run.group = run.make_group(spec)
+    try:
+        formed = run.group.form()
+    except GroupFailed as exc:
+        return recovering.after_failure(run, exc.status)
+    log.info("group_formed", hosts=formed.hosts, metadata_watchers=formed.metadata_watchers)
+    return Next(S.RESTORING, f"group of {p.plan.num_processes} hosts formed",
+                Restoring(step=run.ledger.last_committed or 0))
+
+
+def restoring(run: Run) -> Next:
+    assert run.group is not None
+    try:
+        out = run.group.restore(skip_steps=sorted(run.placement.skip_steps))
+    except GroupFailed as exc:
+        return recovering.after_failure(run, exc.status)
+    for skipped in out.skipped:
+        run.placement.skip_steps.add(int(skipped["step"]))
+        log.warning("checkpoint_skipped", **skipped)
+    lost = run.ledger.restored(restored_step=out.restored_step, step=out.step,
+                               restore_s=out.restore_s, skipped=out.skipped)
+    if lost:
+        log.warning("steps_lost", lost=lost, restored_step=out.restored_step,
+                    reached=run.ledger.max_step_reached)
+    reason = (f"restored step {out.restored_step}" if out.restored_step is not None
+              else "fresh start (seed)")
+    if out.skipped:
+        reason += f" (skipped unreadable step(s) {[s['step'] for s in out.skipped]})"
+    return Next(S.COMPILING, reason)
+
+
+def compiling(run: Run) -> Next:
+    group = run.group
+    assert group is not None
+    try:
+        out = group.compile()
+    except GroupFailed as exc:
+        return recovering.after_failure(run, exc.status)
+    if run.peak is None and run.hooks.peak_resolver is not None:
+        try:
+            run.peak = run.hooks.peak_resolver(group.measure_peak_flops)
+        except Exception as exc:  # MFU is a metric: never a reason to stop
+            log.warning("mfu_peak_unknown", error=str(exc))
+            run.peak = (0.0, "unknown")
+    run.ledger.compile_times.append(out.compile_s)
+    run.flops = out.flops
+    log.info("compiled", compile_s=round(out.compile_s, 3), flops=out.flops)
+    return Next(S.RUNNING, "step compiled")

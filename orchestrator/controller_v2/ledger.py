@@ -1,0 +1,145 @@
+"""The run's data: steps, checkpoints, losses, restarts and recoveries, in one place.
+
+Handlers read and update this ledger instead of attributes scattered over a class; the summary
+is derived from it. ``last_committed`` only ever moves to a step the hosts reported *committed*
+(the checkpoint library finished writing it), never to one whose save only started.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from policies.causes import StopCause
+from policies.restart_budget import RestartRecord
+
+_KEEP_STEP_TIMES = 200
+
+
+@dataclass
+class Recovery:
+    """One recovery, from the notice (announced) or the failure (unannounced) to the first
+    productive step after it. Serialised into the summary's ``recoveries``."""
+
+    kind: str  # "announced" | "unannounced"
+    cause: str
+    started_at: float
+    step: int
+    event_id: str | None = None
+    error: str | None = None
+    boundary_at: float | None = None
+    saved_step: int | None = None
+    save_s: float | None = None
+    restored_step: int | None = None
+    lost_steps: int = 0
+    skipped_checkpoints: list[dict] = field(default_factory=list)
+    further_failures: list[dict] = field(default_factory=list)
+    first_step_at: float | None = None
+    to_first_step_s: float | None = None
+    phases_s: dict[str, float] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if v not in (None, [], {})}
+
+
+@dataclass
+class RecoveryLedger:
+    step: int = 0
+    max_step_reached: int = 0
+    last_committed: int | None = None
+    lost_steps: int = 0
+    first_loss: float | None = None
+    last_loss: float | None = None
+    step_times: list[float] = field(default_factory=list)
+    save_costs: list[float] = field(default_factory=list)
+    compile_times: list[float] = field(default_factory=list)
+    restarts: list[RestartRecord] = field(default_factory=list)
+    restores: list[dict] = field(default_factory=list)
+    recoveries: list[Recovery] = field(default_factory=list)
+    open_recovery: Recovery | None = None
+    incarnation: int = 0
+
+    # ---- progress --------------------------------------------------------------------------
+
+    def reached(self, step: int) -> None:
+        """A host reported this step (the group got at least this far)."""
+        self.max_step_reached = max(self.max_step_reached, step)
+
+    def committed(self, step: int | None) -> None:
+        """The hosts report ``step`` committed; never moves backwards."""
+        if step is not None and (self.last_committed is None or step > self.last_committed):
+            self.last_committed = step
+
+    def absorb(self, step: int, committed_step: int | None, records: tuple[dict, ...]) -> None:
+        self.step = step
+        self.reached(step)
+        self.committed(committed_step)
+        for rec in records:
+            self.step_times.append(float(rec["step_time_s"]))
+            if self.first_loss is None:
+                self.first_loss = rec["loss"]
+            self.last_loss = rec["loss"]
+            if rec.get("checkpoint_blocking_s"):
+                self.save_costs.append(float(rec["checkpoint_blocking_s"]))
+        del self.step_times[:-_KEEP_STEP_TIMES]
+
+    def median_step_s(self, last: int = 20) -> float | None:
+        recent = self.step_times[-last:]
+        return statistics.median(recent) if recent else None
+
+    def median_save_s(self, last: int = 5) -> float | None:
+        recent = self.save_costs[-last:]
+        return statistics.median(recent) if recent else None
+
+    # ---- restores and recoveries -----------------------------------------------------------
+
+    def restored(self, *, restored_step: int | None, step: int, restore_s: float,
+                 skipped: tuple[dict, ...] = ()) -> int:
+        """Record a restore; returns the steps lost (re-done) because of it."""
+        lost = max(0, self.max_step_reached - step)
+        self.lost_steps += lost
+        self.step = step
+        self.last_committed = restored_step
+        self.restores.append({"incarnation": self.incarnation, "restored_step": restored_step,
+                              "step": step, "lost_steps": lost, "restore_s": round(restore_s, 3),
+                              "skipped": list(skipped)})
+        r = self.open_recovery
+        if r is not None:
+            r.lost_steps += lost
+            r.restored_step = restored_step
+            r.skipped_checkpoints.extend(skipped)
+        return lost
+
+    def open_announced(self, *, cause: StopCause, event_id: str, noticed_at: float,
+                       now: float) -> Recovery:
+        self.open_recovery = Recovery(kind="announced", cause=cause.value, started_at=noticed_at,
+                                      step=self.step, event_id=event_id, boundary_at=now)
+        return self.open_recovery
+
+    def open_unannounced(self, *, cause: StopCause, error: str, now: float) -> Recovery:
+        """A failure; a second one before the first productive step joins the open recovery."""
+        if self.open_recovery is not None:
+            self.open_recovery.further_failures.append(
+                {"cause": cause.value, "error": error[:500], "at": now})
+            return self.open_recovery
+        self.open_recovery = Recovery(kind="unannounced", cause=cause.value, started_at=now,
+                                      step=self.step, error=error[:500])
+        return self.open_recovery
+
+    def close_recovery(self, *, now: float, phases_s: dict[str, float]) -> Recovery | None:
+        r = self.open_recovery
+        if r is None:
+            return None
+        r.first_step_at = now
+        r.to_first_step_s = round(now - r.started_at, 3)
+        r.phases_s = phases_s
+        self.recoveries.append(r)
+        self.open_recovery = None
+        return r
+
+    def restart_counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for r in self.restarts:
+            out[r.cause.value] = out.get(r.cause.value, 0) + 1
+        return out

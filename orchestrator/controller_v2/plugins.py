@@ -1,0 +1,89 @@
+"""Plug-ins that act on the run at fixed points, without branches in the core loop.
+
+``RunPlugin`` has no-op defaults; ``ChaosPlugin`` pairs the pure fault schedule
+(``policies.chaos``) with the seam calls that inject each fault, keyed by (host, step).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from orchestrator.controller_v2.context import log
+from policies.chaos import Fault, FaultKind, FaultSchedule
+
+if TYPE_CHECKING:
+    from orchestrator.controller_v2.context import Run
+
+
+class RunPlugin:
+    """Hooks with no-op defaults."""
+
+    def init_faults(self, run: Run) -> list[tuple[int, dict]]:
+        """(host, fault) pairs to arm in a group being formed, before distributed init."""
+        return []
+
+    def chunk_end(self, run: Run, step: int, until: int) -> int:
+        """May end the next chunk earlier than ``until`` (never before ``step + 1``)."""
+        return until
+
+    def before_chunk(self, run: Run, step: int, until: int) -> None:
+        """Called right before a chunk of steps ``step+1 .. until`` starts."""
+
+
+class ChaosPlugin(RunPlugin):
+    """Deterministic faults from ``controller.chaos``; each fires once (a fall-back restore
+    passes the same step again, and firing there again would loop forever)."""
+
+    def __init__(self, schedule: FaultSchedule) -> None:
+        self.schedule = schedule
+        self.fired: set[tuple[int, int, str]] = set()
+
+    def init_faults(self, run: Run) -> list[tuple[int, dict]]:
+        plan = run.plan
+        out = []
+        for f in self.schedule.faults:
+            if (f.kind is FaultKind.HANG_INIT and f.key not in self.fired
+                    and f.at_step <= run.ledger.step and plan and f.host < len(plan.hosts)):
+                self.fired.add(f.key)
+                log.info("chaos_armed", kind=f.kind.value, host=f.host, step=f.at_step)
+                out.append((f.host, _fault_dict(f)))
+        return out
+
+    def chunk_end(self, run: Run, step: int, until: int) -> int:
+        for f in self.schedule.faults:
+            if f.kind is not FaultKind.HANG_INIT and f.key not in self.fired \
+                    and step < f.at_step < until:
+                until = f.at_step
+        return until
+
+    def before_chunk(self, run: Run, step: int, until: int) -> None:
+        group, plan = run.group, run.plan
+        if group is None or plan is None:
+            return
+        for f in self.schedule.faults:
+            if f.key in self.fired or f.host >= len(plan.hosts):
+                continue
+            in_actor = ((f.kind in (FaultKind.KILL, FaultKind.HANG) and step <= f.at_step < until)
+                        or (f.kind is FaultKind.KILL_IN_SAVE and step < f.at_step <= until))
+            if in_actor:
+                self.fired.add(f.key)
+                log.info("chaos_armed", kind=f.kind.value, host=f.host, step=f.at_step)
+                group.inject(f.host, _fault_dict(f))
+            elif f.kind in (FaultKind.PREEMPT, FaultKind.UNHEALTHY) and f.at_step == step:
+                self.fired.add(f.key)
+                self._notice(run, f)
+
+    @staticmethod
+    def _notice(run: Run, f: Fault) -> None:
+        assert run.plan is not None
+        host = run.plan.hosts[f.host]
+        kind = "preemption_notice" if f.kind is FaultKind.PREEMPT else "host_unhealthy"
+        payload = {"schema_version": 1, "kind": kind, "id": f"chaos-{f.at_step}-{f.host}-{kind}",
+                   "target": {"job": run.cfg.run.name, "host": host.instance},
+                   "deadline": run.now() + f.deadline_s, "source": "chaos"}
+        log.info("chaos_notice", kind=kind, host=host.instance, step=f.at_step)
+        run.reactions.submit(payload, source="chaos")
+
+
+def _fault_dict(f: Fault) -> dict:
+    return {"at_step": f.at_step, "kind": f.kind.value}

@@ -1,0 +1,201 @@
+"""Events in, pending drains out: the intake's clean events, resolved to hosts, decided by the
+one reaction policy (``policies.reaction``), applied to the run.
+
+Metadata-watcher notices come from a driver-owned queue (``WorkerGroup.notices``), so a notice
+survives the host that sent it. Events an earlier driver accepted but never acted on
+(``EventIntake.replay_unhandled``) are replayed once the first mesh is formed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from orchestrator.controller_v2.context import Pending, Run, log
+from orchestrator.controller_v2.seam import HostsLost
+from orchestrator.hosts import HostRef
+from policies.causes import StopCause
+from policies.health import HealthReport
+from policies.reaction import Reaction, ReactionKind, ReactionObservation, merge
+
+_HOSTS_TTL_S = 1.0
+
+
+class Reactions:
+    def __init__(self, run: Run) -> None:
+        self.run = run
+        self.health_reports: list[HealthReport] = []
+        self.last_health_drain_at: float | None = None
+        self._replay: list[Any] = []
+        self._hosts: tuple[float, list[HostRef]] | None = None
+
+    # ---- intake ---------------------------------------------------------------------------
+
+    def replay_unhandled(self) -> None:
+        """Queue events an earlier driver recorded but never acted on (crash between ack and
+        action); they are handled at the first poll with a mesh."""
+        replay = getattr(self.run.intake, "replay_unhandled", None)
+        if replay is None:
+            return
+        try:
+            self._replay = list(replay(self.run.now()))
+        except Exception as exc:  # the log is evidence; a bad one must not stop the run
+            log.error("event_replay_failed", error=str(exc))
+        if self._replay:
+            log.info("events_replayed", count=len(self._replay),
+                     ids=[getattr(e, "id", "?") for e in self._replay])
+
+    def poll(self, *, in_mesh: bool) -> None:
+        """Take in notices and events; never raises."""
+        run = self.run
+        self.collect_notices()
+        events: list[Any] = []
+        if in_mesh and self._replay:
+            events, self._replay = self._replay, []
+        if run.intake is not None:
+            try:
+                events += run.intake.poll(self._known_hosts(), run.ledger.incarnation)
+            except Exception as exc:  # the intake must never take the run down
+                log.error("event_poll_failed", error=str(exc))
+        for ev in events:
+            try:
+                self.handle(ev, in_mesh=in_mesh)
+            except Exception as exc:
+                log.exception("event_handling_failed", event_id=getattr(ev, "id", "?"),
+                              error=repr(exc))
+                self.record(ev, "error", reason=repr(exc)[:300])
+
+    def collect_notices(self) -> None:
+        """Move the hosts' metadata notices into the intake (also right after a failure,
+        before the group is torn down: the notice of a host that died is still there)."""
+        if self.run.group is None:
+            return
+        try:
+            for payload in self.run.group.notices():
+                self.submit(payload, source="metadata")
+        except Exception as exc:
+            log.error("notice_poll_failed", error=str(exc))
+
+    def submit(self, payload: dict, *, source: str) -> None:
+        """A payload from inside the driver (metadata queue, chaos): through the intake when
+        there is one (recorded, deduplicated), else handled at once."""
+        if self.run.intake is not None:
+            self.run.intake.submit(payload, source=source)
+            return
+        from orchestrator.events.model import Event
+
+        self.handle(Event.from_json(payload, now=self.run.now()), in_mesh=True)
+
+    def _known_hosts(self) -> list[HostRef]:
+        """Mesh hosts plus every host the cluster shows (cached ~1 s): a notice for a spare
+        host must keep it out of the next mesh, not be dropped as stale."""
+        now = self.run.now()
+        if self._hosts is None or now - self._hosts[0] > _HOSTS_TTL_S:
+            try:
+                cluster = list(self.run.cluster.hosts())
+            except Exception as exc:
+                log.warning("cluster_view_failed", error=str(exc))
+                cluster = []
+            self._hosts = (now, cluster)
+        plan = self.run.plan
+        hosts = {h.node_id: h for h in self._hosts[1]}
+        for h in plan.hosts if plan else ():
+            hosts[h.node_id] = h
+        return list(hosts.values())
+
+    # ---- deciding -------------------------------------------------------------------------
+
+    def handle(self, ev: Any, *, in_mesh: bool) -> None:
+        from orchestrator.events.targeting import resolve_targets
+
+        run = self.run
+        now = run.now()
+        plan = run.plan
+        mesh = frozenset(h.node_id for h in plan.hosts) if (plan and in_mesh) else frozenset()
+        targeting = resolve_targets(ev, self._known_hosts(),
+                                    cluster=getattr(run.cfg.events, "cluster", None))
+        kind = ev.kind.value
+        if kind == "host_unhealthy":
+            self.health_reports += [HealthReport(host=n, at=now, healthy=False)
+                                    for n in sorted(targeting.node_ids)]
+        led = run.ledger
+        reaction = run.policies.reaction.decide(ReactionObservation(
+            now=now, kind=kind, targets=targeting.node_ids, job_wide=targeting.job_wide,
+            mesh_hosts=mesh, deadline=ev.deadline,
+            window_start=getattr(ev, "window_start", None),
+            window_end=getattr(ev, "window_end", None), step=led.step,
+            step_time_s=led.median_step_s(), expected_save_s=led.median_save_s(),
+            health_reports=tuple(self.health_reports),
+            cordoned=frozenset(run.placement.cordoned),
+            last_health_drain_at=self.last_health_drain_at))
+        self.apply(reaction, ev, in_mesh=in_mesh)
+
+    def apply(self, reaction: Reaction, ev: Any, *, in_mesh: bool) -> None:
+        run = self.run
+        p = run.placement
+        p.cordoned |= set(reaction.cordon)
+        p.excluded |= set(reaction.cordon)
+        details: dict[str, Any] = {"reason": reaction.reason}
+        if reaction.doomed:
+            details["hosts"] = sorted(reaction.doomed)
+        if not reaction.drains:
+            if reaction.kind is ReactionKind.NOTE and reaction.doomed:
+                p.excluded |= set(reaction.doomed)  # outside the mesh: keep out of the next
+            self.record(ev, reaction.kind.value, **details)
+            return
+        if not in_mesh and reaction.kind is not ReactionKind.STOP:
+            p.excluded |= set(reaction.doomed)  # nothing to drain: keep them out of the next
+            self.record(ev, "excluded", **details)
+            return
+        before = run.pending.reaction if run.pending is not None else None
+        merged = reaction if before is None else merge(before, reaction)
+        if before is not None:
+            details["merged_with"] = run.pending.event_id
+        self._set_pending(merged, ev)
+        if reaction.kind is ReactionKind.CORDON_AND_REPLACE:
+            self.last_health_drain_at = run.now()
+        self.record(ev, reaction.kind.value, **details)
+
+    def _set_pending(self, r: Reaction, ev: Any) -> None:
+        run = self.run
+        prev = run.pending
+        at_step = r.at_step if r.kind is ReactionKind.DRAIN_AT_STEP else None
+        if r.not_before is not None and r.not_before > run.now() and at_step is None:
+            st = run.ledger.median_step_s() or 1.0
+            at_step = run.ledger.step + max(1, int((r.not_before - run.now()) / st))
+        run.pending = Pending(
+            cause=r.cause or StopCause.OPERATOR, reason=r.reason,
+            event_id=prev.event_id if prev and prev.event_id else getattr(ev, "id", ""),
+            deadline=r.deadline, at_step=at_step, doomed=r.doomed,
+            stop=r.kind is ReactionKind.STOP,
+            noticed_at=prev.noticed_at if prev and prev.noticed_at else run.now(),
+            event=prev.event if prev and prev.event is not None else ev, reaction=r)
+
+    # ---- recording ------------------------------------------------------------------------
+
+    def record(self, event: Any, action: str, **details: Any) -> None:
+        """What the controller did about an event: in events.jsonl and the log; never raises."""
+        log.info("event_action", event_id=getattr(event, "id", event), action=action, **details)
+        if self.run.intake is None or event is None or isinstance(event, str):
+            return
+        try:
+            self.run.intake.record_action(event, action, **details)
+        except Exception as exc:
+            log.error("event_record_failed", error=str(exc))
+
+    def record_host_lost(self, host: HostRef, status: HostsLost) -> None:
+        """A lost host as a HOST_LOST record in the event log (evidence, not fed back)."""
+        if self.run.intake is None:
+            return
+        try:
+            from orchestrator.events.model import Event, EventKind, Target
+
+            ev = Event(kind=EventKind.HOST_LOST, source="ray",
+                       target=Target(job=self.run.cfg.run.name, host=host.instance,
+                                     slice=host.slice_name),
+                       id=f"ray-{status.kind.value}-{host.node_id}-inc{self.run.ledger.incarnation}",
+                       observed_at=self.run.now(), incarnation=self.run.ledger.incarnation,
+                       message=status.message[:500])
+            self.run.intake.record_action(ev, "group_failure", cause=status.kind.value,
+                                          error=status.message[:500])
+        except Exception as exc:  # recording must never stop the recovery
+            log.error("host_lost_record_failed", error=str(exc))

@@ -1,0 +1,124 @@
+"""Failures, RELEASING and BACKOFF: from "the group cannot go on" back to PLANNING.
+
+``after_failure`` is the one place an unannounced failure is classified (the seam's closed
+``FailureKind`` → the stop cause the budgets count); RELEASING tears the group down and asks the
+restart budget whether and when to try again.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from orchestrator.controller_v2.context import Next, Pending, Run, log
+from orchestrator.controller_v2.seam import CorruptCheckpoint, Failure, HostsLost, Hung, describe
+from orchestrator.lifecycle import Backoff, Failed, Releasing, RunState
+from policies.causes import FailureKind, StopCause, StopObservation
+from policies.restart_budget import GiveUp, RestartObservation, RestartRecord
+
+S = RunState
+
+
+def classify(run: Run, status: Failure) -> StopCause:
+    kind = (FailureKind.HUNG if isinstance(status, Hung) else
+            FailureKind.CHECKPOINT_CORRUPT if isinstance(status, CorruptCheckpoint) else
+            status.kind)
+    return run.policies.classifier.decide(
+        StopObservation(failure=kind, message=describe(status))).cause
+
+
+def after_failure(run: Run, status: Failure) -> Next:
+    """The group failed in some phase: record it, exclude what is gone, go to RELEASING."""
+    cause = classify(run, status)
+    message = describe(status)
+    log.warning("group_failed", cause=cause.value, error=message,
+                hosts=list(getattr(status, "hosts", ())))
+    if isinstance(status, Hung):
+        _dump_stacks(run, status.phase)
+    if isinstance(status, CorruptCheckpoint):
+        run.placement.skip_steps.add(status.step)
+    if isinstance(status, HostsLost):
+        if status.step_reached is not None:
+            run.ledger.reached(status.step_reached)
+        run.placement.excluded |= set(status.nodes_gone)
+    _record_losses(run, status)
+    if run.reactions is not None:
+        run.reactions.collect_notices()
+    run.ledger.open_unannounced(cause=cause, error=message, now=run.now())
+    keep_stop = run.pending is not None and run.pending.stop  # an operator stop still ends it
+    run.pending = Pending(cause=cause, reason=message, announced=False, stop=keep_stop)
+    committed = run.ledger.last_committed or 0
+    lost = max(0, run.ledger.max_step_reached - committed)
+    return Next(S.RELEASING, f"{cause.value}: {message}",
+                Releasing(cause=cause, lost_steps=lost))
+
+
+def releasing(run: Run) -> Next:
+    pending = run.pending
+    announced = pending is not None and pending.announced
+    run.teardown(graceful=announced)
+    if pending is None:  # defensive: RELEASING is entered only with a reason
+        pending = Pending(cause=StopCause.HOST_LOST, reason="group released", announced=False)
+    run.placement.excluded |= set(pending.doomed)
+    run.pending = None
+    if pending.stop:
+        run.pending = pending
+        return stop_requested(run)
+    if pending.regrow:
+        return Next(S.PLANNING, "re-forming on more slices")
+    now = run.now()
+    decision = run.policies.budget.decide(RestartObservation(
+        cause=pending.cause, now=now, history=tuple(run.ledger.restarts)))
+    if isinstance(decision, GiveUp):
+        return Next(S.FAILED, decision.reason, Failed(reason=decision.reason,
+                                                      cause=pending.cause))
+    run.ledger.restarts.append(RestartRecord(cause=pending.cause, at=now))
+    if decision.delay_s <= 0:
+        return Next(S.PLANNING, f"re-forming after {pending.cause.value}: {pending.reason}")
+    return Next(S.BACKOFF, f"backing off {decision.delay_s:.1f}s after {pending.cause.value}",
+                Backoff(until=decision.until, cause=pending.cause, attempt=decision.attempt))
+
+
+def stop_requested(run: Run) -> Next | None:
+    """An operator stop that arrived while no group runs ends the run at once."""
+    p = run.pending
+    if p is None or not p.stop:
+        return None
+    step = run.ledger.last_committed
+    reason = f"{p.reason}; the run stopped" + (
+        f", checkpoint at step {step} is intact" if step is not None else "")
+    return Next(S.FAILED, reason, Failed(reason=reason, cause=StopCause.OPERATOR))
+
+
+def backoff(run: Run) -> Next:
+    payload = run.lifecycle.payload
+    until = payload.until if isinstance(payload, Backoff) else run.now()
+    while run.now() < until:
+        run.reactions.poll(in_mesh=False)
+        stop = stop_requested(run)
+        if stop is not None:
+            return stop
+        run.clock.sleep(min(0.2, max(0.0, until - run.now())))
+    return Next(S.PLANNING, "backoff over")
+
+
+def _record_losses(run: Run, status: Failure) -> None:
+    """Ray as an event source: each lost host is a HOST_LOST record in the event log."""
+    if run.reactions is None or not isinstance(status, HostsLost) or run.plan is None:
+        return
+    for i in status.hosts:
+        if 0 <= i < len(run.plan.hosts):
+            run.reactions.record_host_lost(run.plan.hosts[i], status)
+
+
+def _dump_stacks(run: Run, phase: str) -> None:
+    if run.group is None:
+        return
+    try:
+        d = Path(run.run_dir) / "diagnostics"
+        d.mkdir(parents=True, exist_ok=True)
+        path = d / f"stacks-{phase}-inc{run.ledger.incarnation}-{int(run.now())}.txt"
+        stacks = run.group.stacks()
+        path.write_text("\n".join(f"===== host {i}\n{s}" for i, s in stacks.items()))
+        log.warning("diagnostics_written", path=str(path), phase=phase)
+    except Exception as exc:  # diagnostics are best effort
+        log.error("diagnostics_failed", error=str(exc))

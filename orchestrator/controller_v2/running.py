@@ -1,0 +1,164 @@
+"""RUNNING: chunks of steps while listening for events, until the target, a drain or a failure.
+
+The driver owns checkpoint steps: the save policy chooses the interval and the driver passes the
+exact steps to save at; the hosts report which step has *committed*. A drain asks the hosts to
+stop at the next step boundary (a stop flag read between steps), so it waits about one step,
+not the rest of a chunk.
+"""
+
+from __future__ import annotations
+
+from orchestrator.controller_v2 import recovering
+from orchestrator.controller_v2.context import Next, Pending, Run, log
+from orchestrator.controller_v2.planning import complete_slices, usable_hosts
+from orchestrator.controller_v2.seam import Hung, Progress, Running
+from orchestrator.lifecycle import Checkpointing, Draining, RunState
+from policies.causes import StopCause
+from policies.checkpoint_interval import SaveObservation
+from policies.preemption import GrowKind, GrowObservation
+
+S = RunState
+
+
+def running(run: Run) -> Next:
+    total = run.cfg.run.total_steps
+    while True:
+        step = run.ledger.step
+        if step >= total:
+            run.pending = Pending(cause=StopCause.OPERATOR, reason="target reached",
+                                  stop=True, final=True)
+            return Next(S.CHECKPOINTING, f"reached step {total}: final save",
+                        Checkpointing(purpose="final"))
+        run.reactions.poll(in_mesh=True)
+        if _drain_due(run):
+            return _enter_drain(run)
+        every = save_interval(run)
+        until = chunk_end(run, every)
+        save_steps = [s for s in range(step + 1, until + 1) if s % every == 0]
+        for plugin in run.plugins:
+            plugin.before_chunk(run, step, until)
+        run.chunk += 1
+        assert run.group is not None
+        run.group.start_chunk(until, chunk=run.chunk, save_steps=save_steps)
+        status = _wait_chunk(run, steps=until - step)
+        if not isinstance(status, Progress):
+            return recovering.after_failure(run, status)
+        _absorb(run, status)
+        _finish_recovery(run)
+        _check_grow(run)
+
+
+def save_interval(run: Run) -> int:
+    """Steps between periodic saves, from the save policy (fixed or Young/Daly)."""
+    led = run.ledger
+    now = run.now()
+    decision = run.policies.save.decide(SaveObservation(
+        step=led.step, last_save_step=led.last_committed, now=now,
+        step_time_s=led.median_step_s(), save_cost_s=led.median_save_s(),
+        interruptions=len(led.restarts), observed_s=now - run.started_at))
+    return max(1, decision.interval_steps or run.ctl.checkpoint_interval.every_steps)
+
+
+def chunk_end(run: Run, every: int) -> int:
+    """The step this chunk runs to: about ``steps_per_call`` steps (1 s of steps when 0), ending
+    on a save step (a grow waits for a committed step at a chunk boundary), never past a drain's
+    chosen step or a plug-in's (chaos) step."""
+    step = run.ledger.step
+    per_call = run.cfg.run.steps_per_call
+    if not per_call:
+        st = run.ledger.median_step_s(10) or 0.2
+        per_call = max(1, min(100, int(1.0 / max(st, 1e-3))))
+    until = min(run.cfg.run.total_steps, step + per_call, (step // every + 1) * every)
+    if run.pending is not None and run.pending.at_step is not None and run.pending.at_step > step:
+        until = min(until, run.pending.at_step)
+    for plugin in run.plugins:
+        until = plugin.chunk_end(run, step, until)
+    return max(step + 1, until)
+
+
+def _drain_due(run: Run) -> bool:
+    p = run.pending
+    return p is not None and (p.at_step is None or run.ledger.step >= p.at_step)
+
+
+def _wait_chunk(run: Run, *, steps: int):
+    """Poll the chunk, reacting to events; a due drain raises the hosts' stop flag. Bounded by
+    ``steps × timeouts.step_s`` of the run's clock."""
+    group = run.group
+    assert group is not None
+    bound = run.cfg.timeouts.step_s * max(1, steps)
+    deadline = run.now() + bound
+    stop_sent = False
+    while True:
+        status = group.poll(run.poll_interval_s)
+        if not isinstance(status, Running):
+            return status
+        run.reactions.poll(in_mesh=True)
+        if not stop_sent and _drain_due(run):
+            group.request_stop(run.chunk)
+            stop_sent = True
+        if run.now() > deadline:
+            return Hung(phase="step", hosts=status.pending, seconds=bound)
+
+
+def _absorb(run: Run, status: Progress) -> None:
+    led = run.ledger
+    led.absorb(status.step, status.committed_step, status.records)
+    if run.hooks.on_step is None:
+        return
+    context = step_context(run)
+    for rec in status.records:
+        run.hook("on_step", lambda rec=rec: run.hooks.on_step(rec, context))
+
+
+def step_context(run: Run) -> dict:
+    plan, cfg = run.plan, run.placement.mesh_cfg
+    assert plan is not None and cfg is not None
+    return {"devices": plan.devices, "flops": run.flops, "incarnation": run.ledger.incarnation,
+            "slices": plan.num_slices, "peak": run.peak,
+            "tokens": cfg.train.global_batch * (cfg.model.seq_len - 1)}
+
+
+def _finish_recovery(run: Run) -> None:
+    r = run.ledger.open_recovery
+    if r is None:
+        return
+    t0 = r.boundary_at or r.started_at
+    phases: dict[str, float] = {}
+    for t in run.lifecycle.timeline:
+        if t.at >= t0 and t.prev is not None and t.prev is not S.RUNNING:
+            phases[t.prev.value] = round(phases.get(t.prev.value, 0.0) + t.prev_duration_s, 3)
+    done = run.ledger.close_recovery(now=run.now(), phases_s=phases)
+    if done is not None:
+        log.info("recovered", **{k: v for k, v in done.to_json().items() if k != "phases_s"},
+                 phases=phases)
+
+
+def _check_grow(run: Run) -> None:
+    p = run.placement
+    plan = p.plan
+    assert plan is not None
+    if run.pending is not None or plan.num_slices >= p.target_slices:
+        return
+    spare = [s for s in complete_slices(usable_hosts(run), plan.hosts_per_slice)
+             if s not in plan.slice_names]
+    decision = run.policies.grow.decide(GrowObservation(
+        now=run.now(), current_slices=plan.slice_names, spare_slices=tuple(spare),
+        target_slices=p.target_slices, step=run.ledger.step,
+        last_committed_step=run.ledger.last_committed, last_resize_at=p.last_resize_at))
+    if decision.kind is GrowKind.HOLD:
+        return
+    log.info("grow", reason=decision.reason, slices=list(decision.slices))
+    run.pending = Pending(cause=StopCause.OPERATOR, reason=decision.reason,
+                          event_id=f"grow-{run.ledger.step}", regrow=True)
+
+
+def _enter_drain(run: Run) -> Next:
+    p = run.pending
+    assert p is not None
+    if not p.regrow and not p.final:
+        run.ledger.open_announced(cause=p.cause, event_id=p.event_id,
+                                  noticed_at=p.noticed_at or run.now(), now=run.now())
+    return Next(S.DRAINING, p.reason, Draining(
+        event_id=p.event_id, deadline=p.deadline, doomed_hosts=tuple(sorted(p.doomed)),
+        cause=p.cause))

@@ -1,0 +1,210 @@
+"""The controller's only view of the workers and the cluster: protocols with typed results.
+
+Everything Ray (actors, calls, kills, death detection, node view) lives behind ``WorkerGroup``
+and ``ClusterView``; the controller package imports neither ``ray`` nor ``jax``. A phase call
+either returns its typed result or raises ``GroupFailed`` carrying a typed failure status;
+``poll`` returns one of ``Running``, ``Progress``, ``HostsLost``, ``Hung``. The real
+implementation is ``orchestrator.ray_group``; tests use ``tests.controller.fakes``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from orchestrator.config import RunConfig
+from orchestrator.hosts import HostRef
+from orchestrator.plan import MeshPlan
+from policies.causes import FailureKind
+
+# ---- typed statuses ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class Running:
+    """The chunk is still in flight; ``pending`` are the hosts that have not returned yet."""
+
+    pending: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Progress:
+    """Every host finished the chunk at ``step``. ``committed_step`` is the newest step whose
+    save the checkpoint library reports committed (None: none yet); ``records`` are host 0's
+    per-step records (dicts with step, loss, step_time_s, lr, grad_norm, saved,
+    checkpoint_blocking_s, wall_time)."""
+
+    step: int
+    committed_step: int | None = None
+    records: tuple[dict, ...] = ()
+    stopped_early: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class HostsLost:
+    """Hosts (mesh indices) that are gone or failed, and how (one closed set of kinds)."""
+
+    hosts: tuple[int, ...]
+    kind: FailureKind
+    message: str
+    nodes_gone: frozenset[str] = frozenset()
+    step_reached: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Hung:
+    """A bounded phase passed its bound; ``hosts`` had not answered."""
+
+    phase: str
+    hosts: tuple[int, ...]
+    seconds: float
+    message: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class CorruptCheckpoint:
+    """The checkpoint at ``step`` could not be read consistently by the group: skip it."""
+
+    step: int
+    reason: str
+
+
+ChunkStatus = Running | Progress | HostsLost | Hung
+Failure = HostsLost | Hung | CorruptCheckpoint
+
+
+class GroupFailed(Exception):
+    """A phase call could not complete; ``status`` says how (never a Ray exception)."""
+
+    def __init__(self, status: Failure) -> None:
+        self.status = status
+        super().__init__(describe(status))
+
+
+def describe(status: Failure) -> str:
+    if isinstance(status, CorruptCheckpoint):
+        return f"checkpoint step {status.step} is unreadable ({status.reason}); falling back"
+    if isinstance(status, Hung):
+        return (status.message or
+                f"{status.phase} did not finish within {status.seconds:g}s on hosts "
+                f"{list(status.hosts)}")
+    return status.message or f"hosts {list(status.hosts)}: {status.kind.value}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Formed:
+    hosts: int
+    metadata_watchers: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Restored:
+    """``restored_step`` None means a fresh start from the seed. ``skipped`` are newer
+    checkpoints passed over (corrupt or half-written), each ``{"step", "reason"}``."""
+
+    restored_step: int | None
+    step: int
+    restore_s: float
+    skipped: tuple[dict, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Compiled:
+    compile_s: float
+    flops: float | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Saved:
+    step: int
+    committed_step: int | None
+    save_s: float
+
+
+# ---- the protocols ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class GroupSpec:
+    """What one incarnation of the group is built from: the mesh plan, the config for this mesh
+    (global batch and learning rate as the resize policy set them), batch accumulation."""
+
+    plan: MeshPlan
+    cfg: RunConfig
+    incarnation: int
+    run_dir: str
+    accum_steps: int = 1
+    init_faults: tuple[tuple[int, dict], ...] = ()  # (host, fault) armed before distributed init
+
+
+class WorkerGroup(Protocol):
+    """One incarnation of the JAX group: one host actor per mesh host."""
+
+    def form(self) -> Formed:
+        """Start the actors, join one distributed runtime, build the model and step."""
+
+    def restore(self, *, skip_steps: Collection[int] = ()) -> Restored:
+        """Restore the newest committed checkpoint not in ``skip_steps`` (or init from seed)."""
+
+    def compile(self) -> Compiled: ...
+
+    def start_chunk(self, until_step: int, *, chunk: int, save_steps: Sequence[int]) -> None:
+        """Start steps up to ``until_step`` on every host (non-blocking); saves start after
+        each step in ``save_steps``."""
+
+    def poll(self, timeout_s: float) -> ChunkStatus:
+        """Wait at most ``timeout_s`` for the chunk; never raises."""
+
+    def request_stop(self, chunk: int) -> None:
+        """Ask every host to stop the chunk at the next step boundary they agree on."""
+
+    def save(self) -> Saved:
+        """Save the current step and wait until it is committed."""
+
+    def notices(self) -> list[dict]:
+        """Notices the hosts' metadata watchers pushed since the last call (driver-owned queue,
+        so a notice survives its host)."""
+
+    def inject(self, host: int, fault: dict) -> None:
+        """Arm a chaos fault in one host (before its next call)."""
+
+    def measure_peak_flops(self) -> float: ...
+
+    def stacks(self) -> dict[int, str]: ...
+
+    def shutdown(self, *, graceful: bool) -> None:
+        """Stop every actor (graceful: let pending saves finish first). Idempotent."""
+
+
+GroupFactory = Callable[[GroupSpec], WorkerGroup]
+
+
+class ClusterView(Protocol):
+    """The TPU hosts alive now."""
+
+    def hosts(self) -> list[HostRef]: ...
+
+    def platform(self) -> str: ...
+
+    def unreachable(self, node_ids: Collection[str]) -> set[str]: ...
+
+
+class Clock(Protocol):
+    """Wall time and waiting: replaced by a virtual clock in tests and the simulator."""
+
+    def now(self) -> float: ...
+
+    def sleep(self, seconds: float) -> None: ...
+
+
+class SystemClock:
+    def now(self) -> float:
+        import time
+
+        return time.time()
+
+    def sleep(self, seconds: float) -> None:
+        import time
+
+        time.sleep(max(0.0, seconds))

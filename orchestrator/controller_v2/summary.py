@@ -1,0 +1,70 @@
+"""The run summary: derived from the lifecycle and the ledger, written by one function on every
+exit path (success, terminal failure, operator stop, uncaught exception)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+from dataclasses import dataclass
+
+from orchestrator.controller_v2.context import Run, log
+from orchestrator.lifecycle import RunState
+
+
+@dataclass
+class RunSummary:
+    """What the run did; printed at the end and written to RUN_DIR/summary.json."""
+
+    state: str
+    reason: str
+    step: int
+    total_steps: int
+    lost_steps: int
+    restarts: dict[str, int]
+    phases_s: dict[str, float]
+    wall_s: float
+    first_loss: float | None
+    last_loss: float | None
+    median_step_s: float | None
+    compile_s: list[float]
+    recoveries: list[dict]
+    restores: list[dict]
+    last_committed_step: int | None = None
+    goodput: float | None = None
+    exit_code: int = 0
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def write_summary(run: Run, reason: str) -> RunSummary:
+    """Build the summary and write summary.json (a write failure is logged, not raised)."""
+    goodput = None
+    if run.hooks.goodput is not None:
+        try:
+            goodput = run.hooks.goodput()
+        except Exception as exc:  # the summary is written whatever the metrics state
+            log.warning("goodput_unavailable", error=str(exc))
+    now = run.now()
+    led = run.ledger
+    state = run.lifecycle.state
+    phases = {k.value: round(v, 3) for k, v in run.lifecycle.durations(now).items()}
+    summary = RunSummary(
+        state=state.value, reason=reason, step=led.step, total_steps=run.cfg.run.total_steps,
+        lost_steps=led.lost_steps, restarts=led.restart_counts(), phases_s=phases,
+        wall_s=round(now - run.started_at, 3), first_loss=led.first_loss,
+        last_loss=led.last_loss,
+        median_step_s=statistics.median(led.step_times) if led.step_times else None,
+        compile_s=[round(c, 3) for c in led.compile_times],
+        recoveries=[r.to_json() for r in led.recoveries], restores=list(led.restores),
+        last_committed_step=led.last_committed, goodput=goodput,
+        exit_code=0 if state is RunState.SUCCEEDED else 1)
+    try:
+        run.run_dir.mkdir(parents=True, exist_ok=True)
+        tmp = run.run_dir / "summary.json.tmp"
+        tmp.write_text(json.dumps(summary.to_json(), indent=2, default=str))
+        tmp.replace(run.run_dir / "summary.json")
+    except OSError as exc:
+        log.error("summary_write_failed", error=str(exc))
+    return summary

@@ -1,0 +1,58 @@
+"""Chunk ends and the save interval: the driver chooses where chunks end and where hosts save."""
+
+from __future__ import annotations
+
+import math
+
+from orchestrator.controller_v2.running import chunk_end, save_interval
+from tests.controller.harness import make
+
+
+def test_chunks_end_on_save_steps_and_chaos_steps(tmp_path):
+    """A chunk never crosses a save step (grow needs a committed boundary) or a chaos step."""
+    sim = make(tmp_path, "run.steps_per_call=7", "run.total_steps=40",
+               "controller.checkpoint_interval.every_steps=5",
+               "controller.chaos=[{at_step: 13, host: 0, kind: preempt}]")
+    run = sim.controller.run_state
+    ends = []
+    while run.ledger.step < 40:
+        run.ledger.step = chunk_end(run, 5)
+        ends.append(run.ledger.step)
+    assert ends == [5, 10, 13, 15, 20, 25, 30, 35, 40]
+
+
+def test_a_drain_at_a_chosen_step_ends_the_chunk_there(tmp_path):
+    from orchestrator.controller_v2.context import Pending
+    from policies.causes import StopCause
+
+    sim = make(tmp_path, "run.steps_per_call=10", "controller.checkpoint_interval.every_steps=10")
+    run = sim.controller.run_state
+    run.pending = Pending(cause=StopCause.MAINTENANCE, reason="window", at_step=4)
+    assert chunk_end(run, 10) == 4
+
+
+def test_hosts_save_exactly_at_the_steps_the_driver_chose(tmp_path):
+    sim = make(tmp_path, "run.total_steps=12", "run.steps_per_call=4",
+               "controller.checkpoint_interval.every_steps=3")
+    sim.run()
+    chunks = sim.fleet.groups[0].chunks
+    assert [c["save_steps"] for c in chunks] == [[3], [6], [9], [12]]
+
+
+def test_fixed_interval_is_the_configured_one(tmp_path):
+    sim = make(tmp_path, "controller.checkpoint_interval.every_steps=7")
+    assert save_interval(sim.controller.run_state) == 7
+
+
+def test_young_daly_interval_follows_measured_costs_and_restarts(tmp_path):
+    """sqrt(2 · save cost · MTBI) / step time, with the restarts seen so far in the MTBI."""
+    sim = make(tmp_path, "controller.checkpoint_interval.kind=young_daly",
+               "controller.checkpoint_interval.every_steps=50",
+               "controller.checkpoint_interval.min_steps=10",
+               "controller.checkpoint_interval.max_steps=1000",
+               "controller.checkpoint_interval.prior_mtbi_s=3600")
+    run = sim.controller.run_state
+    assert save_interval(run) == 50, "before anything is measured: every_steps"
+    run.ledger.step_times = [0.5] * 10
+    run.ledger.save_costs = [2.0] * 3
+    assert save_interval(run) == round(math.sqrt(2 * 2.0 * 3600) / 0.5)
