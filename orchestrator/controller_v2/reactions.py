@@ -26,6 +26,7 @@ class Reactions:
         self.health_reports: list[HealthReport] = []
         self.last_health_drain_at: float | None = None
         self._replay: list[Any] = []
+        self._deferred: list[Any] = []  # noted "not yet" (e.g. no step time): decided again
         self._hosts: tuple[float, list[HostRef]] | None = None
 
     # ---- intake ---------------------------------------------------------------------------
@@ -51,6 +52,8 @@ class Reactions:
         events: list[Any] = []
         if in_mesh and self._replay:
             events, self._replay = self._replay, []
+        if in_mesh and self._deferred and run.ledger.median_step_s() is not None:
+            events, self._deferred = events + self._deferred, []
         if run.intake is not None:
             try:
                 events += run.intake.poll(self._known_hosts(), run.ledger.incarnation)
@@ -112,6 +115,7 @@ class Reactions:
         plan = run.plan
         mesh = frozenset(h.node_id for h in plan.hosts) if (plan and in_mesh) else frozenset()
         targeting = resolve_targets(ev, self._known_hosts(),
+                                    id_to_name=getattr(run.intake, "id_to_name", None),
                                     cluster=getattr(run.cfg.events, "cluster", None))
         kind = ev.kind.value
         if kind == "host_unhealthy":
@@ -138,7 +142,9 @@ class Reactions:
         if reaction.doomed:
             details["hosts"] = sorted(reaction.doomed)
         if not reaction.drains:
-            if reaction.kind is ReactionKind.NOTE and reaction.doomed:
+            if reaction.kind is ReactionKind.NOTE and reaction.deadline is not None:
+                self._deferred.append(ev)  # a decision for later (a window days ahead)
+            elif reaction.kind is ReactionKind.NOTE and reaction.doomed:
                 p.excluded |= set(reaction.doomed)  # outside the mesh: keep out of the next
             self.record(ev, reaction.kind.value, **details)
             return

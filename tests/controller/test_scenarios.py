@@ -230,3 +230,21 @@ def test_chaos_plugin_arms_faults_in_hosts_without_core_branches(tmp_path):
                       else None)
     summary = sim.run()
     assert summary.state == "SUCCEEDED" and summary.restarts == {"host_lost": 1}
+
+
+def test_scheduled_maintenance_drains_at_a_step_of_its_choosing(tmp_path):
+    """A window days ahead is not a 60 s notice: the drain lands maintenance_lead_s before it."""
+    sim = make(tmp_path, "run.total_steps=100", "run.steps_per_call=10",
+               "controller.checkpoint_interval.every_steps=10", spare=("s1",))
+
+    def schedule(g):
+        start = sim.clock.now() + 600.0 + 5.0  # 5 s of steps (50 at 0.1 s) before the lead
+        sim.notice("maintenance_scheduled", host="vm-s0-0", deadline_in=None,
+                   window_start=start, window_end=start + 3600)
+
+    sim.fleet.on_step(10, schedule)
+    summary = sim.run()
+    assert summary.state == "SUCCEEDED" and summary.lost_steps == 0
+    drain = next(t for t in sim.controller.lifecycle.timeline if t.state.value == "DRAINING")
+    assert 50 <= drain.step <= 62, drain.step
+    assert drain.payload.cause.value == "maintenance"
