@@ -7,8 +7,9 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 ARGS   ?=
 PYTEST_ARGS ?=
+CLUSTER_ARGS ?= --slices 2 --hosts-per-slice 2 --devices-per-host 2
 
-.PHONY: run test lint bench report clean
+.PHONY: run test lint bench report clean cluster cluster-down
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +23,14 @@ run: $(STAMP)
 ## The whole test suite (starts and stops its own Ray clusters, Pub/Sub emulator and servers).
 test: $(STAMP)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+## A local Ray cluster whose nodes look like TPU hosts, token auth on (README "Try it locally").
+cluster: $(STAMP)
+	$(BIN)/python -m orchestrator.cluster up $(CLUSTER_ARGS)
+
+## Stop everything `make cluster` started.
+cluster-down: $(STAMP)
+	$(BIN)/python -m orchestrator.cluster down
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -227,8 +227,12 @@ def _start_host(state: ClusterState, state_dir: Path, shape: Shape, slice_name: 
     env = _node_env(state)
     for attempt in range(START_ATTEMPTS):
         log_path = state_dir / f"{instance}-{attempt}.log"
+        # Its own temp dir: nodes sharing one would unpack (and garbage-collect) a job's
+        # working_dir package in the same place at once, and the driver imports a torn tree.
+        node_dir = Path(state.temp_dir) / f"h{len(state.nodes)}"
+        node_dir.mkdir(exist_ok=True)
         proc = _launch(host_args(slice_name, worker, shape, gcs_address=state.gcs_address,
-                                 agent_port=free_port(), temp_dir=state.temp_dir),
+                                 agent_port=free_port(), temp_dir=str(node_dir)),
                        log_path, env)
         state.nodes.append({"name": instance, "pid": proc.pid, "log": str(log_path)})
         _save(state_dir, state)
