@@ -1,9 +1,16 @@
-# Least privilege for the two workload identities:
-#   tpu-orchestrator (driver + host actors): pull the events subscription, publish events (operator
-#     CLI), write metrics, read/write the runs bucket.
-#   tpu-autoresume: pull the alerts subscription, read/write the runs bucket (reads run.json and
-#     metrics; its own state lives on a PersistentVolume).
-# Nothing is granted at project level except monitoring.metricWriter (it has no narrower scope).
+# Least privilege:
+#   nodes (the GKE node VMs): write logs and metrics, pull images - roles/container.
+#     defaultNodeServiceAccount and Artifact Registry reader, nothing else (not the Compute
+#     Engine default service account, often project Editor).
+#   tpu-orchestrator (driver + host actors, via Workload Identity): pull its run's events
+#     subscription, write metrics, read/write the runs bucket. It may NOT publish to the events
+#     topic: any Ray job could then drain every run. Operators publish with their own credentials.
+#   tpu-autoresume: pull the alerts subscription, read the runs bucket.
+
+resource "google_service_account" "nodes" {
+  account_id   = "${var.name}-nodes"
+  display_name = "TPU orchestrator GKE nodes"
+}
 
 resource "google_service_account" "orchestrator" {
   account_id   = "tpu-orchestrator"
@@ -15,6 +22,16 @@ resource "google_service_account" "autoresume" {
   display_name = "TPU orchestrator autoresume service"
 }
 
+resource "google_project_iam_member" "nodes" {
+  for_each = toset([
+    "roles/container.defaultNodeServiceAccount",
+    "roles/artifactregistry.reader",
+  ])
+  project = var.project_id
+  role    = each.value
+  member  = "serviceAccount:${google_service_account.nodes.email}"
+}
+
 resource "google_storage_bucket" "runs" {
   name                        = "${var.project_id}-${var.name}-runs"
   location                    = var.region
@@ -23,16 +40,12 @@ resource "google_storage_bucket" "runs" {
   force_destroy               = false
 }
 
+# One grant per run's own events subscription (pubsub.tf).
 resource "google_pubsub_subscription_iam_member" "orchestrator_events_subscriber" {
-  subscription = google_pubsub_subscription.events_driver.id
+  for_each     = google_pubsub_subscription.events_run
+  subscription = each.value.id
   role         = "roles/pubsub.subscriber"
   member       = "serviceAccount:${google_service_account.orchestrator.email}"
-}
-
-resource "google_pubsub_topic_iam_member" "orchestrator_events_publisher" {
-  topic  = google_pubsub_topic.events.id
-  role   = "roles/pubsub.publisher"
-  member = "serviceAccount:${google_service_account.orchestrator.email}"
 }
 
 resource "google_project_iam_member" "orchestrator_metric_writer" {

@@ -2,9 +2,9 @@ output "events_topic" {
   value = google_pubsub_topic.events.id
 }
 
-output "events_subscription" {
-  description = "Run config: events.pubsub.subscription takes the short name (last path part)."
-  value       = google_pubsub_subscription.events_driver.id
+output "events_subscriptions" {
+  description = "Per run: events.pubsub.subscription = the short name (last path part)."
+  value       = { for run, sub in google_pubsub_subscription.events_run : run => sub.name }
 }
 
 output "alerts_subscription" {
@@ -22,6 +22,10 @@ output "runs_bucket" {
 
 output "orchestrator_service_account" {
   value = google_service_account.orchestrator.email
+}
+
+output "node_service_account" {
+  value = google_service_account.nodes.email
 }
 
 output "autoresume_service_account" {

@@ -1,5 +1,11 @@
-# Topics: `events` (preemption/maintenance/node events from Logging sinks + our own JSON events),
+# Topics: `events` (preemption/maintenance/node events from Logging sinks + operator events),
 # `alerts` (Cloud Monitoring notifications), `dead-letters` (messages no consumer could take).
+#
+# Every run has its OWN subscription to the events topic, `<name>-events-<run>` (run = run.name,
+# listed in var.runs): Pub/Sub gives each subscription a copy of every message, so two runs never
+# take (and ack) each other's preemption notices. The filter drops operator events addressed to
+# another run (attribute `job`); platform events (no `job` attribute) reach every run, and each
+# driver decides by host whether one is its own. No subscription expires when idle.
 
 resource "google_pubsub_topic" "events" {
   name       = "${var.name}-events"
@@ -16,12 +22,18 @@ resource "google_pubsub_topic" "dead_letters" {
   depends_on = [google_project_service.apis]
 }
 
-# The driver's event intake (events.pubsub.subscription in the run config).
-resource "google_pubsub_subscription" "events_driver" {
-  name                       = "${var.name}-events-driver"
+# events.pubsub.subscription of run R = "${var.name}-events-R" (terraform output).
+resource "google_pubsub_subscription" "events_run" {
+  for_each                   = var.runs
+  name                       = "${var.name}-events-${each.key}"
   topic                      = google_pubsub_topic.events.id
+  filter                     = "NOT attributes:job OR attributes.job = \"${each.key}\""
   ack_deadline_seconds       = 30
   message_retention_duration = "3600s"
+
+  expiration_policy {
+    ttl = "" # never expires while idle (the default is 31 days)
+  }
 
   dead_letter_policy {
     dead_letter_topic     = google_pubsub_topic.dead_letters.id
@@ -41,6 +53,10 @@ resource "google_pubsub_subscription" "alerts_autoresume" {
   ack_deadline_seconds       = 60
   message_retention_duration = "86400s"
 
+  expiration_policy {
+    ttl = ""
+  }
+
   dead_letter_policy {
     dead_letter_topic     = google_pubsub_topic.dead_letters.id
     max_delivery_attempts = 10
@@ -52,11 +68,16 @@ resource "google_pubsub_subscription" "alerts_autoresume" {
   }
 }
 
-# Keeps dead letters for an operator to inspect (`gcloud pubsub subscriptions pull`).
+# Keeps dead letters 7 days for an operator to inspect (`gcloud pubsub subscriptions pull
+# --auto-ack`, deploy/README.md). Nobody pulls it routinely, so it must never expire.
 resource "google_pubsub_subscription" "dead_letters_inspect" {
   name                       = "${var.name}-dead-letters-inspect"
   topic                      = google_pubsub_topic.dead_letters.id
   message_retention_duration = "604800s"
+
+  expiration_policy {
+    ttl = ""
+  }
 }
 
 # Dead-lettering is done by the Pub/Sub service agent: it must publish to the dead-letter topic and
@@ -71,8 +92,9 @@ resource "google_pubsub_topic_iam_member" "dead_letters_publisher" {
   member = local.pubsub_service_agent
 }
 
-resource "google_pubsub_subscription_iam_member" "events_driver_dlq_subscriber" {
-  subscription = google_pubsub_subscription.events_driver.id
+resource "google_pubsub_subscription_iam_member" "events_run_dlq_subscriber" {
+  for_each     = google_pubsub_subscription.events_run
+  subscription = each.value.id
   role         = "roles/pubsub.subscriber"
   member       = local.pubsub_service_agent
 }

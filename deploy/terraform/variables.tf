@@ -92,3 +92,67 @@ variable "loss_ceiling" {
   type        = number
   default     = 1e30
 }
+
+variable "runs" {
+  description = "Run names (run.name) that get their own events subscription <name>-events-<run>."
+  type        = set(string)
+  default     = []
+  validation {
+    condition     = alltrue([for r in var.runs : can(regex("^[a-z][-a-z0-9_.]{0,62}$", r))])
+    error_message = "Run names: lowercase letter first, then letters, digits, - _ . (max 63)."
+  }
+}
+
+variable "authorized_networks" {
+  description = "CIDRs allowed to reach the GKE control plane (your office/VPN, CI). Nothing else."
+  type        = list(string)
+  default     = []
+}
+
+variable "master_cidr" {
+  description = "/28 for the private control plane endpoint."
+  type        = string
+  default     = "172.16.0.16/28"
+}
+
+variable "nodes_cidr" {
+  description = "Primary range of the node subnet."
+  type        = string
+  default     = "10.10.0.0/20"
+}
+
+variable "pods_cidr" {
+  description = "Secondary range for pods."
+  type        = string
+  default     = "10.20.0.0/14"
+}
+
+variable "services_cidr" {
+  description = "Secondary range for services."
+  type        = string
+  default     = "10.24.0.0/20"
+}
+
+variable "node_name_prefix" {
+  description = "Name prefix of this cluster's node VMs for the Logging sinks; empty = gke-<name>-. Check with `gcloud compute instances list` (GKE may shorten long names)."
+  type        = string
+  default     = ""
+}
+
+variable "maintenance_start" {
+  description = "Start of the recurring maintenance window (RFC 3339; only its time of day and weekday count)."
+  type        = string
+  default     = "2026-01-03T02:00:00Z"
+}
+
+variable "maintenance_end" {
+  description = "End of the first maintenance window (RFC 3339)."
+  type        = string
+  default     = "2026-01-03T10:00:00Z"
+}
+
+variable "maintenance_recurrence" {
+  description = "RFC 5545 RRULE of the maintenance window."
+  type        = string
+  default     = "FREQ=WEEKLY;BYDAY=SA,SU"
+}

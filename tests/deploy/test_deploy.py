@@ -89,7 +89,7 @@ def test_every_referenced_pubsub_resource_exists():
 def test_subscriptions_dead_letter_to_the_dead_letter_topic():
     """Both consumer subscriptions dead-letter; the Pub/Sub agent may publish there."""
     subs = tf_resources("google_pubsub_subscription")
-    for name in ("events_driver", "alerts_autoresume"):
+    for name in ("events_run", "alerts_autoresume"):
         assert "dead_letter_topic     = google_pubsub_topic.dead_letters.id" in subs[name]
     grants = tf_resources("google_pubsub_topic_iam_member")
     assert any("dead_letters" in b and "gcp-sa-pubsub" in tf_text() for b in grants.values())
@@ -131,9 +131,11 @@ def test_iam_is_least_privilege():
     """No owner/editor, no project-level pubsub roles; exactly the roles the workloads need."""
     text = tf_text()
     assert not re.search(r'roles/(owner|editor|pubsub\.admin|pubsub\.editor)', text)
-    project_roles = re.findall(r'role\s*=\s*"([^"]+)"',
-                               "".join(tf_resources("google_project_iam_member").values()))
-    assert project_roles == ["roles/monitoring.metricWriter"]
+    grants = tf_resources("google_project_iam_member")
+    assert set(grants) == {"nodes", "orchestrator_metric_writer"}
+    assert "roles/monitoring.metricWriter" in grants["orchestrator_metric_writer"]
+    assert set(re.findall(r'"(roles/[^"]+)"', grants["nodes"])) == {
+        "roles/container.defaultNodeServiceAccount", "roles/artifactregistry.reader"}
     for role in ("roles/pubsub.subscriber", "roles/pubsub.publisher",
                  "roles/monitoring.metricWriter", "roles/iam.workloadIdentityUser"):
         assert role in text
@@ -186,15 +188,24 @@ def test_ray_head_not_publicly_exposed():
 
 
 def test_ray_token_auth_on_every_pod():
-    """Head and workers run with RAY_AUTH_MODE=token and the token from the Secret."""
+    """Head, workers and the RayJob submitter: RAY_AUTH_MODE=token, the token as a read-only
+    file from the Secret (RAY_AUTH_TOKEN_PATH), never as an env var value."""
     for path in (KUBERAY / "raycluster-tpu.yaml", KUBERAY / "rayjob-example.yaml"):
         for doc in yaml_docs(path):
-            pods = [head_group(doc), *worker_groups(doc)]
-            for g in pods:
-                env = {e["name"]: e for e in g["template"]["spec"]["containers"][0]["env"]}
+            groups = [head_group(doc), *worker_groups(doc)]
+            pods = [g["template"]["spec"] for g in groups]
+            if doc["kind"] == "RayJob":
+                pods.append(doc["spec"]["submitterPodTemplate"]["spec"])
+            for pod in pods:
+                c = pod["containers"][0]
+                env = {e["name"]: e for e in c["env"]}
                 assert env["RAY_AUTH_MODE"]["value"] == "token"
-                assert env["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == (
-                    "ray-auth-token")
+                assert "RAY_AUTH_TOKEN" not in env
+                token_dir = env["RAY_AUTH_TOKEN_PATH"]["value"].rsplit("/", 1)[0]
+                mount = next(m for m in c["volumeMounts"] if m["mountPath"] == token_dir)
+                assert mount["readOnly"] is True
+                vol = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+                assert vol["secret"]["secretName"] == "ray-auth-token"
 
 
 def test_autoresume_manifest_config_loads_and_matches():
