@@ -6,9 +6,12 @@ Each phase is one bounded call on the worker group; a failure becomes a recovery
 
 from __future__ import annotations
 
+import dataclasses
+import json
+
 from orchestrator.controller_v2 import recovering
 from orchestrator.controller_v2.context import Next, Run, log
-from orchestrator.controller_v2.seam import GroupFailed, GroupSpec
+from orchestrator.controller_v2.seam import Formed, GroupFailed, GroupSpec
 from orchestrator.lifecycle import Restoring, RunState
 
 S = RunState
@@ -31,6 +34,10 @@ def forming(run: Run) -> Next:
     except GroupFailed as exc:
         return recovering.after_failure(run, exc.status)
     log.info("group_formed", hosts=formed.hosts, metadata_watchers=formed.metadata_watchers)
+    if formed.instance_ids and run.intake is not None and hasattr(run.intake,
+                                                                  "set_instance_ids"):
+        run.intake.set_instance_ids(formed.instance_ids)
+    write_topology(run, formed)
     return Next(S.RESTORING, f"group of {p.plan.num_processes} hosts formed",
                 Restoring(step=run.ledger.last_committed or 0))
 
@@ -73,3 +80,20 @@ def compiling(run: Run) -> Next:
     run.flops = out.flops
     log.info("compiled", compile_s=round(out.compile_s, 3), flops=out.flops)
     return Next(S.RUNNING, "step compiled")
+
+
+def write_topology(run: Run, formed: Formed) -> None:
+    """RUN_DIR/topology.json: the mesh's hosts, the id -> name map, job and cluster, so an
+    operator can ask ``python -m orchestrator.events explain --topology RUN_DIR`` what the run
+    would do with a message. Evidence only: a failed write is logged."""
+    plan = run.plan
+    assert plan is not None
+    data = {"job": run.cfg.run.name, "cluster": getattr(run.cfg.events, "cluster", None),
+            "incarnation": run.ledger.incarnation, "id_to_name": formed.instance_ids,
+            "hosts": [dataclasses.asdict(h) for h in plan.hosts]}
+    try:
+        tmp = run.run_dir / "topology.json.tmp"
+        tmp.write_text(json.dumps(data, indent=2))
+        tmp.replace(run.run_dir / "topology.json")
+    except OSError as exc:
+        log.error("topology_write_failed", error=str(exc))

@@ -10,7 +10,7 @@ implementation is ``orchestrator.ray_group``; tests use ``tests.controller.fakes
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from orchestrator.config import RunConfig
@@ -94,8 +94,12 @@ def describe(status: Failure) -> str:
 
 @dataclass(frozen=True, kw_only=True)
 class Formed:
+    """``instance_ids``: GCE instance id -> name, as each host read it from its own metadata
+    server (empty off GCE), so events that name a host only by numeric id can be targeted."""
+
     hosts: int
     metadata_watchers: int = 0
+    instance_ids: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -91,6 +91,7 @@ class FakeFleet:
         self.form_failures: list[GroupFailed] = []
         self.compile_error: Exception | None = None
         self.compile_failures: list[GroupFailed] = []
+        self.formed_instance_ids: dict[str, str] = {}
 
     def on_step(self, step: int, fn: Callable[[FakeGroup], object]) -> None:
         """Run ``fn(group)`` when a group reaches ``step``; a returned failure status ends the
@@ -122,7 +123,8 @@ class FakeGroup:
     def form(self) -> Formed:
         if self.fleet.form_failures:
             raise self.fleet.form_failures.pop(0)
-        return Formed(hosts=len(self.spec.plan.hosts))
+        return Formed(hosts=len(self.spec.plan.hosts),
+                      instance_ids=dict(self.fleet.formed_instance_ids))
 
     def restore(self, *, skip_steps: Collection[int] = ()) -> Restored:
         disk = self.fleet.disk

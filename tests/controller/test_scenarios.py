@@ -248,3 +248,18 @@ def test_scheduled_maintenance_drains_at_a_step_of_its_choosing(tmp_path):
     drain = next(t for t in sim.controller.lifecycle.timeline if t.state.value == "DRAINING")
     assert 50 <= drain.step <= 62, drain.step
     assert drain.payload.cause.value == "maintenance"
+
+
+def test_topology_is_written_for_explain_and_instance_ids_reach_the_intake(tmp_path):
+    """explain --topology RUN_DIR sees the mesh the run formed, with the hosts' id map."""
+    from orchestrator.controller_v2.seam import Formed
+    from orchestrator.events.explain import load_topology
+
+    sim = make(tmp_path)
+    sim.fleet.formed_instance_ids = {"123456789": "vm-s0-1"}
+    sim.run()
+    topo = load_topology(sim.run_dir)
+    assert [h.instance for h in topo.hosts] == ["vm-s0-0", "vm-s0-1"]
+    assert topo.id_to_name == {"123456789": "vm-s0-1"} and topo.job == "default"
+    assert sim.intake.id_to_name == {"123456789": "vm-s0-1"}
+    assert Formed(hosts=1).instance_ids == {}
