@@ -6,6 +6,11 @@
 submitted here runs with RAY_ADDRESS set by Ray and finds those hosts in the SAME cluster
 (cluster.mode=auto), exactly as a driver on a real TPU cluster finds its TPU nodes.
 
+Token auth is ON, as Ray 2.60 and production run it: a fresh token in the cluster's temp dir is
+given to every node (RAY_AUTH_TOKEN_PATH); clients send it (`RayCluster.headers()`, autoresume's
+`ray.token_file`). Labels and resources come from `orchestrator.cluster.nodes`, the same code as
+`python -m orchestrator.cluster up`.
+
 Teardown never uses `ray stop`: that would kill other Ray clusters on this shared machine. Every
 node runs `--block` in its own process group; we kill those groups, then whatever process still
 names our temp dir.
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -30,14 +36,8 @@ from typing import IO
 
 import psutil
 
-from orchestrator.topology import (
-    EMULATED_LABEL,
-    INSTANCE_LABEL,
-    POD_TYPE_LABEL,
-    SLICE_LABEL,
-    TOPOLOGY_LABEL,
-    WORKER_LABEL,
-)
+from orchestrator.cluster.nodes import host_labels, host_resources
+from orchestrator.topology import INSTANCE_LABEL
 from tests.support.pubsub_emulator import free_port
 
 READY_TIMEOUT_S = 90.0
@@ -63,46 +63,44 @@ class RayCluster:
     url: str  # job API / dashboard
     gcs_address: str  # what `ray start --address` and ray.init take
     temp_dir: str
+    token_path: str  # the cluster's auth token (RAY_AUTH_TOKEN_PATH of every node)
+
+    def headers(self) -> dict[str, str]:
+        """What a job API client sends (JobSubmissionClient(url, headers=...))."""
+        return _auth(self.token_path)
 
 
-def host_labels(slice_name: str, worker_id: int, *, hosts: int, devices: int) -> dict[str, str]:
-    """Labels a Ray TPU node carries, plus the marker that it is CPU-emulated."""
-    return {SLICE_LABEL: slice_name, WORKER_LABEL: str(worker_id),
-            INSTANCE_LABEL: f"{slice_name}-w{worker_id}",
-            POD_TYPE_LABEL: f"cpu-emu-{hosts * devices}", TOPOLOGY_LABEL: f"{hosts}x{devices}",
-            EMULATED_LABEL: "true"}
+def _auth(token_path: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {Path(token_path).read_text().strip()}"}
 
 
-def host_resources(worker_id: int, *, hosts: int, devices: int) -> dict[str, int]:
-    """`TPU` chips, and the `TPU-<pod>-head` marker resource on worker 0 (as real slices)."""
-    res = {"TPU": devices}
-    if worker_id == 0:
-        res[f"TPU-cpu-emu-{hosts * devices}-head"] = 1
-    return res
-
-
-def _ray_env() -> dict[str, str]:
+def _ray_env(token_path: Path) -> dict[str, str]:
     venv_bin = str(Path(sys.executable).parent)
-    env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0",
+    env = dict(os.environ, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token_path),
+               RAY_USAGE_STATS_ENABLED="0",
                # the raylet waits this long for its Python agent: slow on a loaded machine
                RAY_agent_register_timeout_ms="120000",
                PATH=f"{venv_bin}:{os.environ.get('PATH', '')}")  # `python` in jobs = this venv
     env.pop("RAY_ADDRESS", None)
+    env.pop("RAY_AUTH_TOKEN", None)
     return env
 
 
-def _launch(args: list[str], log: IO[bytes]) -> subprocess.Popen[bytes]:
+def _launch(args: list[str], log: IO[bytes], temp_dir: Path) -> subprocess.Popen[bytes]:
     ray_bin = str(Path(sys.executable).parent / "ray")
     return subprocess.Popen([ray_bin, "start", "--block", *args], stdout=log,
-                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=_ray_env(),
-                            start_new_session=True)
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            env=_ray_env(temp_dir / "auth_token"), start_new_session=True)
 
 
 @contextlib.contextmanager
 def ray_cluster(num_cpus: int = 2, *, tpu: TpuSlices | None = None) -> Iterator[RayCluster]:
-    """A fresh head (RAY_AUTH_MODE=disabled) and, with `tpu`, emulated TPU worker nodes; yields
-    once the job API answers and every TPU node is registered."""
+    """A fresh head (token auth on) and, with `tpu`, emulated TPU worker nodes; yields once the
+    job API answers and every TPU node is registered."""
     temp_dir = Path(tempfile.mkdtemp(prefix="arr-", dir="/tmp"))
+    token_path = temp_dir / "auth_token"
+    token_path.write_text(secrets.token_hex(32) + "\n")
+    token_path.chmod(0o600)
     logs: list[IO[bytes]] = []
     procs: list[subprocess.Popen[bytes]] = []
     gcs = ""
@@ -114,7 +112,8 @@ def ray_cluster(num_cpus: int = 2, *, tpu: TpuSlices | None = None) -> Iterator[
                     _join_tpu_host(f"{tpu.name_prefix}-{s}", w, tpu, gcs, url, procs, logs,
                                    temp_dir)
             _wait_tpu_nodes(url, tpu.slices * tpu.hosts_per_slice, procs, temp_dir)
-        yield RayCluster(url=url, gcs_address=gcs, temp_dir=str(temp_dir))
+        yield RayCluster(url=url, gcs_address=gcs, temp_dir=str(temp_dir),
+                         token_path=str(token_path))
     finally:
         _kill_all(procs, str(temp_dir), gcs)
         for log in logs:
@@ -123,10 +122,10 @@ def ray_cluster(num_cpus: int = 2, *, tpu: TpuSlices | None = None) -> Iterator[
 
 
 @contextlib.contextmanager
-def ray_job_server(num_cpus: int = 2) -> Iterator[str]:
-    """Yield the job API URL of a fresh `ray start --head` (RAY_AUTH_MODE=disabled)."""
+def ray_job_server(num_cpus: int = 2) -> Iterator[RayCluster]:
+    """A fresh `ray start --head` with the job server, token auth on."""
     with ray_cluster(num_cpus) as cluster:
-        yield cluster.url
+        yield cluster
 
 
 def _json(value: dict[str, int]) -> str:
@@ -157,9 +156,9 @@ def _start_head(num_cpus: int, procs: list[subprocess.Popen[bytes]], logs: list[
              "--include-dashboard=true", f"--ray-client-server-port={free_port()}",
              f"--dashboard-agent-listen-port={free_port()}", f"--num-cpus={num_cpus}",
              "--num-gpus=0", f"--object-store-memory={150 * 1024 * 1024}",
-             f"--temp-dir={temp_dir}", "--disable-usage-stats"], logs[-1])
+             f"--temp-dir={temp_dir}", "--disable-usage-stats"], logs[-1], temp_dir)
         url = f"http://{LOOPBACK}:{dash}"
-        if _started(proc, temp_dir / f"head-{attempt}.log") and _api_up(url, proc):
+        if _started(proc, temp_dir / f"head-{attempt}.log") and _api_up(url, proc, temp_dir):
             procs.append(proc)
             return url, f"{LOOPBACK}:{gcs_port}"
         _kill_group(proc)
@@ -178,11 +177,16 @@ def _started(proc: subprocess.Popen[bytes], log_path: Path) -> bool:
     return False
 
 
-def _api_up(url: str, proc: subprocess.Popen[bytes]) -> bool:
+def _get(url: str, temp_dir: Path, timeout: float) -> urllib.request.Request:
+    return urllib.request.Request(url, headers=_auth(str(temp_dir / "auth_token")))
+
+
+def _api_up(url: str, proc: subprocess.Popen[bytes], temp_dir: Path) -> bool:
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline and proc.poll() is None:
         try:
-            with urllib.request.urlopen(f"{url}/api/version", timeout=2) as resp:
+            with urllib.request.urlopen(_get(f"{url}/api/version", temp_dir, 2),
+                                        timeout=2) as resp:
                 if resp.status == 200:
                     return True
         except (urllib.error.URLError, OSError):
@@ -210,12 +214,12 @@ def _join_tpu_host(slice_name: str, worker_id: int, tpu: TpuSlices, gcs: str, ur
              "--labels=" + ",".join(f"{k}={v}" for k, v in labels.items()),
              f"--object-store-memory={80 * 1024 * 1024}",
              f"--dashboard-agent-listen-port={free_port()}",
-             f"--temp-dir={temp_dir}", "--disable-usage-stats"], logs[-1])
+             f"--temp-dir={temp_dir}", "--disable-usage-stats"], logs[-1], temp_dir)
         _check_alive(procs, temp_dir)  # the head is still there
         if _started(proc, temp_dir / f"{instance}-{attempt}.log"):
             deadline = time.monotonic() + READY_TIMEOUT_S
             while time.monotonic() < deadline and proc.poll() is None:
-                if instance in _alive_tpu_instances(url):
+                if instance in _alive_tpu_instances(url, temp_dir):
                     procs.append(proc)
                     return
                 time.sleep(0.5)
@@ -225,12 +229,13 @@ def _join_tpu_host(slice_name: str, worker_id: int, tpu: TpuSlices, gcs: str, ur
     raise TimeoutError(f"emulated TPU host {instance} did not join the Ray cluster")
 
 
-def _alive_tpu_instances(url: str) -> list[str]:
+def _alive_tpu_instances(url: str, temp_dir: Path) -> list[str]:
     """Instance labels of the alive nodes with TPU resources (dashboard node summary)."""
     import json
 
     try:
-        with urllib.request.urlopen(f"{url}/nodes?view=summary", timeout=5) as resp:
+        with urllib.request.urlopen(_get(f"{url}/nodes?view=summary", temp_dir, 5),
+                                    timeout=5) as resp:
             body = json.loads(resp.read())
     except (urllib.error.URLError, OSError, ValueError):
         return []
@@ -249,7 +254,7 @@ def _wait_tpu_nodes(url: str, expected: int, procs: list[subprocess.Popen[bytes]
     seen: list[str] = []
     while time.monotonic() < deadline:
         _check_alive(procs, temp_dir)
-        seen = _alive_tpu_instances(url)
+        seen = _alive_tpu_instances(url, temp_dir)
         if len(seen) == expected:
             return
         time.sleep(0.5)

@@ -3,12 +3,13 @@
 A local Ray cluster like a TPU cluster: `ray start --head` with the job server, and two worker
 nodes joined to it that carry TPU resources and slice labels (one emulated slice of 2 hosts x 2
 CPU devices). `python -m orchestrator.main` is submitted through the real job API with
-cluster.mode=auto, so the driver uses the job's RAY_ADDRESS and finds those hosts. It trains,
-checkpoints every 5 steps, and is killed (`stop_job`). A real-format Cloud Monitoring
-notification is published to the Pub/Sub emulator; the autoresume service resubmits the run
-from run.json (same entrypoint, same runtime env); the second driver restores the latest
-checkpoint and reaches the target step. A duplicate notification and one for another run do
-nothing.
+cluster.mode=auto, so the driver uses the job's RAY_ADDRESS and finds those hosts. Ray token auth
+is on throughout. It trains, checkpoints every 5 steps, and its driver is killed (SIGKILL: the job
+FAILS; a `ray job stop` would mean "do not resume"). A real-format Cloud Monitoring notification
+is published to the Pub/Sub emulator; the autoresume service resubmits the run from run.json
+(same entrypoint; same runtime env minus the secret the driver redacted); the second driver
+restores the latest checkpoint and reaches the target step. A duplicate notification and one for
+another run do nothing.
 
 Slow (two driver start-ups on 2 cores): marked cluster+emulator; run with
 `pytest tests/autoresume/test_e2e.py -s` to see the measured latency.
@@ -18,8 +19,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
 import shlex
+import signal
 import threading
 import time
 import uuid
@@ -27,9 +30,15 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.autoresume.config import AutoresumeConfig, PolicyConfig, RayJobsConfig
+from orchestrator.autoresume.config import (
+    AutoresumeConfig,
+    OriginConfig,
+    PolicyConfig,
+    RayJobsConfig,
+)
 from orchestrator.autoresume.intake import run_forever
 from orchestrator.autoresume.ray_jobs import RUN_ID_METADATA, RayJobs
+from orchestrator.autoresume.runenv import REDACTED
 from orchestrator.autoresume.service import AutoresumeService
 from tests.autoresume.notifications import encode, notification
 from tests.autoresume.ray_server import TpuSlices, ray_cluster
@@ -113,26 +122,27 @@ def test_killed_training_job_resumes_from_checkpoint(tmp_path, pubsub_emulator_h
     from google.cloud import pubsub_v1
     from ray.job_submission import JobStatus, JobSubmissionClient
 
-    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     run_dir = tmp_path / "runs" / "e2e"
     argv = ["python", "-m", "orchestrator.main", f"run.run_dir={run_dir}", *E2E_OVERRIDES]
-    runtime_env = {"env_vars": {"PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu",
-                                "RAY_AUTH_MODE": "disabled"}}
+    runtime_env = {"env_vars": {"JAX_PLATFORMS": "cpu", "E2E_API_TOKEN": "s3cret"}}
     with ray_cluster(tpu=TPU) as cluster:
-        client = JobSubmissionClient(cluster.url)
+        client = JobSubmissionClient(cluster.url, headers=cluster.headers())
         first = client.submit_job(entrypoint=" ".join(argv), submission_id="e2e-r0",
                                   runtime_env=runtime_env, metadata={RUN_ID_METADATA: "e2e"})
         try:
             wait_for(lambda: checkpoint_steps(run_dir) or
                      client.get_job_status(first).is_terminal(), TIMEOUT_S, "a checkpoint")
             assert checkpoint_steps(run_dir), client.get_job_logs(first)[-3000:]
-            client.stop_job(first)  # the whole job dies: driver and host actors
+            os.kill(int(client.get_job_info(first).driver_info.pid), signal.SIGKILL)
             wait_for(lambda: client.get_job_status(first).is_terminal(), 60, "r0 dead")
-            assert client.get_job_status(first) == JobStatus.STOPPED
+            assert client.get_job_status(first) == JobStatus.FAILED
             saved = max(checkpoint_steps(run_dir))
             reached = max(r["step"] for r in read_jsonl(run_dir / "metrics.jsonl"))
-            run_id = json.loads((run_dir / "run.json").read_text())["run_id"]
+            meta = json.loads((run_dir / "run.json").read_text())
+            run_id = meta["run_id"]
+            assert run_id == "e2e"  # the run name is the run id
+            assert meta["runtime_env"]["env_vars"]["E2E_API_TOKEN"] == REDACTED
 
             topic = f"projects/demo/topics/alerts-{uuid.uuid4().hex[:8]}"
             sub = f"projects/demo/subscriptions/autoresume-{uuid.uuid4().hex[:8]}"
@@ -143,8 +153,10 @@ def test_killed_training_job_resumes_from_checkpoint(tmp_path, pubsub_emulator_h
             subscriber.close()
             cfg = AutoresumeConfig(subscription=sub, state_dir=str(tmp_path / "state"),
                                    run_dirs=(str(tmp_path / "runs/*"),), tick_s=0.2,
-                                   ray=RayJobsConfig(address=cluster.url, auth_mode="disabled"),
-                                   policy=PolicyConfig(startup_grace_s=0.0))
+                                   ray=RayJobsConfig(address=cluster.url, auth_mode="token",
+                                                     token_file=cluster.token_path),
+                                   policy=PolicyConfig(startup_grace_s=0.0),
+                                   origin=OriginConfig(project="demo-project"))
             service = AutoresumeService(cfg, ray=RayJobs(cfg.ray))
             stop = threading.Event()
             thread = threading.Thread(target=run_forever, args=(service, sub, stop), daemon=True)
@@ -183,7 +195,7 @@ def test_killed_training_job_resumes_from_checkpoint(tmp_path, pubsub_emulator_h
             jobs = {j.submission_id: j for j in client.list_jobs()}
             assert set(jobs) == {"e2e-r0", second}
             assert jobs[second].entrypoint == shlex.join(argv)
-            assert jobs[second].runtime_env["env_vars"] == runtime_env["env_vars"]
+            assert jobs[second].runtime_env["env_vars"] == {"JAX_PLATFORMS": "cpu"}
 
             # The audit: one submission for the incident; the duplicate and the stranger ignored.
             audit = decisions(service)
