@@ -73,3 +73,23 @@ class BarrierTimeout(GroupFailure):
             fix=f"raise timeouts.{phase}_s if the cluster is merely slow",
             hosts=hosts,
         )
+
+
+class CheckpointCorrupt(CheckpointError):
+    """A committed checkpoint step cannot be read (truncated, garbled or missing array data).
+
+    Raised by a host when its part of ``step`` fails to restore in a multi-process group: the
+    peers are then stuck in Orbax's restore barrier, so the group cannot fall back in place.
+    The driver re-forms and restores with ``skip_steps`` including ``step``; the host then
+    moves the step directory aside (never deletes it) and restores the previous committed step.
+    Not retryable as is: restoring the same step again fails the same way.
+    """
+
+    def __init__(self, *, step: int, reason: str, hosts: tuple[int, ...] = ()) -> None:
+        self.step = step
+        self.reason = reason
+        self.hosts = hosts
+        super().__init__(
+            f"Checkpoint step {step} is corrupt: {reason}",
+            fix=f"restore with skip_steps including {step} (the driver does this); the step "
+                "directory is then moved aside as <step>.corrupt-<n> for inspection")

@@ -1,0 +1,63 @@
+"""What one host needs to train its share of the run: a small, picklable spec.
+
+The driver builds one ``HostSpec`` per host and ships it to that host's actor, instead of the
+whole ``RunConfig`` (events, metrics, controller and cluster settings mean nothing to a host).
+Pure data: no Ray, no JAX, so the driver and tests build it freely.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from orchestrator.config import CheckpointConfig, ModelConfig, RunConfig, TrainConfig
+from orchestrator.errors import ConfigError
+from orchestrator.hosts import HostRef
+from orchestrator.plan import MeshPlan
+
+
+@dataclass(frozen=True, kw_only=True)
+class HostSpec:
+    """What one host needs to train its share, instead of the whole RunConfig."""
+
+    host: HostRef
+    plan: MeshPlan
+    model: ModelConfig
+    train: TrainConfig
+    checkpoint: CheckpointConfig
+    checkpoint_dir: str
+    seed: int
+    total_steps: int
+    accum_steps: int = 1
+    init_timeout_s: float
+    heartbeat_s: float
+    config_digest: str
+    """Digest of the driver's RunConfig, written into every checkpoint's run metadata."""
+
+    def __post_init__(self) -> None:
+        if self.accum_steps < 1:
+            raise ConfigError("train.global_batch", f"accum_steps must be >= 1, got "
+                              f"{self.accum_steps}", "pass accum_steps=1 or more")
+        if self.train.global_batch % self.accum_steps:
+            raise ConfigError("train.global_batch", f"{self.train.global_batch} does not divide "
+                              f"by accum_steps={self.accum_steps}",
+                              f"use a global batch that is a multiple of {self.accum_steps}")
+        if self.host not in self.plan.hosts:
+            raise ValueError(f"host {self.host.index} ({self.host.instance}) is not in the mesh "
+                             "plan; build the spec from one of plan.hosts")
+        if not self.checkpoint_dir:
+            raise ValueError("checkpoint_dir is empty; pass RUN_DIR/checkpoints")
+
+    @property
+    def process_id(self) -> int:
+        """This host's JAX process id (its position in the plan)."""
+        return self.host.index
+
+    @classmethod
+    def for_host(cls, cfg: RunConfig, plan: MeshPlan, host: HostRef, *, checkpoint_dir: str,
+                 accum_steps: int = 1) -> HostSpec:
+        """The spec for ``host`` (one of ``plan.hosts``) from the driver's config."""
+        return cls(host=host, plan=plan, model=cfg.model, train=cfg.train,
+                   checkpoint=cfg.checkpoint, checkpoint_dir=str(checkpoint_dir),
+                   seed=cfg.run.seed, total_steps=cfg.run.total_steps, accum_steps=accum_steps,
+                   init_timeout_s=cfg.timeouts.init_s, heartbeat_s=cfg.timeouts.heartbeat_s,
+                   config_digest=cfg.digest())
