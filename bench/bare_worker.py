@@ -37,6 +37,7 @@ def main(argv: list[str]) -> int:
 
     from orchestrator.config import load_config
     from orchestrator.hosts import HostRef
+    from orchestrator.hostspec import HostSpec
     from orchestrator.plan import MeshPlan
     from workers.trainer import Trainer
 
@@ -53,7 +54,8 @@ def main(argv: list[str]) -> int:
                   for i in range(n))
     plan = MeshPlan(hosts=hosts, slice_names=("bare",), shape=shape,
                     devices_per_host=args.devices, platform="cpu")
-    tr = Trainer(cfg, plan, checkpoint_dir=args.checkpoint_dir)
+    tr = Trainer(HostSpec.for_host(cfg, plan, hosts[args.process_id],
+                                   checkpoint_dir=args.checkpoint_dir))
     tr.init_state(cfg.run.seed)
     compile_s = tr.compile()
     records: list[dict] = []
@@ -63,7 +65,7 @@ def main(argv: list[str]) -> int:
         out = tr.train_step()
         blocking = 0.0
         if args.checkpoint_every and out.step % args.checkpoint_every == 0:
-            blocking = tr.save()
+            blocking = tr.save().blocking_s
         records.append({"step": out.step, "step_time_s": out.step_time_s, "loss": out.loss,
                         "save_in_flight": in_flight, "save_blocking_s": blocking,
                         "wall_time": time.time()})

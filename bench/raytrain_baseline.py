@@ -27,6 +27,7 @@ def train_loop(config: dict) -> None:
 
     from orchestrator.config import load_config
     from orchestrator.hosts import HostRef
+    from orchestrator.hostspec import HostSpec
     from orchestrator.plan import MeshPlan
     from workers.trainer import Trainer
 
@@ -43,10 +44,9 @@ def train_loop(config: dict) -> None:
                   for i in range(n))
     plan = MeshPlan(hosts=hosts, slice_names=("rt",), shape=shape, devices_per_host=dev,
                     platform="cpu")
-    tr = Trainer(cfg, plan, checkpoint_dir=str(workdir / "checkpoints"))
-    restored = tr.restore_latest()
-    if restored is None:
-        tr.init_state(cfg.run.seed)
+    tr = Trainer(HostSpec.for_host(cfg, plan, hosts[rank],
+                                   checkpoint_dir=str(workdir / "checkpoints")))
+    restored = tr.restore().step  # the seed's state when nothing is committed
     every = int(config["checkpoint_every"])
     end_at = float(config["end_at"])
     out = (workdir / "records.jsonl").open("a", encoding="utf-8") if rank == 0 else None

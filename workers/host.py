@@ -2,13 +2,16 @@
 
 JAX is imported only after ``__init__`` has set the device environment (XLA_FLAGS, platform,
 MEGASCALE_*), because XLA reads it once at backend start. The actor is threaded
-(``max_concurrency`` > 1) so that diagnostics and event polling answer while a step runs.
+(``max_concurrency`` >= 4) so that ``request_stop``, ``current_step``, diagnostics and event
+polling answer while a chunk of steps runs. It is built from a ``HostSpec`` (what this host
+needs); the driver decides the save steps and chunk bounds, the host reports what committed.
 """
 
 from __future__ import annotations
 
 import faulthandler
 import io
+import logging
 import os
 import signal
 import socket
@@ -16,12 +19,18 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 from orchestrator.config import RunConfig
 from orchestrator.errors import OrchestratorError
 from orchestrator.hosts import HostRef
+from orchestrator.hostspec import HostSpec
 from orchestrator.plan import MeshPlan
+from workers import ckpt_layout
+from workers.stops import StopBoard
+
+log = logging.getLogger(__name__)
 
 
 def device_env(*, platform: str, devices_per_host: int, extra: dict[str, str] | None = None
@@ -43,16 +52,32 @@ def free_port() -> int:
 
 
 class HostActor:
-    """One host's share of the run. Methods are the driver's only handle on JAX."""
+    """One host's share of the run. Methods are the driver's only handle on JAX.
 
-    def __init__(self, host: HostRef, env: dict[str, str]) -> None:
+    Constructed as ``HostActor(spec, env)``; the legacy form ``HostActor(host, env)`` followed
+    by ``build(cfg, plan, checkpoint_dir, accum_steps)`` still works until the driver switches.
+    """
+
+    def __init__(self, spec: HostSpec | HostRef, env: dict[str, str], *,
+                 before_commit: Callable[[], None] | None = None) -> None:
+        """``before_commit``: in-process tests only (see ``CheckpointStore``)."""
         os.environ.update(env)
-        self.host = host
+        self._before_commit = before_commit
+        if isinstance(spec, HostSpec):
+            self.spec: HostSpec | None = spec
+            self.host = spec.host
+        else:  # legacy: removed when the controller switches
+            self.spec = None
+            self.host = spec
         self.trainer: Any = None
         self._fault: dict | None = None
         self._lock = threading.Lock()
         self._watcher: Any = None
+        self._sink: Any = None
         self._pending_events: list[dict] = []
+        self._stops = StopBoard()
+        self._step = 0
+        """The host-mirrored step, readable from any thread (no device sync)."""
 
     # ---- identity and wiring ------------------------------------------------------------
 
@@ -64,10 +89,17 @@ class HostActor:
         return f"{self.host.node_ip}:{free_port()}"
 
     def initialize(self, coordinator: str, num_processes: int, process_id: int, *,
-                   init_timeout_s: float, heartbeat_s: float) -> dict:
-        """Join the JAX group; bounded by ``init_timeout_s`` (the coordinator waits that long)."""
+                   init_timeout_s: float | None = None, heartbeat_s: float | None = None
+                   ) -> dict:
+        """Join the JAX group; bounded by the spec's ``init_timeout_s`` (the coordinator waits
+        that long). The keyword timeouts are the legacy form (removed when the controller
+        switches)."""
         import jax
 
+        if init_timeout_s is None or heartbeat_s is None:
+            spec = self._need_spec("initialize")
+            init_timeout_s = spec.init_timeout_s if init_timeout_s is None else init_timeout_s
+            heartbeat_s = spec.heartbeat_s if heartbeat_s is None else heartbeat_s
         self._maybe_init_fault()
         jax.distributed.initialize(
             coordinator_address=coordinator, num_processes=num_processes, process_id=process_id,
@@ -76,23 +108,49 @@ class HostActor:
         return {"process_index": jax.process_index(), "local_devices": jax.local_device_count(),
                 "global_devices": jax.device_count(), "platform": jax.devices()[0].platform}
 
+    def _need_spec(self, what: str) -> HostSpec:
+        if self.spec is None:
+            raise RuntimeError(f"{what} needs a HostSpec: construct HostActor(spec, env) "
+                               "(or, legacy, call build(cfg, plan, checkpoint_dir, accum) first)")
+        return self.spec
+
     # ---- building the step --------------------------------------------------------------
 
-    def build(self, cfg: RunConfig, plan: MeshPlan, checkpoint_dir: str, accum_steps: int) -> dict:
+    def build(self, cfg: RunConfig | None = None, plan: MeshPlan | None = None,
+              checkpoint_dir: str | None = None, accum_steps: int = 1) -> dict:
+        """Build mesh, model and step from the spec. The arguments are the legacy form
+        (removed when the controller switches): they make the spec here."""
         from workers.trainer import Trainer
 
+        if cfg is not None:  # legacy: removed when the controller switches
+            if plan is None or checkpoint_dir is None:
+                raise TypeError("legacy build(cfg, plan, checkpoint_dir, accum_steps) needs all "
+                                "of cfg, plan and checkpoint_dir")
+            self.spec = HostSpec.for_host(cfg, plan, self.host, checkpoint_dir=checkpoint_dir,
+                                          accum_steps=accum_steps)
+        spec = self._need_spec("build")
         t0 = time.perf_counter()
-        self.trainer = Trainer(cfg, plan, checkpoint_dir=checkpoint_dir, accum_steps=accum_steps)
+        self.trainer = Trainer(spec, before_commit=self._before_commit)
         return {"build_s": time.perf_counter() - t0, "n_params": self.trainer.n_params}
 
-    def restore(self) -> dict:
-        """Restore the latest complete checkpoint, or initialise from the seed."""
+    def checkpoint_steps(self) -> list[int]:
+        """Committed checkpoint steps on disk, ascending (never one still being written)."""
+        return ckpt_layout.committed_steps(self._need_spec("checkpoint_steps").checkpoint_dir)
+
+    def restore(self, skip_steps: list[int] | tuple[int, ...] = ()) -> dict:
+        """Restore the newest committed step not in ``skip_steps``, or initialise from the seed.
+
+        A corrupt, half-written or skipped step is moved aside (``<step>.corrupt-<n>``, never
+        deleted) and the previous committed step restored; ``skipped`` lists them (host 0's
+        list is authoritative: process 0 decides and moves). In a group of several processes an
+        unreadable array raises ``CheckpointCorrupt(step=...)``: restore again in a new group
+        with that step in ``skip_steps``.
+        """
         t0 = time.perf_counter()
-        step = self.trainer.restore_latest()
-        if step is None:
-            self.trainer.init_state(self.trainer.cfg.run.seed)
-        return {"restored_step": step, "step": self.trainer.step,
-                "restore_s": time.perf_counter() - t0}
+        out = self.trainer.restore(list(skip_steps))
+        self._step = self.trainer.step
+        return {"restored_step": out.step, "step": self._step,
+                "restore_s": time.perf_counter() - t0, "skipped": out.skipped}
 
     def compile(self) -> dict:
         compile_s = self.trainer.compile()
@@ -130,28 +188,69 @@ class HostActor:
             self._fault = None
             time.sleep(f.get("seconds", 3600))
 
-    def run_steps(self, until_step: int, *, checkpoint_every: int, report: bool) -> dict:
-        """Run steps up to ``until_step`` (every host is given the same bound: same boundary).
+    def run_steps(self, until_step: int, *, chunk: int | None = None,
+                  save_steps: list[int] | tuple[int, ...] = (), report: bool = False,
+                  checkpoint_every: int | None = None) -> dict:
+        """Run steps up to ``until_step``, or until a stop requested for ``chunk`` is reached.
 
-        Saves asynchronously when ``step % checkpoint_every == 0``. Host 0 returns per-step
-        records; others return only their final step.
+        Every host gets the same bound and save steps: the group stops at one boundary. An
+        async save starts right after each step whose number is in ``save_steps`` (the driver
+        decides them). ``committed_step`` is the newest step whose save Orbax reports finished
+        and which is committed on disk (never one only started). Host 0 (``report``) returns
+        per-step records. ``checkpoint_every`` is the legacy form (removed when the controller
+        switches): saves at multiples of it.
         """
         tr = self.trainer
+        saves = set(save_steps)
+        if checkpoint_every is not None:  # legacy: removed when the controller switches
+            saves |= {s for s in range(tr.step + 1, until_step + 1) if s % checkpoint_every == 0}
+        if chunk is not None:
+            self._stops.begin(chunk)
         records: list[dict] = []
         blocking = 0.0
-        while tr.step < until_step:
-            self._maybe_fault(tr.step)
-            out = tr.train_step()
-            saved_s = 0.0
-            if out.step % checkpoint_every == 0:
-                saved_s = tr.save()
-                blocking += saved_s
-                self._maybe_save_fault(out.step)
-            if report:
-                records.append({"step": out.step, "loss": out.loss, "grad_norm": out.grad_norm,
-                                "step_time_s": out.step_time_s, "lr": out.lr,
-                                "checkpoint_blocking_s": saved_s, "wall_time": time.time()})
-        return {"step": tr.step, "records": records, "checkpoint_blocking_s": blocking}
+        stopped = False
+        try:
+            while tr.step < until_step:
+                at = self._stops.stop_at(chunk) if chunk is not None else None
+                if at is not None and tr.step >= at:
+                    stopped = True
+                    break
+                self._maybe_fault(tr.step)
+                out = tr.train_step()
+                self._step = out.step
+                saved, saved_s = False, 0.0
+                if out.step in saves:
+                    so = tr.save()
+                    saved, saved_s = so.started, so.blocking_s
+                    blocking += saved_s
+                    self._maybe_save_fault(out.step)
+                if report:
+                    records.append({"step": out.step, "loss": out.loss,
+                                    "grad_norm": out.grad_norm, "step_time_s": out.step_time_s,
+                                    "lr": out.lr, "checkpoint_blocking_s": saved_s,
+                                    "saved": saved, "wall_time": time.time()})
+        finally:
+            if chunk is not None:
+                self._stops.end(chunk)
+        return {"step": tr.step, "records": records, "committed_step": tr.ckpt.committed_step(),
+                "stopped_early": stopped, "checkpoint_blocking_s": blocking}
+
+    def request_stop(self, chunk: int, at_step: int) -> int:
+        """Stop ``chunk``'s run_steps once this host's step reaches ``at_step`` (checked between
+        steps, so a drain waits at most about one step). A request for an older chunk is
+        ignored. Returns the current step.
+
+        Collectives need every host to stop at the same step: pass an ``at_step`` above every
+        host's ``current_step()`` (e.g. their max + 1), and compare the ``step`` each host's
+        run_steps returns.
+        """
+        if not self._stops.request(chunk, at_step):
+            log.info("stale stop request for chunk %d ignored", chunk)
+        return self._step
+
+    def current_step(self) -> int:
+        """The host-mirrored step (thread-safe, no device sync)."""
+        return self._step
 
     def _maybe_fault(self, step: int) -> None:
         f = self._fault
@@ -175,16 +274,12 @@ class HostActor:
         if f and f["kind"] == "kill_in_save" and step >= f["at_step"]:
             os.kill(os.getpid(), signal.SIGKILL)  # the async save is still being written
 
-    def save(self, *, wait: bool = True) -> dict:
+    def save(self, wait: bool = True) -> dict:
+        """Save the current step (a no-op if it is already saved); ``wait`` until committed."""
         t0 = time.perf_counter()
-        self.trainer.save(force=True, wait=wait)
-        return {"step": self.trainer.step, "save_s": time.perf_counter() - t0}
-
-    def wait_for_saves(self) -> None:
-        self.trainer.ckpt.wait()
-
-    def latest_checkpoint(self) -> int | None:
-        return self.trainer.ckpt.latest_step() if self.trainer else None
+        out = self.trainer.save(wait=wait)
+        return {"step": out.step, "save_s": time.perf_counter() - t0,
+                "committed_step": self.trainer.ckpt.committed_step()}
 
     def params(self) -> Any:
         return self.trainer.params_host()
@@ -198,23 +293,35 @@ class HostActor:
         owners = [[[d.process_index for d in row] for row in plane] for plane in mesh.devices]
         return {"axes": dict(mesh.shape), "process_of_device": owners}
 
-    def step(self) -> int:
-        return self.trainer.step
-
     # ---- events and diagnostics ---------------------------------------------------------
 
-    def start_metadata_watcher(self, settings: dict) -> bool:
-        """Start the GCE metadata watcher (if this host is on GCE or it is forced)."""
+    def start_metadata_watcher(self, settings: dict, sink: Any = None) -> bool:
+        """Start the GCE metadata watcher (if this host is on GCE or it is forced).
+
+        ``sink`` (a driver-owned ``ray.util.queue.Queue``) receives every notice at once, so a
+        notice survives this host dying before the driver's next poll; a notice the sink
+        refuses (full, gone) is kept for ``poll_events``.
+        """
         try:
             from workers.metadata_watcher import start_watcher
         except ImportError:
             return False
         with self._lock:
+            if sink is not None:
+                self._sink = sink
             if self._watcher is None:
                 self._watcher = start_watcher(settings, host=self.host, sink=self._on_event)
         return self._watcher is not None
 
     def _on_event(self, event: dict) -> None:
+        sink = self._sink
+        if sink is not None:
+            try:
+                sink.put_nowait(event)
+                return
+            except Exception as exc:  # the driver's queue is full or gone: keep it for polls
+                log.warning("notice sink refused %s (%s: %s); buffered for poll_events",
+                            event.get("id"), type(exc).__name__, exc)
         with self._lock:
             self._pending_events.append(event)
 

@@ -3,7 +3,7 @@
 Runs inside a host actor (many processes, one JAX group) and equally in a plain process (one
 process, many devices), so the multi-host result can be checked against a single-process run.
 The caller (host actor) must have set XLA/device env and called ``jax.distributed.initialize``
-before constructing a Trainer.
+before constructing a Trainer. Orbax I/O lives in ``workers.checkpoints``.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import functools
 import json
 import math
 import time
-from pathlib import Path
+from collections.abc import Callable, Collection
 from typing import Any
 
 import flax.linen as nn
@@ -21,14 +21,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-import orbax.checkpoint as ocp
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from orchestrator.config import RunConfig
-from orchestrator.errors import CheckpointError
+from orchestrator.config import TrainConfig
+from orchestrator.hostspec import HostSpec
 from orchestrator.plan import MeshPlan
 from workers import data as data_lib
+from workers.checkpoints import CheckpointStore, RestoreOutcome
 from workers.model import LOGICAL_RULES, analytic_flops_per_step, build_model
 
 AXES = ("data", "fsdp", "tensor")
@@ -56,12 +56,21 @@ def build_mesh(plan: MeshPlan) -> Mesh:
     return Mesh(arr, AXES)
 
 
-def make_optimizer(cfg: RunConfig) -> optax.GradientTransformation:
-    t = cfg.train
+def make_optimizer(train: TrainConfig, total_steps: int) -> optax.GradientTransformation:
     return optax.chain(
-        optax.clip_by_global_norm(t.grad_clip),
-        optax.adamw(make_optimizer_lr(cfg), b1=t.b1, b2=t.b2, weight_decay=t.weight_decay),
+        optax.clip_by_global_norm(train.grad_clip),
+        optax.adamw(make_lr_schedule(train, total_steps), b1=train.b1, b2=train.b2,
+                    weight_decay=train.weight_decay),
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class SaveOutput:
+    step: int
+    started: bool
+    """False when this step was already saved or being saved."""
+    blocking_s: float
+    """Seconds the caller was blocked (the async part runs on in Orbax's thread)."""
 
 
 @dataclasses.dataclass
@@ -74,23 +83,22 @@ class StepOutput:
 
 
 class Trainer:
-    """One process's share of the run. Not thread-safe: one caller drives it."""
+    """One process's share of the run. Not thread-safe: one caller drives it (``step`` may be
+    read from other threads: it is a plain int on the host)."""
 
-    def __init__(self, cfg: RunConfig, plan: MeshPlan, *, checkpoint_dir: str,
-                 accum_steps: int = 1) -> None:
-        self.cfg = cfg
-        self.plan = plan
-        self.accum_steps = accum_steps
-        self.mesh = build_mesh(plan)
-        self.model = build_model(cfg.model)
-        self.tx = make_optimizer(cfg)
-        self.schedule_lr = make_optimizer_lr(cfg)
-        self.global_batch = cfg.train.global_batch
-        if self.global_batch % accum_steps:
-            raise ValueError("global batch must divide by accum_steps")
-        self.micro = self.global_batch // accum_steps
-        seq = cfg.model.seq_len
-        self.batch_shape = (accum_steps, self.micro, seq)
+    def __init__(self, spec: HostSpec, *, before_commit: Callable[[], None] | None = None
+                 ) -> None:
+        """``before_commit``: see ``CheckpointStore`` (tests hold a save in flight with it)."""
+        self.spec = spec
+        self.plan = spec.plan
+        self.accum_steps = spec.accum_steps
+        self.mesh = build_mesh(spec.plan)
+        self.model = build_model(spec.model)
+        self.schedule_lr = make_lr_schedule(spec.train, spec.total_steps)
+        self.tx = make_optimizer(spec.train, spec.total_steps)
+        self.global_batch = spec.train.global_batch
+        self.micro = self.global_batch // spec.accum_steps
+        self.batch_shape = (spec.accum_steps, self.micro, spec.model.seq_len)
         self.batch_sharding = NamedSharding(self.mesh, P(None, BATCH_AXES, None))
         self.replicated = NamedSharding(self.mesh, P())
         abstract_boxed = jax.eval_shape(self._init_boxed, jax.random.key(0))
@@ -104,22 +112,25 @@ class Trainer:
         self._init = jax.jit(lambda k: nn.meta.unbox(self._init_boxed(k)),
                              out_shardings=self.state_sharding)
         self._step_fn = jax.jit(
-            functools.partial(_train_step, self.model, self.tx),
+            functools.partial(_train_step, self.model, self.tx, self.schedule_lr),
             in_shardings=(self.state_sharding, self.batch_sharding),
             out_shardings=(self.state_sharding, self.replicated),
             donate_argnums=(0,),
         )
         self._compiled = None
         self.flops_xla: float | None = None
-        self.flops_analytic = analytic_flops_per_step(cfg.model, self.global_batch)
+        self.flops_analytic = analytic_flops_per_step(spec.model, self.global_batch)
         self.state: Any = None
         self._host_step: int | None = None
-        self.ckpt = _CheckpointIO(checkpoint_dir, cfg)
+        self.ckpt = CheckpointStore(
+            spec.checkpoint_dir, keep=spec.checkpoint.keep, async_save=spec.checkpoint.async_save,
+            model_fingerprint=spec.model.fingerprint(),
+            model_desc=json.dumps(dataclasses.asdict(spec.model)), before_commit=before_commit)
 
     # ---- construction -------------------------------------------------------------------
 
     def _init_boxed(self, key):
-        dummy = jnp.zeros((1, self.cfg.model.seq_len - 1), jnp.int32)
+        dummy = jnp.zeros((1, self.spec.model.seq_len - 1), jnp.int32)
         params = self.model.init(key, dummy)["params"]
         return {"params": params, "opt_state": self.tx.init(params),
                 "step": jnp.zeros((), jnp.int32), "rng": jax.random.key_data(key)}
@@ -145,8 +156,8 @@ class Trainer:
 
     def batch(self, step: int) -> jax.Array:
         """Global batch for ``step`` built from this process's rows only."""
-        m = self.cfg.model
-        seed = self.cfg.run.seed
+        m = self.spec.model
+        seed = self.spec.seed
         micro = self.micro
 
         def rows(index):
@@ -178,34 +189,43 @@ class Trainer:
         batch = self.batch(step)
         self.state, metrics = self._compiled(self.state, batch)
         self._host_step = step + 1
-        loss, gnorm = jax.device_get((metrics["loss"], metrics["grad_norm"]))
+        # One device->host copy per step; the learning rate comes out of the jitted step, so
+        # no eager JAX op runs outside it (the first step paid ~0.3 s for those).
+        loss, gnorm, lr = jax.device_get((metrics["loss"], metrics["grad_norm"], metrics["lr"]))
         dt = time.perf_counter() - t0
         return StepOutput(step=step + 1, loss=float(loss), grad_norm=float(gnorm), step_time_s=dt,
-                          lr=float(self.schedule_lr(step)))
+                          lr=float(lr))
 
     # ---- checkpoints --------------------------------------------------------------------
 
-    def save(self, *, force: bool = False, wait: bool = False, meta: dict | None = None) -> float:
-        """Save the current state (async unless ``wait``); returns seconds the step blocked."""
+    def save(self, *, wait: bool = False) -> SaveOutput:
+        """Save the current step (async unless ``wait``).
+
+        A step already saved or being saved is not saved twice (``wait`` still waits for it).
+        """
         t0 = time.perf_counter()
         step = self.step
-        full_meta = {"step": step, "model": dataclasses.asdict(self.cfg.model),
-                     "model_fingerprint": self.cfg.model.fingerprint(),
-                     "plan": self.plan.describe(), "config_digest": self.cfg.digest(),
-                     **(meta or {})}
-        self.ckpt.save(step, self.state, full_meta, force=force)
+        meta = {"step": step, "model": dataclasses.asdict(self.spec.model),
+                "model_fingerprint": self.spec.model.fingerprint(),
+                "plan": self.plan.describe(), "config_digest": self.spec.config_digest}
+        started = self.ckpt.save(step, self.state, meta)
         if wait:
             self.ckpt.wait()
-        return time.perf_counter() - t0
+        return SaveOutput(step=step, started=started, blocking_s=time.perf_counter() - t0)
 
-    def restore_latest(self) -> int | None:
-        """Restore the newest complete checkpoint into this mesh; returns its step or None."""
-        step = self.ckpt.latest_step()
-        if step is None:
-            return None
-        self.state = self.ckpt.restore(step, self.abstract_state)
-        self._host_step = None
-        return step
+    def restore(self, skip_steps: Collection[int] = ()) -> RestoreOutcome:
+        """Restore the newest usable committed step (see ``CheckpointStore.restore``), or
+        initialise from the seed when there is none."""
+        out = self.ckpt.restore(self.abstract_state, skip_steps=skip_steps,
+                                process_index=jax.process_index(),
+                                process_count=jax.process_count())
+        if out.step is None:
+            self.init_state(self.spec.seed)
+        else:
+            self.state = out.state
+            out.state = None
+            self._host_step = None
+        return out
 
     def params_host(self) -> dict:
         """Parameters gathered to host numpy (tests compare runs with it)."""
@@ -218,10 +238,9 @@ class Trainer:
         self.ckpt.close()
 
 
-def make_optimizer_lr(cfg: RunConfig) -> optax.Schedule:
+def make_lr_schedule(t: TrainConfig, total_steps: int) -> optax.Schedule:
     """Linear warmup to the peak, cosine decay to end_lr_ratio × peak."""
-    t = cfg.train
-    decay = t.decay_steps or cfg.run.total_steps
+    decay = t.decay_steps or total_steps
     return optax.warmup_cosine_decay_schedule(
         init_value=0.0, peak_value=t.learning_rate, warmup_steps=t.warmup_steps,
         decay_steps=max(decay, t.warmup_steps + 1), end_value=t.learning_rate * t.end_lr_ratio)
@@ -233,7 +252,7 @@ def _loss(model, params, tokens):
     return optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
 
 
-def _train_step(model, tx, state, batch):
+def _train_step(model, tx, schedule, state, batch):
     """One optimizer step over ``batch`` (accum, micro, seq); grads averaged over micro-batches."""
     grad_fn = jax.value_and_grad(functools.partial(_loss, model))
     if batch.shape[0] == 1:
@@ -252,63 +271,5 @@ def _train_step(model, tx, state, batch):
     params = optax.apply_updates(state["params"], updates)
     new_state = {"params": params, "opt_state": opt_state, "step": state["step"] + 1,
                  "rng": state["rng"]}
-    return new_state, {"loss": loss, "grad_norm": optax.global_norm(grads)}
-
-
-class _CheckpointIO:
-    """Orbax CheckpointManager: state (sharded arrays) + a JSON of run metadata per step."""
-
-    def __init__(self, directory: str, cfg: RunConfig) -> None:
-        self.directory = Path(directory).absolute()
-        self.cfg = cfg
-        options = ocp.CheckpointManagerOptions(
-            max_to_keep=cfg.checkpoint.keep, create=True,
-            enable_async_checkpointing=cfg.checkpoint.async_save)
-        self.manager = ocp.CheckpointManager(self.directory, options=options,
-                                             item_names=("state", "meta"))
-
-    def latest_step(self) -> int | None:
-        self.manager.reload()
-        return self.manager.latest_step()
-
-    def save(self, step: int, state, meta: dict, *, force: bool) -> None:
-        if step in self.manager.all_steps():
-            return
-        self.manager.save(step, args=ocp.args.Composite(
-            state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=force)
-
-    def wait(self) -> None:
-        self.manager.wait_until_finished()
-
-    def read_meta(self, step: int) -> dict:
-        args = ocp.args.Composite(meta=ocp.args.JsonRestore())
-        return self.manager.restore(step, args=args)["meta"]
-
-    def restore(self, step: int, abstract_state):
-        try:
-            meta = self.read_meta(step)
-        except (KeyError, ValueError, FileNotFoundError) as exc:
-            # Not a checkpoint this project wrote (or a damaged one): retrying cannot help.
-            raise CheckpointError(
-                f"Checkpoint step {step} in {self.directory} has no readable run metadata "
-                f"({type(exc).__name__}: {exc}).",
-                fix=f"use a new run.run_dir, or move {self.directory / str(step)} away to "
-                    "resume from an older step") from None
-        want = self.cfg.model.fingerprint()
-        if meta.get("model_fingerprint") != want:
-            raise CheckpointError(
-                f"Checkpoint step {step} in {self.directory} was written by a different model "
-                f"({json.dumps(meta.get('model'))}); this run's model is "
-                f"{json.dumps(dataclasses.asdict(self.cfg.model))}.",
-                fix="use a new run.run_dir, or set model.* to the checkpoint's values")
-        try:
-            out = self.manager.restore(step, args=ocp.args.Composite(
-                state=ocp.args.StandardRestore(abstract_state)))
-        except (ValueError, KeyError) as exc:
-            raise CheckpointError(f"Checkpoint step {step} in {self.directory} does not fit this "
-                                  f"model: {exc}", fix="use a new run.run_dir") from None
-        return out["state"]
-
-    def close(self) -> None:
-        self.manager.wait_until_finished()
-        self.manager.close()
+    return new_state, {"loss": loss, "grad_norm": optax.global_norm(grads),
+                       "lr": schedule(state["step"])}

@@ -1,22 +1,84 @@
-"""Drive one JAX group through the real WorkerGroup (Ray actors) the way the controller does."""
+"""Drive one JAX group of host actors through the actor contract, the way the driver does.
+
+No controller and no driver seam: these helpers create the Ray actors from ``HostSpec`` and
+call the host API directly (initialize, build, restore, compile, run_steps, save, ...), so the
+integration tests check the host side on real Ray, JAX and Orbax.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from orchestrator.config import RunConfig
+from orchestrator.errors import OrchestratorError
 from orchestrator.hosts import HostRef
+from orchestrator.hostspec import HostSpec
 from orchestrator.plan import MeshPlan, plan_mesh
-from orchestrator.worker_group import WorkerGroup
 from tests.integration.single_process import flatten
+from workers.host import HostActor, device_env
 
 REPO = Path(__file__).resolve().parents[2]
+
+_RemoteHost = ray.remote(HostActor)
+
+
+class Group:
+    """One JAX group: an actor per host of ``plan``, pinned to its node, built from specs."""
+
+    def __init__(self, cfg: RunConfig, hosts: Sequence[HostRef], run_dir: Path, *,
+                 hosts_per_slice: int, timeout_s: float = 300.0) -> None:
+        self.plan = plan_mesh(cfg, hosts, platform="cpu", hosts_per_slice=hosts_per_slice)
+        self.timeout_s = timeout_s
+        ckpt = str(run_dir / "checkpoints")
+        self.actors: list[Any] = []
+        for h in self.plan.hosts:
+            env = device_env(platform="cpu", devices_per_host=h.devices)
+            spec = HostSpec.for_host(cfg, self.plan, h, checkpoint_dir=ckpt)
+            self.actors.append(_RemoteHost.options(
+                num_cpus=0, resources={"TPU": h.devices}, max_concurrency=4, max_restarts=0,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=h.node_id,
+                                                                   soft=False),
+                runtime_env={"env_vars": env}).remote(spec, env))
+
+    def call(self, method: str, *args: Any, **kw: Any) -> list[Any]:
+        """Call ``method`` on every host at once and wait; an OrchestratorError raised in an
+        actor is re-raised as itself (not wrapped in Ray's RayTaskError)."""
+        return self.get([getattr(a, method).remote(*args, **kw) for a in self.actors])
+
+    def get(self, refs: Sequence[Any]) -> list[Any]:
+        try:
+            return ray.get(list(refs), timeout=self.timeout_s)
+        except ray.exceptions.RayTaskError as exc:
+            if isinstance(exc.cause, OrchestratorError):
+                raise exc.cause from None
+            raise
+
+    def initialize(self) -> list[dict]:
+        coord = ray.get(self.actors[0].coordinator_address.remote(), timeout=self.timeout_s)
+        return self.get([a.initialize.remote(coord, len(self.actors), i)
+                         for i, a in enumerate(self.actors)])
+
+    def form(self, *, skip_steps: Sequence[int] = ()) -> tuple[list[dict], list[dict]]:
+        """initialize, build and restore; returns (init results, restore results)."""
+        init = self.initialize()
+        self.call("build")
+        return init, self.call("restore", list(skip_steps))
+
+    def kill(self) -> None:
+        for a in self.actors:
+            with contextlib.suppress(Exception):  # already dead
+                ray.kill(a, no_restart=True)
+        self.actors = []
 
 
 @dataclass(frozen=True)
@@ -32,36 +94,37 @@ class GroupRun:
     params: dict[str, np.ndarray]
     compile: dict
     mesh: dict
+    result: dict
+    """Host 0's run_steps result."""
 
 
 def train_group(cfg: RunConfig, hosts: list[HostRef], run_dir: Path, *, until: int,
-                checkpoint_every: int, hosts_per_slice: int, incarnation: int = 1,
-                timeout_s: float = 300.0) -> GroupRun:
+                save_steps: Sequence[int], hosts_per_slice: int, timeout_s: float = 300.0
+                ) -> GroupRun:
     """Form a group on ``hosts``, restore (or seed), train to ``until``, gather params, release.
 
-    The group is always shut down (graceful: pending async saves finish first), so the next
-    group on the same run_dir sees committed checkpoints only.
+    Saves after the steps in ``save_steps`` (the driver's choice). The group is always shut
+    down (graceful: pending async saves finish first), so the next group on the same run_dir
+    sees committed checkpoints only.
     """
-    plan = plan_mesh(cfg, hosts, platform="cpu", hosts_per_slice=hosts_per_slice)
-    group = WorkerGroup(cfg, plan, run_dir=run_dir, incarnation=incarnation)
+    group = Group(cfg, hosts, run_dir, hosts_per_slice=hosts_per_slice, timeout_s=timeout_s)
     try:
-        group.start()
-        init = group.initialize()
-        restored = group.build_and_restore(accum_steps=1)
-        compiled = group.compile()
-        results = ray.get(group.run_steps(until, checkpoint_every=checkpoint_every),
-                          timeout=timeout_s)
+        init, restored = group.form()
+        compiled = group.call("compile")
+        results = group.get([a.run_steps.remote(until, chunk=1, save_steps=list(save_steps),
+                                                report=(i == 0))
+                             for i, a in enumerate(group.actors)])
         assert {r["step"] for r in results} == {until}, results
-        params = group.call_all("params", timeout_s=timeout_s)[0]
-        mesh = group.call_all("mesh_info", timeout_s=timeout_s)
+        params = group.call("params")[0]  # a collective: every host gathers
+        mesh = group.call("mesh_info")
         assert all(m == mesh[0] for m in mesh), "hosts disagree about the mesh"
-        group.shutdown(graceful=True, timeout_s=timeout_s)
+        group.call("shutdown")
     finally:
-        group.shutdown()
-    return GroupRun(plan=plan, init=init, restored_step=restored[0]["restored_step"],
+        group.kill()
+    return GroupRun(plan=group.plan, init=init, restored_step=restored[0]["restored_step"],
                     start_step=restored[0]["step"], final_step=until,
                     losses=[r["loss"] for r in results[0]["records"]], params=flatten(params),
-                    compile=compiled[0], mesh=mesh[0])
+                    compile=compiled[0], mesh=mesh[0], result=results[0])
 
 
 @dataclass(frozen=True)

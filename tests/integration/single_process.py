@@ -59,6 +59,7 @@ def main(argv: list[str]) -> int:
 def _run(devices: int, steps: int, out: str, overrides: list[str]) -> dict:
     from orchestrator.config import load_config
     from orchestrator.hosts import HostRef
+    from orchestrator.hostspec import HostSpec
     from orchestrator.plan import MeshPlan
     from workers.trainer import Trainer
 
@@ -69,7 +70,7 @@ def _run(devices: int, steps: int, out: str, overrides: list[str]) -> dict:
     plan = MeshPlan(hosts=(host,), slice_names=("local",), shape=shape,
                     devices_per_host=devices, platform="cpu")
     with tempfile.TemporaryDirectory() as ckpt:
-        tr = Trainer(cfg, plan, checkpoint_dir=ckpt)
+        tr = Trainer(HostSpec.for_host(cfg, plan, host, checkpoint_dir=ckpt))
         tr.init_state(cfg.run.seed)
         tr.compile()
         losses = [tr.train_step().loss for _ in range(steps)]

@@ -2,7 +2,8 @@
 
 One cluster serves the module: slice ``pod`` (2 hosts) and slices ``ms-a``/``ms-b`` (1 host
 each), every host with 2 CPU devices. Each run forms a real JAX group of Ray actors through
-``WorkerGroup`` and checkpoints with Orbax into a temporary run directory.
+the host actor contract (``tests.integration.groups``) and checkpoints with Orbax into a
+temporary run directory.
 """
 
 from __future__ import annotations
@@ -14,10 +15,14 @@ import pytest
 
 from orchestrator.config import load_config
 from orchestrator.errors import CheckpointError
-from orchestrator.plan import plan_mesh
-from orchestrator.worker_group import WorkerGroup
 from tests.integration.cli import snapshot
-from tests.integration.groups import References, bit_identical, max_abs_diff, train_group
+from tests.integration.groups import (
+    Group,
+    References,
+    bit_identical,
+    max_abs_diff,
+    train_group,
+)
 from tests.support.ray_cluster import cluster_fixture
 
 pytestmark = pytest.mark.cluster
@@ -56,7 +61,7 @@ def cfg():
 def uninterrupted(cluster, cfg, tmp_path_factory):
     """2 hosts × 2 devices, STEPS steps in one go."""
     run_dir = tmp_path_factory.mktemp("uninterrupted")
-    return train_group(cfg, cluster.hosts("pod"), run_dir, until=STEPS, checkpoint_every=STEPS,
+    return train_group(cfg, cluster.hosts("pod"), run_dir, until=STEPS, save_steps=[STEPS],
                        hosts_per_slice=2)
 
 
@@ -65,7 +70,7 @@ def stopped(cluster, cfg, tmp_path_factory):
     """2 hosts, stopped after RESUME_AT steps (checkpoint at RESUME_AT); a copy kept for re-mesh."""
     run_dir = tmp_path_factory.mktemp("resumed")
     first = train_group(cfg, cluster.hosts("pod"), run_dir, until=RESUME_AT,
-                        checkpoint_every=RESUME_AT, hosts_per_slice=2)
+                        save_steps=[RESUME_AT], hosts_per_slice=2)
     copy = tmp_path_factory.mktemp("remesh")
     shutil.copytree(run_dir / "checkpoints", copy / "checkpoints")
     return first, run_dir, copy
@@ -97,7 +102,7 @@ def test_stop_and_resume_is_bit_identical(cluster, cfg, uninterrupted, stopped):
     first, run_dir, _ = stopped
     assert first.final_step == RESUME_AT
     second = train_group(cfg, cluster.hosts("pod"), run_dir, until=STEPS,
-                         checkpoint_every=STEPS, hosts_per_slice=2, incarnation=2)
+                         save_steps=[STEPS], hosts_per_slice=2)
     assert (second.restored_step, second.start_step) == (RESUME_AT, RESUME_AT)
     assert first.losses + second.losses == uninterrupted.losses
     assert bit_identical(second.params, uninterrupted.params), max_abs_diff(
@@ -107,8 +112,8 @@ def test_stop_and_resume_is_bit_identical(cluster, cfg, uninterrupted, stopped):
 def test_restore_two_host_checkpoint_onto_one_host(cluster, cfg, uninterrupted, stopped):
     """A 2-host (fsdp=4) checkpoint restores onto 1 host (fsdp=2) and training goes on."""
     _, _, copy = stopped
-    run = train_group(cfg, cluster.hosts("ms-a"), copy, until=STEPS, checkpoint_every=STEPS,
-                      hosts_per_slice=1, incarnation=2)
+    run = train_group(cfg, cluster.hosts("ms-a"), copy, until=STEPS, save_steps=[STEPS],
+                      hosts_per_slice=1)
     assert run.plan.num_processes == 1 and run.plan.shape.as_dict()["fsdp"] == 2
     assert (run.restored_step, run.start_step) == (RESUME_AT, RESUME_AT)
     assert run.mesh["process_of_device"] == [[[0], [0]]]
@@ -122,7 +127,7 @@ def test_restore_two_host_checkpoint_onto_one_host(cluster, cfg, uninterrupted, 
 def test_multislice_dcn_data_axis(cluster, cfg, tmp_path, references, uninterrupted):
     """2 slices × 1 host × 2 devices: data splits across slices (DCN), fsdp inside each one."""
     run = train_group(cfg, cluster.hosts("ms-a", "ms-b"), tmp_path, until=STEPS,
-                      checkpoint_every=STEPS, hosts_per_slice=1)
+                      save_steps=[STEPS], hosts_per_slice=1)
     assert run.plan.slice_names == ("ms-a", "ms-b")
     mesh = run.plan.shape.as_dict()
     assert (mesh["dcn_data"], mesh["data"], mesh["fsdp"]) == (2, 2, 2)
@@ -146,15 +151,12 @@ def test_foreign_checkpoint_is_a_checkpoint_error_and_untouched(cluster, cfg, tm
     (tmp_path / "checkpoints" / "5" / "state").mkdir(parents=True)
     (tmp_path / "checkpoints" / "5" / "state" / "junk").write_text("not orbax")
     before = snapshot(tmp_path / "checkpoints")
-    plan = plan_mesh(cfg, cluster.hosts("ms-a"), platform="cpu", hosts_per_slice=1)
-    group = WorkerGroup(cfg, plan, run_dir=tmp_path, incarnation=1)
+    group = Group(cfg, cluster.hosts("ms-a"), tmp_path, hosts_per_slice=1)
     try:
-        group.start()
-        group.initialize()
         with pytest.raises(CheckpointError) as info:
-            group.build_and_restore(accum_steps=1)
+            group.form()
     finally:
-        group.shutdown()
+        group.kill()
     assert not info.value.retryable
     assert "no readable run metadata" in info.value.message
     assert "run.run_dir" in info.value.fix
