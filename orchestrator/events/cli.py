@@ -3,7 +3,9 @@
 ``publish`` builds one event of our schema and sends it where the running job listens: the run
 directory's inbox (default, needs only a shared filesystem) or a Pub/Sub topic (``--project P
 --topic T``, or ``--via pubsub`` to use the emulator the driver started, recorded in
-RUN_DIR/pubsub.json). PUBSUB_EMULATOR_HOST is honoured. ``status`` prints the tail of
+RUN_DIR/pubsub.json). PUBSUB_EMULATOR_HOST is honoured. A Pub/Sub message carries the attribute
+``job=<run.name>`` (``--job``, else read from ``--run-dir``): every run has its own subscription
+filtered on it, so an operator event reaches only the run it is for. ``status`` prints the tail of
 events.jsonl and dead_letters.jsonl. ``explain`` says what the driver would do with payloads
 (``explain.py``).
 """
@@ -31,6 +33,8 @@ from orchestrator.events.model import (
     new_event_id,
 )
 
+RUN_FILE = "run.json"  # written by the driver: its `job` is the run's name
+
 
 class CliError(OrchestratorError):
     """Bad command-line use; the message names the fix."""
@@ -49,7 +53,11 @@ def build_parser() -> argparse.ArgumentParser:
     pub.add_argument("--host-kind", choices=HOST_KINDS,
                      help="say which name --host is (default: any of them)")
     pub.add_argument("--slice", help="slice name")
-    pub.add_argument("--job", help="only this job may act on it")
+    pub.add_argument("--job", help="only this job (run.name) may act on it; Pub/Sub: its "
+                                   "message attribute `job` (default: read from --run-dir)")
+    pub.add_argument("--all-jobs", action="store_true",
+                     help="Pub/Sub: no `job` attribute, so every run's subscription gets it (as "
+                          "a platform event); each run acts only if it names its hosts")
     pub.add_argument("--deadline-s", type=float, help="notice: seconds from now until it happens")
     pub.add_argument("--incarnation", type=int)
     pub.add_argument("--message", default="", help="free text for the event log")
@@ -67,10 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def make_event(args: argparse.Namespace, *, now: float) -> Event:
+def make_event(args: argparse.Namespace, *, now: float, job: str | None = None) -> Event:
     try:
         kind = EventKind.parse(args.kind)
-        target = Target.from_json({"job": args.job, "slice": args.slice, "host": args.host,
+        target = Target.from_json({"job": job or args.job, "slice": args.slice, "host": args.host,
                                    "host_kind": getattr(args, "host_kind", None)})
     except MalformedEvent as exc:
         raise CliError(exc.reason, fix=exc.fix) from None
@@ -82,13 +90,52 @@ def make_event(args: argparse.Namespace, *, now: float) -> Event:
                  incarnation=args.incarnation, message=args.message)
 
 
+def run_dir_job(run_dir: Path) -> str | None:
+    """The run's name (run.name) as its driver recorded it in RUN_DIR: pubsub.json (embedded
+    emulator), else run.json's ``job``, else its ``run_id``; None if neither file says."""
+    for name, keys in ((PUBSUB_INFO_FILE, ("job",)), (RUN_FILE, ("job", "run_id"))):
+        path = Path(run_dir) / name
+        if not path.exists():
+            continue
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise CliError(f"cannot read {path} ({exc})",
+                           fix="pass --job RUN_NAME (the run's run.name)") from None
+        for key in keys:
+            value = data.get(key) if isinstance(data, dict) else None
+            if isinstance(value, str) and value:
+                return value
+    return None
+
+
+def pubsub_job(args: argparse.Namespace) -> str | None:
+    """The ``job`` attribute of a Pub/Sub event: --job, else the run directory's run name; None
+    only with --all-jobs. Anything else is refused: a message with no ``job`` attribute passes
+    every run's subscription filter, so a `stop` would stop every run."""
+    if args.all_jobs:
+        if args.job:
+            raise CliError("--all-jobs and --job contradict each other",
+                           fix="drop --all-jobs to address one run, or --job to address all")
+        return None
+    job = args.job or (run_dir_job(args.run_dir) if args.run_dir is not None else None)
+    if not job:
+        where = (f"{args.run_dir} has no run.json naming it" if args.run_dir is not None
+                 else "no --job or --run-dir was given")
+        raise CliError(f"which run is this Pub/Sub event for? ({where})",
+                       fix="pass --job RUN_NAME (the run's run.name) or --run-dir RUN_DIR; "
+                           "--all-jobs sends it to every run on purpose")
+    return job
+
+
 def publish(args: argparse.Namespace) -> dict:
     now = time.time()
-    event = make_event(args, now=now)
-    data = json.dumps(event.to_json(), separators=(",", ":")).encode("utf-8")
     via = args.via
     if via == "auto":
         via = "pubsub" if (args.project or args.topic) else "inbox"
+    job = pubsub_job(args) if via == "pubsub" else None
+    event = make_event(args, now=now, job=job)
+    data = json.dumps(event.to_json(), separators=(",", ":")).encode("utf-8")
     if via == "inbox":
         if args.run_dir is None:
             raise CliError("inbox mode needs --run-dir",
@@ -109,14 +156,15 @@ def publish(args: argparse.Namespace) -> dict:
     from orchestrator.events.pubsub_source import make_publisher
 
     cfg = PubSubConfig(project=project, topic=topic, emulator_host=host)
+    attributes = {"kind": event.kind.value, **({"job": job} if job else {})}
     publisher = make_publisher(cfg)
     try:
         message_id = publisher.publish(publisher.topic_path(project, topic), data,
-                                       kind=event.kind.value).result(timeout=30)
+                                       **attributes).result(timeout=30)
     finally:
         publisher.stop()
     return {"published": event.to_json(), "via": "pubsub", "topic": topic,
-            "message_id": message_id}
+            "attributes": attributes, "message_id": message_id}
 
 
 def status(args: argparse.Namespace) -> dict:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from orchestrator.errors import ConfigError
 
+LOCAL_PROJECT = "local-project"  # the embedded emulator's project
 METADATA_DEFAULT_ENDPOINT = "http://metadata.google.internal/computeMetadata/v1"
 _RESOURCE_ID = re.compile(r"^[A-Za-z][-A-Za-z0-9_.~+%]{2,254}$")
 
@@ -31,10 +32,11 @@ def _resource(setting: str, value: str | None) -> None:
 
 @dataclass(frozen=True, kw_only=True)
 class PubSubConfig:
-    """Pub/Sub source. ``subscription: null`` disables it (the inbox still works)."""
+    """Pub/Sub source. Neither ``subscription`` nor ``topic`` disables it (the inbox still
+    works); a topic alone means the run's own subscription ``<topic>-<run.name>``."""
 
     project: str | None = None
-    subscription: str | None = None
+    subscription: str | None = None  # default with a topic: `<topic>-<run.name>` (for_job)
     topic: str | None = None  # where `python -m orchestrator.events publish` sends
     dead_letter_topic: str | None = None
     emulator: bool = False  # start Google's emulator locally (needs gcloud) and use it
@@ -81,6 +83,41 @@ class PubSubConfig:
     @property
     def enabled(self) -> bool:
         return self.subscription is not None
+
+    def for_job(self, job: str) -> PubSubConfig:
+        """The settings one run's driver uses: the embedded emulator's defaults (project
+        ``local-project``, topic ``<job>-events``), and with no ``subscription`` the run's own
+        ``<topic>-<job>`` (what deploy/terraform/pubsub.tf creates per run), so two runs never
+        share a subscription (Pub/Sub hands each message of one to a single consumer)."""
+        cfg = self
+        if cfg.emulator:
+            cfg = replace(cfg, project=cfg.project or LOCAL_PROJECT,
+                          topic=cfg.topic or f"{job}-events")
+        if cfg.subscription is not None or cfg.topic is None:
+            return cfg
+        name = run_subscription(cfg.topic, job)
+        if not _RESOURCE_ID.match(name):
+            raise ConfigError("events.pubsub.subscription",
+                              f"the per-run default {name!r} is not a valid Pub/Sub id",
+                              "set `events.pubsub.subscription` to the run's subscription, or "
+                              "shorten events.pubsub.topic / run.name (255 characters at most)")
+        return replace(cfg, subscription=name)
+
+    def shared_subscription_fix(self, job: str) -> str | None:
+        """Why a configured subscription looks shared by several runs (its name does not end in
+        ``-<job>``), naming the fix; None when it is the run's own."""
+        if self.subscription is None or self.subscription.endswith(f"-{job}"):
+            return None
+        own = run_subscription(self.topic, job) if self.topic else f"<topic>-{job}"
+        return (f"events.pubsub.subscription {self.subscription!r} does not end in '-{job}' "
+                f"(run.name): if other runs pull it too, each preemption notice reaches only one "
+                f"of them. Fix: set it to this run's own subscription ({own}; Terraform creates "
+                f"one per entry of `runs`), or leave it unset and set events.pubsub.topic")
+
+
+def run_subscription(topic: str, job: str) -> str:
+    """The per-run events subscription: ``<topic>-<run.name>``."""
+    return f"{topic}-{job}"
 
 
 @dataclass(frozen=True, kw_only=True)

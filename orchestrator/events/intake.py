@@ -53,7 +53,6 @@ EVENTS_FILE = "events.jsonl"
 DEAD_LETTERS_FILE = "dead_letters.jsonl"
 DEDUPE_FILE = "event_dedupe.json"
 PUBSUB_INFO_FILE = "pubsub.json"  # where a driver-started emulator is, for the CLI
-LOCAL_PROJECT = "local-project"
 DEDUPE_SAVE_INTERVAL_S = 1.0
 
 
@@ -87,7 +86,7 @@ class EventIntake:
         self._subscriber_factory = subscriber_factory
         self._publisher_factory = publisher_factory
         self._emulator_factory = emulator_factory
-        self._pubsub_cfg = cfg.pubsub
+        self._pubsub_cfg = cfg.pubsub.for_job(job)  # bad settings fail here, not later
         self._pending: list[_Pending] = []
         self._cond = threading.Condition()
         self._dedupe = DedupeWindow(cfg.dedupe_window, self.run_dir / DEDUPE_FILE)
@@ -130,18 +129,19 @@ class EventIntake:
                  remembered_ids=len(self._dedupe))
 
     def _start_pubsub(self) -> None:
-        cfg: PubSubConfig | None = self.cfg.pubsub
+        cfg = self._pubsub_cfg
         prepare = None
-        if cfg is not None and cfg.emulator:
+        if (fix := self.cfg.pubsub.shared_subscription_fix(self.job)) is not None:
+            log.warning("pubsub_subscription_not_per_run", job=self.job,
+                        subscription=self.cfg.pubsub.subscription, fix=fix)
+        if cfg.emulator:
             if not (cfg.emulator_host or _env_emulator()):
-                cfg = self._start_emulator(cfg)
-                if cfg is None:
+                started = self._start_emulator(cfg)
+                if started is None:
                     return
-            cfg = replace(cfg, project=cfg.project or LOCAL_PROJECT,
-                          topic=cfg.topic or f"{self.job}-events",
-                          subscription=cfg.subscription or f"{self.job}-intake")
+                cfg = started
             info = {"emulator_host": cfg.emulator_host or _env_emulator(), "project": cfg.project,
-                    "topic": cfg.topic, "subscription": cfg.subscription}
+                    "topic": cfg.topic, "subscription": cfg.subscription, "job": self.job}
             (self.run_dir / PUBSUB_INFO_FILE).write_text(json.dumps(info), encoding="utf-8")
             emulated = cfg
 
@@ -155,7 +155,7 @@ class EventIntake:
                 finally:
                     subscriber.close()
                     publisher.transport.close()
-        if cfg is None or not cfg.enabled:
+        if not cfg.enabled:
             return
         self._pubsub_cfg = cfg
         self._pubsub = PubSubSource(cfg, self._on_delivery,

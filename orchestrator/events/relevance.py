@@ -32,9 +32,14 @@ ACCEPT = Verdict("accepted")
 
 def relevance(event: Event, *, job: str, attributes: Mapping[str, str] | None = None,
               filters: Mapping[str, str] | None = None) -> Verdict:
-    """Only events for this job (target.job or a ``job`` label) that match the attribute filters
-    (a filter key is read from the message attributes, else from the event's labels, which hold
-    an alert's user labels under their own keys)."""
+    """Only events for this job (target.job, a ``job`` message attribute, or a ``job`` label)
+    that match the attribute filters (a filter key is read from the message attributes, else
+    from the event's labels, which hold an alert's user labels under their own keys). The
+    attribute is what a per-run subscription filters on; checking it here too keeps a run from
+    acting on another run's operator event when its subscription has no filter."""
+    attr_job = (attributes or {}).get("job")
+    if attr_job is not None and attr_job != job:
+        return Verdict("irrelevant", f"message attribute job={attr_job!r}, not {job!r}")
     if event.target.job is not None and event.target.job != job:
         return Verdict("irrelevant", f"for job {event.target.job!r}, not {job!r}")
     label_job = event.labels.get("job")

@@ -80,19 +80,66 @@ def test_redelivered_ids_are_handled_once_and_filters_apply(ps, tmp_path):
 
 
 def test_cli_publishes_through_pubsub(ps, tmp_path, emulator_host):
-    """`publish --project P --topic T` with PUBSUB_EMULATOR_HOST reaches the running intake."""
+    """`publish --project P --topic T --job J` with PUBSUB_EMULATOR_HOST reaches the running
+    intake, with the message attribute job=J that per-run subscriptions filter on."""
     cfg = EventsConfig(inbox=False, pubsub=ps.config())
     with EventIntake(cfg, run_dir=tmp_path, job="demo") as intake:
         env = {**os.environ, "PUBSUB_EMULATOR_HOST": emulator_host}
         out = subprocess.run(
             [sys.executable, "-m", "orchestrator.events", "publish", "--kind", "preemption",
              "--host", "1", "--deadline-s", "30", "--project", "test-project", "--topic",
-             ps.topic], cwd=REPO, env=env, check=True, capture_output=True, text=True,
-            timeout=60)
+             ps.topic, "--job", "demo"], cwd=REPO, env=env, check=True, capture_output=True,
+            text=True, timeout=60)
         sent = json.loads(out.stdout)
         got = poll_until(intake, hosts(2))
     assert [e.id for e in got] == [sent["published"]["id"]]
-    assert got[0].kind is EventKind.PREEMPTION_NOTICE
+    assert got[0].kind is EventKind.PREEMPTION_NOTICE and got[0].target.job == "demo"
+    assert sent["attributes"] == {"kind": "preemption_notice", "job": "demo"}
+
+
+def test_each_run_pulls_its_own_subscription_and_skips_other_runs_events(emulator_host,
+                                                                        tmp_path):
+    """Two runs on one topic, no subscription configured: each pulls `<topic>-<run>` (made as
+    deploy/terraform/pubsub.tf makes it). An operator event published with `--run-dir` of run
+    A carries job=A and is acted on by A only; an event with no job reaches both."""
+    from tests.events.pubsub_helpers import PROJECT
+    from tests.support.pubsub_emulator import unique_name
+
+    ps = PubSubFixture(emulator_host)
+    try:
+        topic = unique_name("events")
+        ps.publisher.create_topic(request={"name": ps.topic_path(topic)}, timeout=10)
+        for run in ("run-a", "run-b"):  # the emulator accepts the filter but does not apply it
+            ps.subscriber.create_subscription(request={
+                "name": ps.sub_path(f"{topic}-{run}"), "topic": ps.topic_path(topic),
+                "filter": f'NOT attributes:job OR attributes.job = "{run}"'}, timeout=10)
+        cfg = EventsConfig(inbox=False, pubsub=PubSubConfig(
+            project=PROJECT, topic=topic, emulator_host=emulator_host,
+            reconnect_initial_s=0.2, reconnect_max_s=1.0))
+        dir_a, dir_b = tmp_path / "run-a", tmp_path / "run-b"
+        dir_a.mkdir()
+        (dir_a / "run.json").write_text(json.dumps({"run_id": "run-a", "job": "run-a"}))
+        with EventIntake(cfg, run_dir=dir_a, job="run-a") as a, \
+                EventIntake(cfg, run_dir=dir_b, job="run-b") as b:
+            assert a.pubsub_config.subscription == f"{topic}-run-a"
+            assert b.pubsub_config.subscription == f"{topic}-run-b"
+            out = subprocess.run(
+                [sys.executable, "-m", "orchestrator.events", "publish", "--run-dir", str(dir_a),
+                 "--project", PROJECT, "--topic", topic, "--kind", "stop", "--id", "stop-a"],
+                cwd=REPO, env={**os.environ, "PUBSUB_EMULATOR_HOST": emulator_host},
+                check=True, capture_output=True, text=True, timeout=60)
+            assert json.loads(out.stdout)["attributes"]["job"] == "run-a"
+            ps.publish(event(id="platform-1", host="1").to_json(), topic=topic)
+            got_a = poll_until(a, hosts(2), count=2, timeout_s=20)
+            got_b = poll_until(b, hosts(2), count=1, timeout_s=20)
+            _wait(lambda: len(lines(dir_b / "events.jsonl")) >= 2)
+        assert sorted(e.id for e in got_a) == ["platform-1", "stop-a"]
+        assert [e.id for e in got_b] == ["platform-1"]
+        skipped = [r for r in lines(dir_b / "events.jsonl") if r["event"]["id"] == "stop-a"]
+        assert [r["decision"] for r in skipped] == ["irrelevant"]
+        assert "run-a" in skipped[0]["reason"]
+    finally:
+        ps.close()
 
 
 def test_emulator_outage_reconnects_and_nothing_is_handled_twice(tmp_path):
