@@ -40,7 +40,7 @@ from workers.ckpt_layout import StepState
 
 log = logging.getLogger(__name__)
 
-_RESTORE, _FRESH, _FOREIGN, _OTHER_MODEL = 0, 1, 2, 3
+_RESTORE, _FRESH, _FOREIGN, _OTHER_MODEL, _IO_ERROR = 0, 1, 2, 3, 4
 
 
 @dataclass
@@ -129,7 +129,13 @@ class CheckpointStore:
         skip = set(skip_steps)
         skipped: list[dict] = []
         while True:
-            decision = self._decide(skip, is_primary=process_index == 0)
+            try:
+                decision = self._decide(skip, is_primary=process_index == 0)
+            except OSError as exc:  # e.g. a move aside refused: tell the peers, not hang them
+                decision = _Decision(_IO_ERROR, -1, (), CheckpointError(
+                    f"Could not prepare {self.directory} for a restore "
+                    f"({type(exc).__name__}: {exc}).",
+                    fix="check that the checkpoint directory is writable and has space"))
             code, step = _agree(decision, process_count)
             if process_index == 0:
                 skipped.extend(decision.skipped)
@@ -137,7 +143,7 @@ class CheckpointStore:
                 self._reload()
                 self._committed = None
                 return RestoreOutcome(step=None, state=None, skipped=skipped)
-            if code in (_FOREIGN, _OTHER_MODEL):
+            if code in (_FOREIGN, _OTHER_MODEL, _IO_ERROR):
                 mine = decision.error if decision.code == code else None
                 raise mine if mine is not None else self._refusal(code, step)
             self._reload()
@@ -193,6 +199,9 @@ class CheckpointStore:
 
     def _refusal(self, code: int, step: int, meta: dict | None = None) -> CheckpointError:
         where = f"Checkpoint step {step} in {self.directory}"
+        if code == _IO_ERROR:
+            return CheckpointError(f"Process 0 could not prepare {self.directory} for a restore.",
+                                   fix="see process 0's log; check the directory is writable")
         if code == _FOREIGN:
             return CheckpointError(
                 f"{where} has no readable run metadata and was not written by Orbax "

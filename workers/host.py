@@ -114,6 +114,11 @@ class HostActor:
                                "(or, legacy, call build(cfg, plan, checkpoint_dir, accum) first)")
         return self.spec
 
+    def _need_trainer(self, what: str) -> Any:
+        if self.trainer is None:
+            raise RuntimeError(f"{what} needs the step built: call build() first")
+        return self.trainer
+
     # ---- building the step --------------------------------------------------------------
 
     def build(self, cfg: RunConfig | None = None, plan: MeshPlan | None = None,
@@ -147,13 +152,13 @@ class HostActor:
         with that step in ``skip_steps``.
         """
         t0 = time.perf_counter()
-        out = self.trainer.restore(list(skip_steps))
+        out = self._need_trainer("restore").restore(list(skip_steps))
         self._step = self.trainer.step
         return {"restored_step": out.step, "step": self._step,
                 "restore_s": time.perf_counter() - t0, "skipped": out.skipped}
 
     def compile(self) -> dict:
-        compile_s = self.trainer.compile()
+        compile_s = self._need_trainer("compile").compile()
         return {"compile_s": compile_s, "flops_xla": self.trainer.flops_xla,
                 "flops_analytic": self.trainer.flops_analytic}
 
@@ -200,7 +205,7 @@ class HostActor:
         per-step records. ``checkpoint_every`` is the legacy form (removed when the controller
         switches): saves at multiples of it.
         """
-        tr = self.trainer
+        tr = self._need_trainer("run_steps")
         saves = set(save_steps)
         if checkpoint_every is not None:  # legacy: removed when the controller switches
             saves |= {s for s in range(tr.step + 1, until_step + 1) if s % checkpoint_every == 0}
