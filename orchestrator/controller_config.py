@@ -168,7 +168,6 @@ class Policies:
     grow: GrowPolicy
     deadline: DeadlinePolicy
     save: AnySave
-    health: HealthPolicy  # legacy: removed when the controller switches
     reaction: ReactionPolicy
     resize: ResizePolicy
     chaos: FaultSchedule
@@ -250,7 +249,6 @@ class ControllerConfig:
                 on_short_deadline=self.deadline.on_short_deadline,
             ),
             save=AnySave(policies=(OnRequest(), interval)),
-            health=health,
             reaction=ReactionPolicy(health=health),
             resize=ResizePolicy(mode=BatchMode(self.batch_on_resize), lr_scaling=self.lr_on_scale),
             chaos=FaultSchedule(

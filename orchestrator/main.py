@@ -107,7 +107,8 @@ class Driver:
         self._ray_started = False
 
     def run(self) -> int:
-        from orchestrator.controller import RayClusterView, RunController
+        from orchestrator.controller import Controller, Hooks
+        from orchestrator.ray_group import RayClusterView, ray_group_factory
 
         self._check_checkpoint()
         self._connect()
@@ -118,10 +119,13 @@ class Driver:
         self.metrics = self._build_metrics()
         self.intake = self._build_intake()
         peak_box: dict[str, Any] = {}
-        controller = RunController(self.cfg, self.cfg.controller, run_dir=self.run_dir,
-                                   cluster=cluster, intake=self.intake, metrics=self.metrics,
-                                   on_step=lambda rec, ctx: self._on_step(rec, ctx, peak_box))
-        controller.peak_resolver = lambda measure: self._resolve_peak(cluster, measure, peak_box)
+        hooks = Hooks(on_step=lambda rec, ctx: self._on_step(rec, ctx, peak_box),
+                      peak_resolver=lambda measure: self._resolve_peak(cluster, measure,
+                                                                       peak_box),
+                      goodput=self._goodput)
+        controller = Controller(self.cfg, run_dir=self.run_dir, cluster=cluster,
+                                make_group=ray_group_factory(self.cfg, cluster),
+                                intake=self.intake, metrics=self.metrics, hooks=hooks)
         self._watch_ray_nodes(lambda: list(controller.plan.hosts) if controller.plan else [])
         summary = controller.run()
         self._print_summary(summary)
@@ -310,19 +314,16 @@ class Driver:
             slices=ctx["slices"], checkpoint_blocking_s=rec["checkpoint_blocking_s"],
             lr=rec["lr"]))
 
-    def _print_summary(self, summary: Any) -> None:
+    def _goodput(self) -> float | None:
+        """Goodput from the run directory's timeline and metrics (for the summary)."""
         from orchestrator.metrics.rundir import load_run
 
-        good = None
-        try:
-            if self.metrics is not None:
-                self.metrics.flush(timeout=10.0)
-            good = load_run(self.run_dir, now=time.time()).goodput.goodput
-        except Exception as exc:  # the summary must print whatever the metrics state
-            log.warning("goodput_unavailable", error=str(exc))
-        summary.goodput = good
-        (self.run_dir / "summary.json").write_text(json.dumps(summary.to_json(), indent=2,
-                                                              default=str))
+        if self.metrics is not None:
+            self.metrics.flush(timeout=10.0)
+        return load_run(self.run_dir, now=time.time()).goodput.goodput
+
+    def _print_summary(self, summary: Any) -> None:
+        good = summary.goodput
         lines = [
             f"Run {summary.state}: {summary.reason}",
             f"  steps {summary.step}/{summary.total_steps}, lost steps {summary.lost_steps}, "

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
 
-from orchestrator.controller_v2.seam import (
+from orchestrator.controller.seam import (
     Compiled,
     CorruptCheckpoint,
     Formed,

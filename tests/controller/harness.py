@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.config import load_config
-from orchestrator.controller_v2 import Controller, RunSummary
+from orchestrator.controller import Controller, RunSummary
 from orchestrator.events.intake import EventIntake
 from tests.controller.fakes import FakeClock, FakeCluster, FakeFleet
 

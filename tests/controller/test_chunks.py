@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from orchestrator.controller_v2.running import chunk_end, save_interval
+from orchestrator.controller.running import chunk_end, save_interval
 from tests.controller.harness import make
 
 
@@ -22,7 +22,7 @@ def test_chunks_end_on_save_steps_and_chaos_steps(tmp_path):
 
 
 def test_a_drain_at_a_chosen_step_ends_the_chunk_there(tmp_path):
-    from orchestrator.controller_v2.context import Pending
+    from orchestrator.controller.context import Pending
     from policies.causes import StopCause
 
     sim = make(tmp_path, "run.steps_per_call=10", "controller.checkpoint_interval.every_steps=10")

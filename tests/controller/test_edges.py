@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.controller_v2 import core
-from orchestrator.controller_v2.seam import GroupFailed, Hung
+from orchestrator.controller import core
+from orchestrator.controller.seam import GroupFailed, Hung
 from orchestrator.lifecycle import TRANSITIONS, RunState
 from tests.controller.fakes import lost
 from tests.controller.harness import Sim, make

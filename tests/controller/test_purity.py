@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import orchestrator.controller_v2 as pkg
+import orchestrator.controller as pkg
 
 FORBIDDEN = ("ray", "jax", "jaxlib", "flax", "optax", "orbax", "workers")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from orchestrator.controller_v2.seam import GroupFailed, Hung
+from orchestrator.controller.seam import GroupFailed, Hung
 from tests.controller.fakes import lost
 from tests.controller.harness import make
 
@@ -252,7 +252,7 @@ def test_scheduled_maintenance_drains_at_a_step_of_its_choosing(tmp_path):
 
 def test_topology_is_written_for_explain_and_instance_ids_reach_the_intake(tmp_path):
     """explain --topology RUN_DIR sees the mesh the run formed, with the hosts' id map."""
-    from orchestrator.controller_v2.seam import Formed
+    from orchestrator.controller.seam import Formed
     from orchestrator.events.explain import load_topology
 
     sim = make(tmp_path)

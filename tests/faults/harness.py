@@ -25,9 +25,9 @@ import ray
 import structlog
 
 from orchestrator.config import RunConfig, load_config
-from orchestrator.controller import RayClusterView, RunController, RunSummary
+from orchestrator.controller import Controller, Hooks, RunSummary
 from orchestrator.controller_config import ChaosFaultConfig
-from orchestrator.worker_group import WorkerGroup
+from orchestrator.ray_group import RayClusterView, RayWorkerGroup, ray_group_factory
 from tests.support.ray_cluster import RunningCluster, emulated_cluster
 
 log = structlog.get_logger(__name__)
@@ -81,7 +81,7 @@ class Action:
     """Run ``fn(controller)`` once the controller reached ``step``."""
 
     step: int
-    fn: Callable[[RunController], None]
+    fn: Callable[[Controller], None]
     name: str = ""
     fired_at: float | None = None
 
@@ -89,7 +89,7 @@ class Action:
 @dataclass
 class RunResult:
     summary: RunSummary
-    controller: RunController
+    controller: Controller
     final_params: dict[str, np.ndarray] | None
     actions: list[Action] = field(default_factory=list)
     host_pids: list[int] = field(default_factory=list)
@@ -97,7 +97,7 @@ class RunResult:
 
     @property
     def timeline(self) -> list[dict]:
-        path = self.controller.run_dir / "timeline.jsonl"
+        path = self.controller.run_state.run_dir / "timeline.jsonl"
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
     @property
@@ -106,7 +106,11 @@ class RunResult:
 
     def restored_steps(self) -> list[int | None]:
         """The checkpoint step each incarnation restored (None = fresh start)."""
-        return [r.get("restored_step") for r in self.controller.restores]
+        return [r.get("restored_step") for r in self.restores]
+
+    @property
+    def restores(self) -> list[dict]:
+        return self.controller.run_state.ledger.restores
 
 
 @contextmanager
@@ -136,13 +140,14 @@ def run_controller(cfg: RunConfig, *, actions: Sequence[Action] = (), intake: An
 
     def on_final(group: Any) -> None:
         if collect_params:
-            box["params"] = flatten(group.call_all("params", timeout_s=60.0, phase="save")[0])
+            box["params"] = flatten(group.final_params())
 
-    ctl = RunController(cfg, cfg.controller, run_dir=Path(cfg.run.run_dir),
-                        cluster=RayClusterView(), intake=intake, metrics=None,
-                        on_final_group=on_final)
+    cluster = RayClusterView()
     pids: list[int] = []
-    ctl.group_cls = type("RecordingGroup", (RecordingGroup,), {"pids": pids})
+    group_cls = type("RecordingGroup", (RecordingGroup,), {"pids": pids})
+    ctl = Controller(cfg, run_dir=Path(cfg.run.run_dir), cluster=cluster,
+                     make_group=ray_group_factory(cfg, cluster, group_cls=group_cls),
+                     intake=intake, hooks=Hooks(on_final_group=on_final))
     todo = sorted(actions, key=lambda a: a.step)
     box_out: dict[str, Any] = {}
 
@@ -159,14 +164,13 @@ def run_controller(cfg: RunConfig, *, actions: Sequence[Action] = (), intake: An
     deadline = time.monotonic() + timeout_s
     pending = list(todo)
     while runner.is_alive() and time.monotonic() < deadline:
-        if pending and ctl.progress.step >= pending[0].step:
+        if pending and ctl.run_state.ledger.step >= pending[0].step:
             a = pending.pop(0)
-            log.info("test_action", name=a.name, at_step=ctl.progress.step)
+            log.info("test_action", name=a.name, at_step=ctl.run_state.ledger.step)
             a.fn(ctl)
             a.fired_at = time.time()
         runner.join(0.05)
     if runner.is_alive():
-        ctl.stop_requested = True
         raise AssertionError(f"the run did not end within {timeout_s:.0f}s")
     if "error" in box_out:
         raise box_out["error"]
@@ -186,13 +190,13 @@ def flatten(tree: Any, prefix: str = "") -> dict[str, np.ndarray]:
     return out
 
 
-class RecordingGroup(WorkerGroup):
+class RecordingGroup(RayWorkerGroup):
     """The real worker group, remembering the pid of every host actor it started."""
 
     pids: list[int] = []  # replaced per run by ``run_controller``
 
-    def start(self) -> None:
-        super().start()
+    def _start(self) -> None:
+        super()._start()
         try:
             infos = ray.get([a.info.remote() for a in self.actors], timeout=120)
         except Exception as exc:  # an actor that cannot start is not a process to check
@@ -221,9 +225,6 @@ def print_recovery(label: str, result: RunResult) -> None:
     """The measured phase breakdown of each recovery (shown with ``pytest -s``)."""
     for r in result.summary.recoveries:
         phases = ", ".join(f"{k}={v:.2f}s" for k, v in r.get("phases_s", {}).items())
-        detect = (f"detected {r['since_chunk_start_s']:.2f}s after the chunk started; "
-                  if "since_chunk_start_s" in r else "")
-        print(f"\n[{label}] {r['kind']} recovery ({r['cause']}): {detect}"
+        print(f"\n[{label}] {r['kind']} recovery ({r['cause']}): "
               f"to first step {r.get('to_first_step_s', float('nan')):.2f}s; {phases}; "
-              f"save {r.get('save_s', 0.0):.2f}s, teardown {r.get('teardown_s', 0.0):.2f}s; "
-              f"lost {r.get('lost_steps', 0)} step(s)")
+              f"save {r.get('save_s', 0.0):.2f}s; lost {r.get('lost_steps', 0)} step(s)")

@@ -56,7 +56,7 @@ def test_notice_for_one_slice_shrinks_then_grows_back_on_a_new_slice(cluster, tm
     first, shrunk, grown = _running_slices(result)
     assert len(first) == 2 and len(shrunk) == 1 and len(grown) == 2
     assert shrunk[0] in first and added[0] in grown and first[1] not in grown
-    restored = [r["restored_step"] for r in result.controller.restores]
+    restored = [r["restored_step"] for r in result.restores]
     assert restored[0] is None and restored[1] == 6 and restored[2] % 5 == 0
     assert restored[2] >= 10, "the grow waits for the next checkpoint after the slice joined"
 
@@ -77,9 +77,9 @@ def test_node_removed_without_notice_restores_last_checkpoint(cluster, tmp_path)
     s = result.summary
     assert (s.state, s.step) == ("SUCCEEDED", 20)
     assert s.restarts == {"host_lost": 1}
-    restored = [r["restored_step"] for r in result.controller.restores]
+    restored = [r["restored_step"] for r in result.restores]
     assert restored == [None, 5]
     assert 1 <= s.lost_steps <= 5
-    assert s.lost_steps == result.controller.restores[1]["lost_steps"]
+    assert s.lost_steps == result.restores[1]["lost_steps"]
     assert removed[0] not in {h.node_id for h in result.controller.plan.hosts}
     assert alive_host_processes(result.host_pids) == []

@@ -6,8 +6,8 @@ Read in this order: ``core`` (the loop), ``context`` (what handlers share), ``pl
 protocols the Ray side implements: ``orchestrator.ray_group``).
 """
 
-from orchestrator.controller_v2.context import Hooks
-from orchestrator.controller_v2.core import Controller
-from orchestrator.controller_v2.summary import RunSummary
+from orchestrator.controller.context import Hooks
+from orchestrator.controller.core import Controller
+from orchestrator.controller.summary import RunSummary
 
 __all__ = ["Controller", "Hooks", "RunSummary"]

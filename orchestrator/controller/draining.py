@@ -3,9 +3,9 @@ then finish (target reached), stop (operator) or release for a re-form."""
 
 from __future__ import annotations
 
-from orchestrator.controller_v2 import recovering
-from orchestrator.controller_v2.context import Next, Run, log
-from orchestrator.controller_v2.seam import GroupFailed
+from orchestrator.controller import recovering
+from orchestrator.controller.context import Next, Run, log
+from orchestrator.controller.seam import GroupFailed
 from orchestrator.lifecycle import Checkpointing, Releasing, RunState
 from policies.preemption import DrainKind, DrainObservation
 

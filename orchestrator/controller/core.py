@@ -12,13 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.config import RunConfig
-from orchestrator.controller_v2 import draining, forming, planning, recovering, running
-from orchestrator.controller_v2.context import Hooks, Next, Placement, Run, log
-from orchestrator.controller_v2.ledger import RecoveryLedger
-from orchestrator.controller_v2.plugins import ChaosPlugin, RunPlugin
-from orchestrator.controller_v2.reactions import Reactions
-from orchestrator.controller_v2.seam import Clock, ClusterView, GroupFactory, SystemClock
-from orchestrator.controller_v2.summary import RunSummary, write_summary
+from orchestrator.controller import draining, forming, planning, recovering, running
+from orchestrator.controller.context import Hooks, Next, Placement, Run, log
+from orchestrator.controller.ledger import RecoveryLedger
+from orchestrator.controller.plugins import ChaosPlugin, RunPlugin
+from orchestrator.controller.reactions import Reactions
+from orchestrator.controller.seam import Clock, ClusterView, GroupFactory, SystemClock
+from orchestrator.controller.summary import RunSummary, write_summary
 from orchestrator.errors import OrchestratorError
 from orchestrator.lifecycle import Failed, Lifecycle, RunState
 from policies.causes import StopCause

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from orchestrator.controller_v2.context import Next, Pending, Run, log
-from orchestrator.controller_v2.seam import CorruptCheckpoint, Failure, HostsLost, Hung, describe
+from orchestrator.controller.context import Next, Pending, Run, log
+from orchestrator.controller.seam import CorruptCheckpoint, Failure, HostsLost, Hung, describe
 from orchestrator.lifecycle import Backoff, Failed, Releasing, RunState
 from policies.causes import FailureKind, StopCause, StopObservation
 from policies.restart_budget import GiveUp, RestartObservation, RestartRecord

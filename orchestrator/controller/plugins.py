@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from orchestrator.controller_v2.context import log
+from orchestrator.controller.context import log
 from policies.chaos import Fault, FaultKind, FaultSchedule
 
 if TYPE_CHECKING:
-    from orchestrator.controller_v2.context import Run
+    from orchestrator.controller.context import Run
 
 
 class RunPlugin:

@@ -9,9 +9,9 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from orchestrator.controller_v2 import recovering
-from orchestrator.controller_v2.context import Next, Run, log
-from orchestrator.controller_v2.seam import Formed, GroupFailed, GroupSpec
+from orchestrator.controller import recovering
+from orchestrator.controller.context import Next, Run, log
+from orchestrator.controller.seam import Formed, GroupFailed, GroupSpec
 from orchestrator.lifecycle import Restoring, RunState
 
 S = RunState

@@ -10,8 +10,8 @@ import dataclasses
 from collections.abc import Sequence
 
 from orchestrator.config import RunConfig
-from orchestrator.controller_v2 import recovering
-from orchestrator.controller_v2.context import Next, Run, log
+from orchestrator.controller import recovering
+from orchestrator.controller.context import Next, Run, log
 from orchestrator.errors import TopologyError
 from orchestrator.hosts import HostRef
 from orchestrator.lifecycle import Failed, RunState, WaitingForCapacity

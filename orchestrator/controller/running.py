@@ -8,10 +8,10 @@ not the rest of a chunk.
 
 from __future__ import annotations
 
-from orchestrator.controller_v2 import recovering
-from orchestrator.controller_v2.context import Next, Pending, Run, log
-from orchestrator.controller_v2.planning import complete_slices, usable_hosts
-from orchestrator.controller_v2.seam import Hung, Progress, Running
+from orchestrator.controller import recovering
+from orchestrator.controller.context import Next, Pending, Run, log
+from orchestrator.controller.planning import complete_slices, usable_hosts
+from orchestrator.controller.seam import Hung, Progress, Running
 from orchestrator.lifecycle import Checkpointing, Draining, RunState
 from policies.causes import StopCause
 from policies.checkpoint_interval import SaveObservation

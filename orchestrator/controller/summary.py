@@ -8,7 +8,7 @@ import json
 import statistics
 from dataclasses import dataclass
 
-from orchestrator.controller_v2.context import Run, log
+from orchestrator.controller.context import Run, log
 from orchestrator.lifecycle import RunState
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestrator.controller_v2.context import Pending, Run, log
-from orchestrator.controller_v2.seam import HostsLost
+from orchestrator.controller.context import Pending, Run, log
+from orchestrator.controller.seam import HostsLost
 from orchestrator.hosts import HostRef
 from policies.causes import StopCause
 from policies.health import HealthReport

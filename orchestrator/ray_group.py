@@ -1,0 +1,393 @@
+"""The Ray side of the controller's seam: host actors, bounded calls, typed results.
+
+Every Ray exception is mapped here, once, into the closed set of ``seam`` statuses
+(``HostsLost`` with a ``FailureKind``, ``Hung``, ``CorruptCheckpoint``); the controller never
+sees a Ray type. A half-built group is always torn down by ``shutdown``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+import time
+from collections.abc import Callable, Collection, Sequence
+from typing import Any
+
+import ray
+import structlog
+from ray.exceptions import (
+    ActorDiedError,
+    ActorUnavailableError,
+    NodeDiedError,
+    RayActorError,
+    RayTaskError,
+)
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from orchestrator.controller.seam import (
+    Compiled,
+    CorruptCheckpoint,
+    Failure,
+    Formed,
+    GroupFailed,
+    GroupSpec,
+    HostsLost,
+    Hung,
+    Progress,
+    Restored,
+    Running,
+    Saved,
+)
+from orchestrator.errors import CheckpointCorrupt, OrchestratorError
+from orchestrator.hosts import HostRef
+from orchestrator.hostspec import HostSpec
+from policies.causes import FailureKind
+from workers.host import HostActor, device_env
+
+log = structlog.get_logger(__name__)
+
+_RemoteHost = ray.remote(HostActor)
+
+
+class RayClusterView:
+    """``ray.nodes()`` read as TPU hosts."""
+
+    probe_timeout_s: float = 2.0
+
+    def hosts(self) -> list[HostRef]:
+        from orchestrator.topology import hosts_from_nodes
+
+        return hosts_from_nodes(ray.nodes())
+
+    def platform(self) -> str:
+        from orchestrator.topology import platform_of
+
+        return platform_of(ray.nodes())
+
+    def unreachable(self, node_ids: Collection[str]) -> set[str]:
+        """Nodes that are gone even if the GCS has not noticed yet (it marks a vanished node
+        dead only after its health checks fail, ~16 s here): dead, unknown, or their raylet
+        refuses a TCP connection."""
+        wanted = set(node_ids)
+        nodes = {n["NodeID"]: n for n in ray.nodes() if n["NodeID"] in wanted}
+        gone = wanted - set(nodes)
+        for node_id, n in nodes.items():
+            if not n.get("Alive") or not _accepts(n.get("NodeManagerAddress", ""),
+                                                  int(n.get("NodeManagerPort", 0)),
+                                                  self.probe_timeout_s):
+                gone.add(node_id)
+        return gone
+
+
+def _accepts(host: str, port: int, timeout_s: float) -> bool:
+    if not host or port <= 0:
+        return True  # nothing to probe: trust the GCS
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def failure_kind(exc: BaseException) -> FailureKind:
+    """The one mapping of Ray's exceptions to the seam's closed set."""
+    if isinstance(exc, NodeDiedError):
+        return FailureKind.NODE_DIED
+    if isinstance(exc, ActorUnavailableError):
+        return FailureKind.ACTOR_UNAVAILABLE
+    if isinstance(exc, (ActorDiedError, RayActorError)):
+        return FailureKind.ACTOR_DIED
+    return FailureKind.STEP_ERROR
+
+
+def combine(results: Sequence[dict]) -> Progress | HostsLost:
+    """Every host's chunk result as one ``Progress``; hosts that disagree on the step they
+    stopped at cannot go on together (a failure, never an exception out of the loop)."""
+    steps = sorted({int(r["step"]) for r in results})
+    if len(steps) != 1:
+        return HostsLost(hosts=tuple(range(len(results))), kind=FailureKind.STEP_ERROR,
+                         message=f"hosts stopped at different steps {steps}",
+                         step_reached=steps[-1] if steps else None)
+    committed = [r.get("committed_step") for r in results]
+    known = [c for c in committed if c is not None]
+    # A step counts as committed only when every host's share of it is.
+    agreed = min(known) if known and len(known) == len(committed) else None
+    first = results[0]
+    return Progress(step=steps[0], committed_step=agreed, records=tuple(first.get("records", ())),
+                    stopped_early=any(r.get("stopped_early") for r in results))
+
+
+class RayWorkerGroup:
+    """One incarnation of the JAX group: one host actor per mesh host, pinned to its node."""
+
+    actor_cls: Any = _RemoteHost
+    init_grace_s: float = 5.0
+
+    def __init__(self, spec: GroupSpec, *, metadata_settings: dict | None = None,
+                 notice_queue: Any = None,
+                 unreachable: Callable[[Collection[str]], set[str]] | None = None) -> None:
+        self.spec = spec
+        self.timeouts = spec.cfg.timeouts
+        self.metadata_settings = metadata_settings
+        self.queue = notice_queue
+        self.unreachable = unreachable
+        self.actors: list[Any] = []
+        self._refs: list[Any] = []
+        self._results: dict[int, dict] = {}
+
+    # ---- phases ---------------------------------------------------------------------------
+
+    def form(self) -> Formed:
+        plan = self.spec.plan
+        try:
+            self._start()
+            for host, fault in self.spec.init_faults:
+                self._get([self.actors[host].inject_fault.remote(fault)], "init", 30.0)
+            self._initialize()
+            self._get([a.build.remote() for a in self.actors], "restore", self.timeouts.restore_s)
+            watching = 0
+            if self.metadata_settings is not None:
+                out = self._get([a.start_metadata_watcher.remote(self.metadata_settings,
+                                                                 self.queue)
+                                 for a in self.actors], "init", 30.0)
+                watching = sum(bool(w) for w in out)
+        except GroupFailed:
+            raise
+        return Formed(hosts=len(plan.hosts), metadata_watchers=watching)
+
+    def restore(self, *, skip_steps: Collection[int] = ()) -> Restored:
+        outs = self._get([a.restore.remote(sorted(skip_steps)) for a in self.actors], "restore",
+                         self.timeouts.restore_s)
+        steps = {o["restored_step"] for o in outs}
+        if len(steps) != 1:
+            found = sorted(steps, key=str)
+            raise GroupFailed(HostsLost(hosts=tuple(range(len(outs))),
+                                        kind=FailureKind.STEP_ERROR,
+                                        message=f"hosts restored different steps {found}"))
+        o = outs[0]
+        return Restored(restored_step=o["restored_step"], step=int(o["step"]),
+                        restore_s=float(o["restore_s"]), skipped=tuple(o.get("skipped", ())))
+
+    def compile(self) -> Compiled:
+        c = self._get([a.compile.remote() for a in self.actors], "compile",
+                      self.timeouts.compile_s)[0]
+        return Compiled(compile_s=float(c["compile_s"]),
+                        flops=c.get("flops_xla") or c.get("flops_analytic"))
+
+    def start_chunk(self, until_step: int, *, chunk: int, save_steps: Sequence[int]) -> None:
+        self._results = {}
+        self._refs = [a.run_steps.remote(until_step, chunk=chunk, save_steps=list(save_steps),
+                                         report=(i == 0))
+                      for i, a in enumerate(self.actors)]
+
+    def poll(self, timeout_s: float):
+        refs = self._refs
+        waiting = [r for i, r in enumerate(refs) if i not in self._results]
+        if waiting:
+            ready, _ = ray.wait(waiting, num_returns=len(waiting), timeout=timeout_s)
+            failure: Failure | None = None
+            for ref in ready:
+                i = refs.index(ref)
+                try:
+                    self._results[i] = ray.get(ref)
+                except Exception as exc:
+                    failure = failure or self._failure(exc, (i,))
+            if failure is not None:
+                reached = [int(r["step"]) for r in self._results.values()]
+                if isinstance(failure, HostsLost) and reached:
+                    failure = HostsLost(hosts=failure.hosts, kind=failure.kind,
+                                        message=failure.message, nodes_gone=failure.nodes_gone,
+                                        step_reached=max(reached))
+                return failure
+        pending = tuple(i for i in range(len(refs)) if i not in self._results)
+        if pending:
+            return Running(pending=pending)
+        return combine([self._results[i] for i in range(len(refs))])
+
+    def request_stop(self, chunk: int) -> None:
+        try:
+            steps = ray.get([a.current_step.remote() for a in self.actors], timeout=5.0)
+            at = max(int(s) for s in steps) + 1
+            ray.get([a.request_stop.remote(chunk, at) for a in self.actors], timeout=5.0)
+            log.info("stop_requested", chunk=chunk, at_step=at)
+        except Exception as exc:  # a dying host: the chunk wait reports it
+            log.warning("stop_request_failed", error=str(exc))
+
+    def save(self) -> Saved:
+        t0 = time.perf_counter()
+        outs = self._get([a.save.remote(wait=True) for a in self.actors], "save",
+                         self.timeouts.save_s)
+        committed = [o.get("committed_step") for o in outs]
+        agreed = min(committed) if all(c is not None for c in committed) else None
+        return Saved(step=int(outs[0]["step"]), committed_step=agreed,
+                     save_s=time.perf_counter() - t0)
+
+    def notices(self) -> list[dict]:
+        if self.queue is None:
+            return []
+        try:
+            n = self.queue.qsize()
+            return list(self.queue.get_nowait_batch(n)) if n else []
+        except Exception as exc:
+            log.warning("notice_queue_failed", error=str(exc))
+            return []
+
+    def inject(self, host: int, fault: dict) -> None:
+        try:
+            ray.get(self.actors[host].inject_fault.remote(fault), timeout=30)
+        except Exception as exc:  # a dying actor: the next wait reports its death
+            log.warning("chaos_arm_failed", error=str(exc))
+
+    def measure_peak_flops(self) -> float:
+        return float(ray.get(self.actors[0].measure_peak_flops.remote(), timeout=60))
+
+    def stacks(self, timeout_s: float = 5.0) -> dict[int, str]:
+        out: dict[int, str] = {}
+        refs = {i: a.stacks.remote() for i, a in enumerate(self.actors)}
+        for i, ref in refs.items():
+            try:
+                out[i] = ray.get(ref, timeout=timeout_s)
+            except Exception as exc:  # dead or stuck: record why instead of stacks
+                out[i] = f"<no stacks: {type(exc).__name__}: {exc}>"
+        return out
+
+    def final_params(self) -> Any:
+        """Host 0's gathered parameters (tests compare runs with it)."""
+        return ray.get(self.actors[0].params.remote(), timeout=120)
+
+    def shutdown(self, *, graceful: bool) -> None:
+        if graceful and self.actors:
+            try:
+                self._get([a.shutdown.remote() for a in self.actors], "save",
+                          self.timeouts.save_s)
+            except (GroupFailed, OrchestratorError) as exc:
+                log.warning("graceful_shutdown_failed", error=str(exc))
+        for a in self.actors:
+            try:
+                ray.kill(a, no_restart=True)
+            except Exception as exc:  # already dead
+                log.debug("kill_failed", error=str(exc))
+        self.actors = []
+        self._refs = []
+
+    # ---- internals ------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        plan = self.spec.plan
+        coordinator_ip = plan.hosts[0].node_ip
+        ckpt = f"{self.spec.run_dir}/checkpoints"
+        for h in plan.hosts:
+            env = device_env(platform=plan.platform, devices_per_host=h.devices,
+                             extra=plan.megascale_env(h, coordinator_ip=coordinator_ip))
+            spec = HostSpec.for_host(self.spec.cfg, plan, h, checkpoint_dir=ckpt,
+                                     accum_steps=self.spec.accum_steps)
+            self.actors.append(self.actor_cls.options(
+                name=None, num_cpus=0, resources={"TPU": h.devices}, max_concurrency=4,
+                max_restarts=0, scheduling_strategy=NodeAffinitySchedulingStrategy(
+                    node_id=h.node_id, soft=False),
+                runtime_env={"env_vars": env},
+            ).remote(spec, env))
+
+    def _initialize(self) -> None:
+        """Join one JAX distributed runtime, coordinator on host 0; bounded by init_s."""
+        t = self.timeouts
+        coord = self._get([self.actors[0].coordinator_address.remote()], "init", t.init_s)[0]
+        refs = [a.initialize.remote(coord, len(self.actors), i)
+                for i, a in enumerate(self.actors)]
+        started = time.monotonic()
+        try:
+            self._wait(refs, "init", t.init_s + 15)
+        except GroupFailed as exc:
+            # A host that never joins makes its peers' initialize fail when the coordinator
+            # gives up after init_s: then the hang is the cause, not the peers' deaths.
+            if isinstance(exc.status, Hung) or time.monotonic() - started < 0.9 * t.init_s:
+                raise
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=self.init_grace_s)
+            stuck = tuple(i for i, r in enumerate(refs) if r not in ready)
+            if stuck:
+                raise GroupFailed(Hung(phase="init", hosts=stuck, seconds=t.init_s)) from exc
+            raise
+
+    def _get(self, refs: list[Any], phase: str, timeout_s: float) -> list[Any]:
+        return self._wait(refs, phase, timeout_s)
+
+    def _wait(self, refs: list[Any], phase: str, timeout_s: float) -> list[Any]:
+        """All results, or ``GroupFailed`` with a typed status (first failure wins)."""
+        deadline = time.monotonic() + timeout_s
+        pending = list(refs)
+        out: dict[int, Any] = {}
+        while pending:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                stuck = tuple(i for i, r in enumerate(refs) if r in pending)
+                raise GroupFailed(Hung(phase=phase, hosts=stuck, seconds=timeout_s))
+            done, pending = ray.wait(pending, num_returns=1, timeout=left)
+            for ref in done:
+                i = refs.index(ref)
+                try:
+                    out[i] = ray.get(ref)
+                except Exception as exc:
+                    raise GroupFailed(self._failure(exc, (i,))) from None
+        return [out[i] for i in range(len(refs))]
+
+    def _failure(self, exc: BaseException, hosts: tuple[int, ...]) -> Failure:
+        """Map one failed call to a typed status; a non-retryable error is raised as is."""
+        cause = exc.cause if isinstance(exc, RayTaskError) and hasattr(exc, "cause") else exc
+        if isinstance(cause, CheckpointCorrupt):
+            return CorruptCheckpoint(step=cause.step, reason=cause.reason)
+        if isinstance(cause, OrchestratorError) and not cause.retryable:
+            raise cause
+        kind = failure_kind(exc)
+        message = f"host(s) {list(hosts)}: {type(cause).__name__}: {cause}"[:2000]
+        if kind is FailureKind.STEP_ERROR:
+            dead = self._dead_hosts()
+            if dead:  # a peer died; the survivor's collective error is a consequence
+                hosts, kind = dead, FailureKind.ACTOR_DIED
+                message = f"host(s) {list(dead)} died ({message})"
+        gone: set[str] = set()
+        if kind is not FailureKind.STEP_ERROR and self.unreachable is not None:
+            try:
+                gone = self.unreachable([h.node_id for h in self.spec.plan.hosts])
+            except Exception as err:
+                log.warning("node_probe_failed", error=str(err))
+        if gone:
+            log.warning("nodes_gone", nodes=sorted(gone))
+        return HostsLost(hosts=hosts, kind=kind, message=message, nodes_gone=frozenset(gone))
+
+    def _dead_hosts(self, timeout_s: float = 3.0) -> tuple[int, ...]:
+        """Hosts whose actor is gone (a collective error on a survivor often arrives before
+        the dead peer's ActorDiedError)."""
+        refs = [a.info.remote() for a in self.actors]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        dead = []
+        for i, ref in enumerate(refs):
+            if ref not in ready:
+                continue  # alive but busy (or hung): not dead
+            try:
+                ray.get(ref)
+            except (ActorDiedError, ActorUnavailableError, RayActorError):
+                dead.append(i)
+            except Exception as exc:  # any other answer means the process is there
+                log.debug("probe_error", host=i, error=str(exc))
+        return tuple(dead)
+
+
+def ray_group_factory(cfg: Any, cluster: RayClusterView, *,
+                      group_cls: type[RayWorkerGroup] | None = None
+                      ) -> Callable[[GroupSpec], RayWorkerGroup]:
+    """Groups for one driver: they share one driver-owned notice queue (created only when the
+    hosts' metadata watchers can run), so a notice outlives the host that sent it."""
+    settings = dataclasses.asdict(cfg.events.metadata)
+    mode = cfg.events.metadata.enabled
+    state: dict[str, Any] = {}
+
+    def make(spec: GroupSpec) -> RayWorkerGroup:
+        watch = mode == "on" or (mode == "auto" and spec.plan.platform == "tpu")
+        if watch and "queue" not in state:
+            from ray.util.queue import Queue
+
+            state["queue"] = Queue(maxsize=10_000, actor_options={"num_cpus": 0})
+        return (group_cls or RayWorkerGroup)(spec, metadata_settings=settings if watch else None,
+                              notice_queue=state.get("queue"), unreachable=cluster.unreachable)
+
+    return make
