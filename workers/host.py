@@ -96,6 +96,7 @@ class HostActor:
         switches)."""
         import jax
 
+        # legacy: removed when the controller switches (the keyword timeouts; spec only)
         if init_timeout_s is None or heartbeat_s is None:
             spec = self._need_spec("initialize")
             init_timeout_s = spec.init_timeout_s if init_timeout_s is None else init_timeout_s
