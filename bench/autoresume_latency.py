@@ -1,10 +1,19 @@
-"""Measure alert-publish -> resubmitted job RUNNING, locally (Pub/Sub emulator + `ray start`).
+"""Measure alert publish -> resubmission accepted -> job RUNNING, locally, as production runs it.
 
     .venv/bin/python bench/autoresume_latency.py --repeats 3
 
-Each repeat: a run whose first submission was stopped; publish a real-format notification;
-time until Ray reports the resubmission RUNNING. Starts and always stops its own emulator and
-Ray head (no `ray stop`). Prints one line per repeat and the median.
+The parts are the real ones: Google's Pub/Sub emulator, and a local Ray cluster with token auth
+on (`ray start --head` plus two worker nodes labelled as one TPU slice, from
+tests/autoresume/ray_server.py); the autoresume service pulls with the real Pub/Sub client and
+submits through the real JobSubmissionClient with the cluster's token.
+
+Each repeat: a run whose run.json holds a real driver entrypoint (``python -m orchestrator.main``
+with a tiny config, what the allow-list accepts) and whose first submission died (FAILED: that
+driver exits 2 on a missing config file; a `ray job stop` would mean "do not resume"); publish a
+real-format alert notification; time until the service has submitted ``<run>-r1`` and until Ray
+reports it RUNNING (the resubmitted driver then trains on the TPU-labelled nodes; it is stopped
+once measured). Starts and always stops its own emulator and Ray nodes (no `ray stop`). Prints
+one line per repeat and the medians; exits 1 when a repeat fails.
 """
 
 from __future__ import annotations
@@ -12,48 +21,130 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import sys
 import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("NO_GCE_CHECK", "true")
 os.environ.setdefault("GCE_METADATA_HOST", "127.0.0.1:9")
 
-from orchestrator.autoresume.config import AutoresumeConfig, PolicyConfig, RayJobsConfig
+from orchestrator.autoresume.config import (
+    AutoresumeConfig,
+    OriginConfig,
+    PolicyConfig,
+    RayJobsConfig,
+)
 from orchestrator.autoresume.intake import run_forever
 from orchestrator.autoresume.ray_jobs import RUN_ID_METADATA, RayJobs
 from orchestrator.autoresume.service import AutoresumeService
 from tests.autoresume.notifications import encode, notification
-from tests.autoresume.ray_server import ray_job_server
+from tests.autoresume.ray_server import TpuSlices, ray_cluster
 from tests.support.pubsub_emulator import pubsub_emulator
 
+PROJECT = "demo-project"  # the notifications' scoping project (OriginConfig.project)
+TPU = TpuSlices(slices=1, hosts_per_slice=2, devices_per_host=2)
+TINY = ["run.total_steps=1000", "cluster.mode=auto",
+        f"cluster.emulate.slices={TPU.slices}",
+        f"cluster.emulate.hosts_per_slice={TPU.hosts_per_slice}",
+        f"cluster.emulate.devices_per_host={TPU.devices_per_host}",
+        "metrics.cloud_monitoring.enabled=false"]
+RUNTIME_ENV = {"env_vars": {"JAX_PLATFORMS": "cpu"}}
 
-def wait_for(pred, timeout_s: float) -> None:
+
+def wait_for(pred: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    """Poll ``pred`` until truthy; a job API hiccup (RuntimeError, e.g. a 500 under load) is
+    asked again."""
     deadline = time.monotonic() + timeout_s
-    while not pred():
+    while True:
+        try:
+            value = pred()
+        except RuntimeError:
+            value = None
+        if value:
+            return value
         if time.monotonic() > deadline:
-            raise TimeoutError
+            raise TimeoutError(f"timed out after {timeout_s:g}s waiting for {what}")
         time.sleep(0.05)
 
 
-def main() -> None:
+def driver_argv(run_id: str, run_dir: Path) -> list[str]:
+    """The run's real entrypoint: what the driver writes to run.json and autoresume resubmits."""
+    return ["python", "-m", "orchestrator.main", f"run.name={run_id}", f"run.run_dir={run_dir}",
+            *TINY]
+
+
+def one_repeat(client: Any, service: AutoresumeService, publisher: Any, topic: str,
+               runs: Path) -> tuple[float, float]:
+    """(publish -> submitted, publish -> RUNNING) seconds for one freshly failed run."""
+    from ray.job_submission import JobStatus
+
+    run_id = f"bench-{uuid.uuid4().hex[:6]}"
+    run_dir = runs / run_id
+    run_dir.mkdir(parents=True)
+    (run_dir / "run.json").write_text(json.dumps(
+        {"run_id": run_id, "job": run_id, "entrypoint": driver_argv(run_id, run_dir),
+         "runtime_env": RUNTIME_ENV, "incarnation": 0}))
+    first = client.submit_job(
+        entrypoint=shlex.join(["python", "-m", "orchestrator.main", "--config",
+                               str(run_dir / "missing.yaml")]),
+        submission_id=f"{run_id}-r0", metadata={RUN_ID_METADATA: run_id})
+    wait_for(lambda: client.get_job_status(first).is_terminal(), 120, f"{first} to end")
+    if client.get_job_status(first) != JobStatus.FAILED:
+        raise RuntimeError(f"{first} ended {client.get_job_status(first)}, expected FAILED")
+    second = f"{run_id}-r1"
+    t0, t0_wall = time.monotonic(), time.time()
+    publisher.publish(topic, encode(notification(
+        incident_id=f"inc-{run_id}", run_id=run_id, started_at=int(time.time())))
+    ).result(timeout=30)
+
+    def status() -> Any:
+        try:
+            return client.get_job_status(second)
+        except RuntimeError:  # not submitted yet
+            return None
+
+    def running_or_ended() -> Any:
+        now = status()
+        return now if now == JobStatus.RUNNING or (now is not None and now.is_terminal()) \
+            else None
+
+    try:
+        final = wait_for(running_or_ended, 180, f"{second} RUNNING")
+        running = time.monotonic() - t0
+        if final != JobStatus.RUNNING:
+            raise RuntimeError(f"{second} was {final} before it was seen RUNNING:\n"
+                               f"{client.get_job_logs(second)[-2000:]}")
+    finally:
+        if status() is not None:
+            client.stop_job(second)  # measured; the run need not train to the end
+            wait_for(lambda: client.get_job_status(second).is_terminal(), 120, f"{second} end")
+    submitted = [a["at"] for a in service.audit.read()
+                 if a.get("run_id") == run_id and a.get("outcome") == "submitted"]
+    if len(submitted) != 1:
+        raise RuntimeError(f"expected one submission for {run_id}, audit: {service.audit.read()}")
+    return submitted[0] - t0_wall, running
+
+
+def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
-    os.environ["RAY_AUTH_MODE"] = "disabled"
     os.environ.pop("RAY_ADDRESS", None)
     from google.cloud import pubsub_v1
-    from ray.job_submission import JobStatus, JobSubmissionClient
+    from ray.job_submission import JobSubmissionClient
 
-    with pubsub_emulator() as host, ray_job_server() as url, \
+    with pubsub_emulator() as host, ray_cluster(tpu=TPU) as cluster, \
             tempfile.TemporaryDirectory() as tmp:
         os.environ["PUBSUB_EMULATOR_HOST"] = host
-        client = JobSubmissionClient(url)
+        client = JobSubmissionClient(cluster.url, headers=cluster.headers())
         topic, sub = "projects/bench/topics/alerts", "projects/bench/subscriptions/autoresume"
         publisher = pubsub_v1.PublisherClient()
         publisher.create_topic(name=topic)
@@ -61,47 +152,28 @@ def main() -> None:
             s.create_subscription(name=sub, topic=topic)
         cfg = AutoresumeConfig(subscription=sub, state_dir=f"{tmp}/state",
                                run_dirs=(f"{tmp}/runs/*",), tick_s=0.2,
-                               ray=RayJobsConfig(address=url, auth_mode="disabled"),
-                               policy=PolicyConfig(startup_grace_s=0.0))
+                               ray=RayJobsConfig(address=cluster.url, auth_mode="token",
+                                                 token_file=cluster.token_path),
+                               policy=PolicyConfig(startup_grace_s=0.0),
+                               origin=OriginConfig(project=PROJECT))
         service = AutoresumeService(cfg, ray=RayJobs(cfg.ray))
         stop = threading.Event()
         thread = threading.Thread(target=run_forever, args=(service, sub, stop), daemon=True)
         thread.start()
-        argv = [sys.executable, "-c", "import time; time.sleep(120)"]
-        latencies: list[float] = []
         to_submit: list[float] = []
+        latencies: list[float] = []
         try:
             for i in range(args.repeats):
-                run_id = f"bench-{uuid.uuid4().hex[:6]}"
-                run_dir = Path(tmp, "runs", run_id)
-                run_dir.mkdir(parents=True)
-                (run_dir / "run.json").write_text(json.dumps(
-                    {"run_id": run_id, "job": run_id, "entrypoint": argv, "runtime_env": {}}))
-                first = client.submit_job(entrypoint="sleep 120", submission_id=f"{run_id}-r0",
-                                          metadata={RUN_ID_METADATA: run_id})
-                wait_for(lambda f=first: client.get_job_status(f) == JobStatus.RUNNING, 60)
-                client.stop_job(first)
-                wait_for(lambda f=first: client.get_job_status(f).is_terminal(), 60)
-                t0, t0_wall = time.monotonic(), time.time()
-                publisher.publish(topic, encode(notification(
-                    incident_id=f"inc-{run_id}", run_id=run_id,
-                    started_at=int(time.time())))).result(timeout=30)
-
-                def running(r=run_id) -> bool:
-                    try:
-                        return client.get_job_status(f"{r}-r1") == JobStatus.RUNNING
-                    except RuntimeError:
-                        return False
-
-                wait_for(running, 120)
-                latencies.append(time.monotonic() - t0)
-                submitted = [a["at"] for a in service.audit.read()
-                             if a.get("run_id") == run_id and a.get("outcome") == "submitted"]
-                to_submit.append(submitted[0] - t0_wall)
-                print(f"repeat {i}: alert publish -> job RUNNING {latencies[-1]:.2f}s "
-                      f"(publish -> submitted {to_submit[-1]:.2f}s, submitted -> RUNNING "
-                      f"{latencies[-1] - to_submit[-1]:.2f}s)", flush=True)
-                client.stop_job(f"{run_id}-r1")
+                submitted, running = one_repeat(client, service, publisher, topic,
+                                                Path(tmp, "runs"))
+                to_submit.append(submitted)
+                latencies.append(running)
+                print(f"repeat {i}: alert publish -> job RUNNING {running:.2f}s "
+                      f"(publish -> submitted {submitted:.2f}s, submitted -> RUNNING "
+                      f"{running - submitted:.2f}s)", flush=True)
+        except Exception as exc:
+            print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+            return 1
         finally:
             stop.set()
             thread.join(timeout=30)
@@ -109,7 +181,8 @@ def main() -> None:
         print(f"publish -> submitted: median {statistics.median(to_submit):.2f}s")
         print(f"median {statistics.median(latencies):.2f}s over {len(latencies)} "
               f"(min {min(latencies):.2f}s, max {max(latencies):.2f}s)")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
