@@ -134,31 +134,39 @@ class Driver:
     # ---- parts --------------------------------------------------------------------------
 
     def _check_checkpoint(self) -> None:
-        """Refuse, before touching anything, a run_dir whose checkpoint another model wrote.
+        """Refuse, before touching anything, a run_dir whose checkpoints another model wrote.
 
-        Orbax renames a step directory to its bare number only once the save committed, so the
-        newest such directory's ``meta/metadata`` (our run metadata, JSON) is what a restore
-        would read.
+        The newest committed step with readable run metadata decides. A newer step whose
+        metadata is damaged is left to the restore, which falls back past it (and says so);
+        only when no committed step is readable is the directory refused as not ours.
         """
+        from workers import ckpt_layout
+
         ckpt = self.run_dir / "checkpoints"
-        steps = sorted((int(p.name) for p in ckpt.iterdir() if p.name.isdigit()),
-                       reverse=True) if ckpt.is_dir() else []
-        if not steps:
+        steps = sorted(ckpt_layout.committed_steps(ckpt), reverse=True) if ckpt.is_dir() else []
+        unreadable: list[tuple[int, ValueError]] = []
+        for step in steps:
+            try:
+                meta = ckpt_layout.read_run_meta(ckpt / str(step))
+            except ValueError as exc:
+                unreadable.append((step, exc))
+                continue
+            if meta.get("model_fingerprint") != self.cfg.model.fingerprint():
+                raise CheckpointError(
+                    f"Checkpoint step {step} in {ckpt} was written by a different model "
+                    f"({json.dumps(meta.get('model'))}); this run's model is "
+                    f"{json.dumps(configtools.to_dict(self.cfg.model))}.",
+                    fix="use a new run.run_dir, or set model.* to the checkpoint's values")
+            if unreadable:
+                log.warning("checkpoint_metadata_unreadable",
+                            steps=[u[0] for u in unreadable], restore_falls_back_to=step)
             return
-        meta_path = ckpt / str(steps[0]) / "meta" / "metadata"
-        try:
-            meta = json.loads(meta_path.read_text())
-        except (OSError, ValueError) as exc:
+        if unreadable:
+            step, exc = unreadable[0]
             raise CheckpointError(
-                f"Checkpoint step {steps[0]} in {ckpt} has no readable run metadata ({exc}).",
+                f"Checkpoint step {step} in {ckpt} has no readable run metadata ({exc}).",
                 fix="point run.run_dir at a directory written by tpu-orchestrator, or a new "
-                    "one") from None
-        if meta.get("model_fingerprint") != self.cfg.model.fingerprint():
-            raise CheckpointError(
-                f"Checkpoint step {steps[0]} in {ckpt} was written by a different model "
-                f"({json.dumps(meta.get('model'))}); this run's model is "
-                f"{json.dumps(configtools.to_dict(self.cfg.model))}.",
-                fix="use a new run.run_dir, or set model.* to the checkpoint's values")
+                    "one")
 
     def _prepare_run_dir(self) -> None:
         import yaml

@@ -47,6 +47,7 @@ from workers.host import HostActor, device_env
 log = structlog.get_logger(__name__)
 
 _RemoteHost = ray.remote(HostActor)
+STOP_MARGIN_STEPS = 2
 
 
 class RayClusterView:
@@ -207,7 +208,10 @@ class RayWorkerGroup:
     def request_stop(self, chunk: int) -> None:
         try:
             steps = ray.get([a.current_step.remote() for a in self.actors], timeout=5.0)
-            at = max(int(s) for s in steps) + 1
+            # Two steps past the furthest host: a host that moves on while the request is in
+            # flight must still stop at the same step as the others (a host one step further
+            # would wait in that step's collective for ever).
+            at = max(int(s) for s in steps) + STOP_MARGIN_STEPS
             ray.get([a.request_stop.remote(chunk, at) for a in self.actors], timeout=5.0)
             log.info("stop_requested", chunk=chunk, at_step=at)
         except Exception as exc:  # a dying host: the chunk wait reports it
@@ -252,8 +256,8 @@ class RayWorkerGroup:
         return out
 
     def final_params(self) -> Any:
-        """Host 0's gathered parameters (tests compare runs with it)."""
-        return ray.get(self.actors[0].params.remote(), timeout=120)
+        """The gathered parameters (a collective: every host takes part; host 0's copy)."""
+        return self._get([a.params.remote() for a in self.actors], "save", 120.0)[0]
 
     def shutdown(self, *, graceful: bool) -> None:
         if graceful and self.actors:

@@ -150,6 +150,9 @@ class GrowObservation:
     step: int
     last_committed_step: int | None
     last_resize_at: float | None = None
+    save_started_step: int | None = None
+    """The step whose (async) save started at this boundary: a grow goes through a blocking
+    save that waits for it to commit, so it counts as the checkpoint the grow waits for."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -186,7 +189,8 @@ class GrowPolicy:
         extra = tuple(sorted(obs.spare_slices))[: obs.target_slices - have]
         slices = tuple(sorted(obs.current_slices)) + extra
         why = f"grow {have} -> {len(slices)} slices"
-        if obs.last_committed_step is not None and obs.last_committed_step >= obs.step:
+        committed = obs.last_committed_step is not None and obs.last_committed_step >= obs.step
+        if committed or obs.save_started_step == obs.step:
             return GrowDecision(
                 kind=GrowKind.GROW, slices=slices, reason=f"{why} at step {obs.step}"
             )

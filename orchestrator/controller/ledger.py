@@ -48,6 +48,7 @@ class RecoveryLedger:
     step: int = 0
     max_step_reached: int = 0
     last_committed: int | None = None
+    save_started: int | None = None  # newest step whose async save started (not yet committed)
     lost_steps: int = 0
     first_loss: float | None = None
     last_loss: float | None = None
@@ -80,6 +81,8 @@ class RecoveryLedger:
             if self.first_loss is None:
                 self.first_loss = rec["loss"]
             self.last_loss = rec["loss"]
+            if rec.get("saved"):
+                self.save_started = int(rec["step"])
             if rec.get("checkpoint_blocking_s"):
                 self.save_costs.append(float(rec["checkpoint_blocking_s"]))
         del self.step_times[:-_KEEP_STEP_TIMES]
@@ -96,7 +99,11 @@ class RecoveryLedger:
 
     def restored(self, *, restored_step: int | None, step: int, restore_s: float,
                  skipped: tuple[dict, ...] = ()) -> int:
-        """Record a restore; returns the steps lost (re-done) because of it."""
+        """Record a restore; returns the steps lost (re-done) because of it: from the furthest
+        step reached, or from a newer checkpoint passed over as unreadable (which a resumed
+        driver only learns from the skip)."""
+        newest_skipped = max((int(s["step"]) for s in skipped), default=0)
+        self.reached(newest_skipped)
         lost = max(0, self.max_step_reached - step)
         self.lost_steps += lost
         self.step = step

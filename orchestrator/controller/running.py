@@ -37,6 +37,9 @@ def running(run: Run) -> Next:
         save_steps = [s for s in range(step + 1, until + 1) if s % every == 0]
         for plugin in run.plugins:
             plugin.before_chunk(run, step, until)
+        run.reactions.poll(in_mesh=True)  # what the plug-ins just sent acts at this boundary
+        if _drain_due(run):
+            return _enter_drain(run)
         run.chunk += 1
         assert run.group is not None
         run.group.start_chunk(until, chunk=run.chunk, save_steps=save_steps)
@@ -145,7 +148,8 @@ def _check_grow(run: Run) -> None:
     decision = run.policies.grow.decide(GrowObservation(
         now=run.now(), current_slices=plan.slice_names, spare_slices=tuple(spare),
         target_slices=p.target_slices, step=run.ledger.step,
-        last_committed_step=run.ledger.last_committed, last_resize_at=p.last_resize_at))
+        last_committed_step=run.ledger.last_committed, last_resize_at=p.last_resize_at,
+        save_started_step=run.ledger.save_started))
     if decision.kind is GrowKind.HOLD:
         return
     log.info("grow", reason=decision.reason, slices=list(decision.slices))

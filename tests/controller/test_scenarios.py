@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from orchestrator.controller.seam import GroupFailed, Hung
 from tests.controller.fakes import lost
 from tests.controller.harness import make
@@ -170,10 +172,13 @@ def test_failure_during_forming_releases_and_backs_off(tmp_path):
     assert ("FORMING", "RELEASING") in sim.edges() and ("RELEASING", "BACKOFF") in sim.edges()
 
 
-def test_capacity_wait_then_grow_back_when_a_slice_returns(tmp_path):
-    """Two slices, one lost for good: shrink to one; when a new slice appears, grow back."""
+@pytest.mark.parametrize("commit_after", [0, 3])
+def test_capacity_wait_then_grow_back_when_a_slice_returns(tmp_path, commit_after):
+    """Two slices, one lost for good: shrink to one; when a new slice appears, grow back at a
+    save step, also when async saves commit steps later than the chunk ends."""
     sim = make(tmp_path, "cluster.emulate.slices=2", "run.total_steps=60",
-               "controller.elastic.min_resize_interval_s=0", slices=("s0", "s1"))
+               "controller.elastic.min_resize_interval_s=0", slices=("s0", "s1"),
+               commit_after=commit_after)
 
     def lose_slice(g):
         sim.cluster.remove("s1-h0")
@@ -185,6 +190,10 @@ def test_capacity_wait_then_grow_back_when_a_slice_returns(tmp_path):
     assert summary.state == "SUCCEEDED"
     sizes = [g.spec.plan.num_slices for g in sim.fleet.groups]
     assert sizes[0] == 2 and 1 in sizes and sizes[-1] == 2
+    assert summary.restores[-1]["lost_steps"] == 0  # the grow itself loses nothing
+    grow_drain = [t for t in sim.controller.lifecycle.timeline
+                  if t.state.value == "DRAINING" and "grow" in t.reason]
+    assert grow_drain and grow_drain[0].step % 5 == 0
 
 
 def test_operator_stop_while_waiting_for_capacity_ends_the_run(tmp_path):

@@ -99,3 +99,27 @@ def test_host_that_never_joins_init_times_out_and_is_retried(cluster, tmp_path):
     assert len(dumps) == 1
     assert "_maybe_init_fault" in dumps[0].read_text(), "the hung host's stack is in the dump"
     assert alive_host_processes(result.host_pids) == []
+
+
+# ---- checkpoints -------------------------------------------------------------------------
+
+
+def test_corrupt_newest_checkpoint_restores_the_previous_one(cluster, tmp_path):
+    """Steps 5 and 10 saved; step 10's array data truncated: the resumed run restores step 5,
+    says so, keeps the bad step aside (not deleted), counts 5 lost steps and finishes."""
+    run = tmp_path / "run"
+    first = run_controller(fault_config(run, "run.total_steps=10"))
+    assert first.summary.state == "SUCCEEDED"
+    assert _checkpoint_steps(run) == [5, 10]
+    for f in (run / "checkpoints" / "10" / "state").rglob("*"):
+        if f.is_file() and f.stat().st_size > 64:
+            f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+
+    second = run_controller(fault_config(run))
+    s = second.summary
+    assert (s.state, s.step) == ("SUCCEEDED", 20)
+    assert [r["restored_step"] for r in second.restores] == [5]
+    assert [k["step"] for k in second.restores[0]["skipped"]] == [10]
+    assert s.lost_steps == 5
+    assert any(p.name.startswith("10.corrupt") for p in (run / "checkpoints").iterdir())
+    assert 20 in _checkpoint_steps(run), "saving at step 10 again was not blocked by the bad dir"

@@ -113,6 +113,14 @@ def test_grow_only_at_committed_checkpoint():
     assert (d.kind, d.slices) == (GrowKind.GROW, ("b", "c"))
 
 
+def test_grow_at_a_save_step_whose_async_save_is_in_flight():
+    """A save that started at this boundary is the checkpoint the grow waits for (the grow's
+    blocking save waits for it to commit); one started earlier is not."""
+    p = GrowPolicy()
+    assert p.decide(grow_obs(step=40, save_started_step=40)).kind is GrowKind.GROW
+    assert p.decide(grow_obs(step=40, save_started_step=35)).kind is GrowKind.HOLD
+
+
 def test_grow_can_force_a_save():
     """With wait_for_checkpoint off, the policy asks for a save and then grows."""
     d = GrowPolicy(wait_for_checkpoint=False).decide(grow_obs())
