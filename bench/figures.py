@@ -91,7 +91,7 @@ def announced_recovery(run: RunDir) -> dict:
         return {"ok": False, "problem": "no announced recovery in summary.json",
                 "state": run.summary.get("state"), "reason": run.summary.get("reason")}
     r = recs[0]
-    notice = r["notice_at"]
+    notice = r["started_at"]  # the notice's arrival (announced recoveries)
     # The drain's own save commits when CHECKPOINTING ends; when the boundary step was already
     # saved (periodically, async), teardown waits for that save: committed when RELEASING ends.
     after_notice = [t for t in run.timeline if t["at"] >= notice]
@@ -108,7 +108,7 @@ def announced_recovery(run: RunDir) -> dict:
     resumed_from = first["step"] - 1 if first else None
     return {
         "ok": True, "state": run.summary.get("state"),
-        "notice_step": r.get("boundary_step"), "saved_step": r.get("saved_step"),
+        "notice_step": r.get("step"), "saved_step": r.get("saved_step"),
         "steps_lost": r.get("lost_steps", 0),
         "steps_lost_from_records": (reached - resumed_from) if first and reached else None,
         "notice_to_committed_s": (committed - notice) if committed else None,
@@ -116,7 +116,6 @@ def announced_recovery(run: RunDir) -> dict:
         "notice_to_first_step_s": (first["wall_time"] - notice) if first else None,
         "notice_to_first_chunk_s": r.get("to_first_step_s"),
         "phases_s": r.get("phases_s", {}), "save_s": r.get("save_s"),
-        "teardown_s": r.get("teardown_s"),
         "first_step_time_s": first["step_time_s"] if first else None,
         "summary_goodput": run.summary.get("goodput"), "wall_s": run.summary.get("wall_s"),
         "final_step": run.summary.get("step"),

@@ -146,15 +146,19 @@ class RayWorkerGroup:
                 self._get([self.actors[host].inject_fault.remote(fault)], "init", 30.0)
             self._initialize()
             self._get([a.build.remote() for a in self.actors], "restore", self.timeouts.restore_s)
-            watching = 0
+            watching, ids = 0, {}
             if self.metadata_settings is not None:
                 out = self._get([a.start_metadata_watcher.remote(self.metadata_settings,
                                                                  self.queue)
                                  for a in self.actors], "init", 30.0)
                 watching = sum(bool(w) for w in out)
+                # each host's own (id, name): events that name only the numeric id reach it
+                found = self._get([a.instance_identity.remote(self.metadata_settings)
+                                   for a in self.actors], "init", 30.0)
+                ids = {str(i): str(n) for i, n in (f for f in found if f)}
         except GroupFailed:
             raise
-        return Formed(hosts=len(plan.hosts), metadata_watchers=watching)
+        return Formed(hosts=len(plan.hosts), metadata_watchers=watching, instance_ids=ids)
 
     def restore(self, *, skip_steps: Collection[int] = ()) -> Restored:
         outs = self._get([a.restore.remote(sorted(skip_steps)) for a in self.actors], "restore",

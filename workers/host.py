@@ -22,11 +22,8 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from orchestrator.config import RunConfig
 from orchestrator.errors import OrchestratorError
-from orchestrator.hosts import HostRef
 from orchestrator.hostspec import HostSpec
-from orchestrator.plan import MeshPlan
 from workers import ckpt_layout
 from workers.stops import StopBoard
 
@@ -54,21 +51,19 @@ def free_port() -> int:
 class HostActor:
     """One host's share of the run. Methods are the driver's only handle on JAX.
 
-    Constructed as ``HostActor(spec, env)``; the legacy form ``HostActor(host, env)`` followed
-    by ``build(cfg, plan, checkpoint_dir, accum_steps)`` still works until the driver switches.
+    Constructed as ``HostActor(spec, env)``: the spec is everything this host needs.
     """
 
-    def __init__(self, spec: HostSpec | HostRef, env: dict[str, str], *,
+    def __init__(self, spec: HostSpec, env: dict[str, str], *,
                  before_commit: Callable[[], None] | None = None) -> None:
         """``before_commit``: in-process tests only (see ``CheckpointStore``)."""
         os.environ.update(env)
         self._before_commit = before_commit
-        if isinstance(spec, HostSpec):
-            self.spec: HostSpec | None = spec
-            self.host = spec.host
-        else:  # legacy: removed when the controller switches
-            self.spec = None
-            self.host = spec
+        if not isinstance(spec, HostSpec):
+            raise TypeError(f"HostActor needs a HostSpec, got {type(spec).__name__}: build one "
+                            "with HostSpec.for_host(cfg, plan, host, checkpoint_dir=...)")
+        self.spec = spec
+        self.host = spec.host
         self.trainer: Any = None
         self._fault: dict | None = None
         self._lock = threading.Lock()
@@ -88,32 +83,18 @@ class HostActor:
     def coordinator_address(self) -> str:
         return f"{self.host.node_ip}:{free_port()}"
 
-    def initialize(self, coordinator: str, num_processes: int, process_id: int, *,
-                   init_timeout_s: float | None = None, heartbeat_s: float | None = None
-                   ) -> dict:
+    def initialize(self, coordinator: str, num_processes: int, process_id: int) -> dict:
         """Join the JAX group; bounded by the spec's ``init_timeout_s`` (the coordinator waits
-        that long). The keyword timeouts are the legacy form (removed when the controller
-        switches)."""
+        that long)."""
         import jax
 
-        # legacy: removed when the controller switches (the keyword timeouts; spec only)
-        if init_timeout_s is None or heartbeat_s is None:
-            spec = self._need_spec("initialize")
-            init_timeout_s = spec.init_timeout_s if init_timeout_s is None else init_timeout_s
-            heartbeat_s = spec.heartbeat_s if heartbeat_s is None else heartbeat_s
         self._maybe_init_fault()
         jax.distributed.initialize(
             coordinator_address=coordinator, num_processes=num_processes, process_id=process_id,
-            initialization_timeout=max(1, int(init_timeout_s)),
-            heartbeat_timeout_seconds=max(2, int(heartbeat_s)))
+            initialization_timeout=max(1, int(self.spec.init_timeout_s)),
+            heartbeat_timeout_seconds=max(2, int(self.spec.heartbeat_s)))
         return {"process_index": jax.process_index(), "local_devices": jax.local_device_count(),
                 "global_devices": jax.device_count(), "platform": jax.devices()[0].platform}
-
-    def _need_spec(self, what: str) -> HostSpec:
-        if self.spec is None:
-            raise RuntimeError(f"{what} needs a HostSpec: construct HostActor(spec, env) "
-                               "(or, legacy, call build(cfg, plan, checkpoint_dir, accum) first)")
-        return self.spec
 
     def _need_trainer(self, what: str) -> Any:
         if self.trainer is None:
@@ -122,26 +103,17 @@ class HostActor:
 
     # ---- building the step --------------------------------------------------------------
 
-    def build(self, cfg: RunConfig | None = None, plan: MeshPlan | None = None,
-              checkpoint_dir: str | None = None, accum_steps: int = 1) -> dict:
-        """Build mesh, model and step from the spec. The arguments are the legacy form
-        (removed when the controller switches): they make the spec here."""
+    def build(self) -> dict:
+        """Build mesh, model and step from the spec."""
         from workers.trainer import Trainer
 
-        if cfg is not None:  # legacy: removed when the controller switches
-            if plan is None or checkpoint_dir is None:
-                raise TypeError("legacy build(cfg, plan, checkpoint_dir, accum_steps) needs all "
-                                "of cfg, plan and checkpoint_dir")
-            self.spec = HostSpec.for_host(cfg, plan, self.host, checkpoint_dir=checkpoint_dir,
-                                          accum_steps=accum_steps)
-        spec = self._need_spec("build")
         t0 = time.perf_counter()
-        self.trainer = Trainer(spec, before_commit=self._before_commit)
+        self.trainer = Trainer(self.spec, before_commit=self._before_commit)
         return {"build_s": time.perf_counter() - t0, "n_params": self.trainer.n_params}
 
     def checkpoint_steps(self) -> list[int]:
         """Committed checkpoint steps on disk, ascending (never one still being written)."""
-        return ckpt_layout.committed_steps(self._need_spec("checkpoint_steps").checkpoint_dir)
+        return ckpt_layout.committed_steps(self.spec.checkpoint_dir)
 
     def restore(self, skip_steps: list[int] | tuple[int, ...] = ()) -> dict:
         """Restore the newest committed step not in ``skip_steps``, or initialise from the seed.
@@ -195,21 +167,17 @@ class HostActor:
             time.sleep(f.get("seconds", 3600))
 
     def run_steps(self, until_step: int, *, chunk: int | None = None,
-                  save_steps: list[int] | tuple[int, ...] = (), report: bool = False,
-                  checkpoint_every: int | None = None) -> dict:
+                  save_steps: list[int] | tuple[int, ...] = (), report: bool = False) -> dict:
         """Run steps up to ``until_step``, or until a stop requested for ``chunk`` is reached.
 
         Every host gets the same bound and save steps: the group stops at one boundary. An
         async save starts right after each step whose number is in ``save_steps`` (the driver
         decides them). ``committed_step`` is the newest step whose save Orbax reports finished
         and which is committed on disk (never one only started). Host 0 (``report``) returns
-        per-step records. ``checkpoint_every`` is the legacy form (removed when the controller
-        switches): saves at multiples of it.
+        per-step records.
         """
         tr = self._need_trainer("run_steps")
         saves = set(save_steps)
-        if checkpoint_every is not None:  # legacy: removed when the controller switches
-            saves |= {s for s in range(tr.step + 1, until_step + 1) if s % checkpoint_every == 0}
         if chunk is not None:
             self._stops.begin(chunk)
         records: list[dict] = []
@@ -300,6 +268,13 @@ class HostActor:
         return {"axes": dict(mesh.shape), "process_of_device": owners}
 
     # ---- events and diagnostics ---------------------------------------------------------
+
+    def instance_identity(self, settings: dict) -> tuple[str, str] | None:
+        """(numeric instance id, instance name) from this VM's metadata server, or None off GCE:
+        the driver maps ids to names so events naming only the id reach the right host."""
+        from workers.metadata_watcher import instance_identity
+
+        return instance_identity(settings)
 
     def start_metadata_watcher(self, settings: dict, sink: Any = None) -> bool:
         """Start the GCE metadata watcher (if this host is on GCE or it is forced).

@@ -216,8 +216,10 @@ def _start_head(state: ClusterState, state_dir: Path, dashboard_port: int) -> No
         _kill_group(proc.pid)
         state.nodes.pop()
         _save(state_dir, state)
-    raise LocalClusterError(f"the Ray head did not start (logs: {state_dir}/head-*.log)",
-                            fix="read the log; retry when the machine is less loaded")
+    raise LocalClusterError(
+        f"the Ray head did not start after {START_ATTEMPTS} attempts; its log ends:\n"
+        f"{_tail(log_path)}", fix=f"read the logs in {state_dir}/head-*.log; retry when the "
+        "machine is less loaded")
 
 
 def _start_host(state: ClusterState, state_dir: Path, shape: Shape, slice_name: str,
@@ -242,8 +244,17 @@ def _start_host(state: ClusterState, state_dir: Path, shape: Shape, slice_name: 
         _kill_group(proc.pid)
         state.nodes.pop()
         _save(state_dir, state)
-    raise LocalClusterError(f"emulated TPU host {instance} did not join (logs: {state_dir})",
-                            fix="read the log; retry when the machine is less loaded")
+    raise LocalClusterError(
+        f"emulated TPU host {instance} did not join after {START_ATTEMPTS} attempts "
+        f"(last exit code {proc.poll()}); its log ends:\n{_tail(log_path)}",
+        fix=f"read the logs in {state_dir}; retry when the machine is less loaded")
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError as e:
+        return f"(unreadable: {e})"
 
 
 def _kill_group(pid: int, sig: int = signal.SIGKILL) -> None:

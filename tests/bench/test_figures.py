@@ -65,7 +65,7 @@ def test_checkpoint_inflation_splits_steps_by_save_state():
 def test_announced_recovery_reads_notice_commit_and_first_new_step(tmp_path: Path):
     """Notice → committed from the timeline, → first step from the next incarnation's records."""
     run = RunDir(path=tmp_path, summary={"state": "SUCCEEDED", "step": 12, "recoveries": [
-        {"kind": "announced", "notice_at": 108.0, "boundary_step": 8, "saved_step": 8,
+        {"kind": "announced", "started_at": 108.0, "step": 8, "saved_step": 8,
          "lost_steps": 0, "phases_s": {"DRAINING": 0.1, "FORMING": 5.0}}]},
         metrics=_recs(range(1, 9)) + _recs(range(9, 13), t0=130.0, inc=2),
         timeline=[{"state": "RELEASING", "prev": "CHECKPOINTING", "at": 110.5}])

@@ -101,7 +101,7 @@ def test_default_job_survives_a_cli_preemption_and_reports(tmp_path: Path) -> No
             assert s in states[states.index("RUNNING"):], (s, states)
         actions = [e.get("action") for e in _jsonl(run_dir / "events.jsonl")
                    if e.get("event_id") == event_id]
-        assert "drain" in actions and "drain:save" in actions, actions
+        assert "drain_now" in actions and "drain:save" in actions, actions
         assert "MFU" in output and "goodput" in output
 
         rec = svc.state.record

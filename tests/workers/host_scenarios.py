@@ -259,24 +259,16 @@ def _expect_refusal(ckpt: Path, overrides: tuple[str, ...]) -> dict:
     return got
 
 
-def legacy(tmp: Path) -> dict:
-    """The old driver's calls: HostActor(host, env), build(cfg, plan, dir, accum),
-    run_steps(checkpoint_every=...)."""
-    from orchestrator.config import load_config
-    from orchestrator.plan import plan_mesh
+def not_a_spec(tmp: Path) -> dict:
+    """A bare HostRef (the old constructor) is refused with the way to build a spec."""
     from workers.host import HostActor
 
-    cfg = load_config(None, OVERRIDES)
     probe = make_actor(tmp / "unused", build=False)
-    plan = plan_mesh(cfg, [probe.host], platform="cpu")
-    a = HostActor(plan.hosts[0], {})
-    a.build(cfg, plan, str(tmp / "ckpt"), 1)
-    r = a.restore()
-    run = a.run_steps(5, checkpoint_every=2, report=True)
-    s = a.save(wait=True)
-    a.shutdown()
-    return {"restore": r, "saved": [x["step"] for x in run["records"] if x["saved"]],
-            "save": s, "steps": a.checkpoint_steps()}
+    try:
+        HostActor(probe.host, {})
+    except TypeError as exc:
+        return {"raised": str(exc)}
+    return {"raised": None}
 
 
 def lr(tmp: Path) -> dict:
@@ -295,7 +287,7 @@ def lr(tmp: Path) -> dict:
 
 
 SCENARIOS: dict[str, Callable[[Path], dict]] = {
-    "commit": commit, "stop": stop, "corrupt": corrupt, "refuse": refuse, "legacy": legacy,
+    "commit": commit, "stop": stop, "corrupt": corrupt, "refuse": refuse, "not_a_spec": not_a_spec,
     "lr": lr}
 
 

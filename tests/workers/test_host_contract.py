@@ -154,12 +154,9 @@ def test_foreign_directory_and_other_model_are_refused_untouched(seen):
 
 # ---- the rest -----------------------------------------------------------------------------------
 
-def test_legacy_calls_still_work(seen):
-    """HostActor(host, env) + build(cfg, plan, dir, accum) + run_steps(checkpoint_every=2)."""
-    got = scenario(seen, "legacy")
-    assert got["restore"]["restored_step"] is None
-    assert got["saved"] == [2, 4]
-    assert got["save"]["committed_step"] == 5 and got["steps"] == [2, 4, 5]
+def test_a_host_ref_instead_of_a_spec_is_refused_with_the_fix(seen):
+    got = scenario(seen, "not_a_spec")
+    assert got["raised"] and "HostSpec.for_host" in got["raised"]
 
 
 def test_learning_rate_comes_from_the_jitted_step(seen):
