@@ -103,7 +103,10 @@ def _node_env(state: ClusterState) -> dict[str, str]:
                # the raylet waits this long for its Python agent: slow on a loaded machine
                RAY_agent_register_timeout_ms="120000",
                PATH=f"{venv_bin}:{os.environ.get('PATH', '')}")
-    for name in ("RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+    # RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 (set by an in-process emulated cluster to stay on
+    # loopback) makes `ray start --address` refuse to join: never hand it to a node.
+    for name in ("RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH",
+                 "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"):
         env.pop(name, None)
     if state.auth:
         env["RAY_AUTH_TOKEN_PATH"] = state.token_path

@@ -57,3 +57,17 @@ def test_hosts_look_like_tpu_vms(worker):
                      gcs_address="127.0.0.1:1", agent_port=2, temp_dir="/tmp/t")
     assert "--node-ip-address=127.0.0.1" in args
     assert any(a.startswith("--labels=ray.io/tpu-slice-name=s-0,") for a in args)
+
+
+def test_node_env_drops_what_stops_a_host_joining(tmp_path, monkeypatch):
+    """An in-process emulated cluster sets RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 to stay on
+    loopback; a host started with it refuses to join (`ray start --address` aborts)."""
+    from orchestrator.cluster.local import ClusterState, _node_env
+
+    monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    monkeypatch.setenv("RAY_ADDRESS", "http://elsewhere:8265")
+    state = ClusterState(url="", gcs_address="", temp_dir=str(tmp_path),
+                         token_path=str(tmp_path / "t"), auth=True, shape={})
+    env = _node_env(state)
+    assert "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER" not in env and "RAY_ADDRESS" not in env
+    assert env["RAY_AUTH_MODE"] == "token" and env["RAY_AUTH_TOKEN_PATH"] == str(tmp_path / "t")
