@@ -64,7 +64,8 @@ def planning(run: Run) -> Next:
         now=now, available_slices=tuple(complete_slices(hosts, hps)),
         target_slices=p.target_slices, waiting_since=p.waiting_since))
     if decision.kind in (PlacementKind.FORM, PlacementKind.SHRINK):
-        chosen = [h for h in hosts if h.slice_name in decision.slices]
+        wanted = set(decision.slices)  # a set: hosts x slices comparisons at pod scale
+        chosen = [h for h in hosts if h.slice_name in wanted]
         try:
             cfg = cfg_for(run, len(decision.slices), hps)
             plan = plan_mesh(cfg, chosen, platform=run.cluster.platform(), hosts_per_slice=hps)

@@ -143,8 +143,9 @@ def _check_grow(run: Run) -> None:
     assert plan is not None
     if run.pending is not None or plan.num_slices >= p.target_slices:
         return
+    current = set(plan.slice_names)
     spare = [s for s in complete_slices(usable_hosts(run), plan.hosts_per_slice)
-             if s not in plan.slice_names]
+             if s not in current]
     decision = run.policies.grow.decide(GrowObservation(
         now=run.now(), current_slices=plan.slice_names, spare_slices=tuple(spare),
         target_slices=p.target_slices, step=run.ledger.step,
