@@ -54,7 +54,7 @@ class SimFleet:
         cluster.listeners.append(self._on_lost)
 
     def __call__(self, spec: GroupSpec) -> SimGroup:
-        self.probe.enter()
+        self.probe.enter("make_group")
         try:
             self.groups += 1
             self.current = SimGroup(self, spec)
@@ -133,7 +133,7 @@ class SimGroup:
             self.world.advance_to(min(end, self.fail_at or float("inf"), self.world.next_time()))
 
     def _call(self, fn, *args):
-        self.fleet.probe.enter()
+        self.fleet.probe.enter(fn.__name__.lstrip("_"))
         try:
             return fn(*args)
         finally:
@@ -182,9 +182,9 @@ class SimGroup:
     # ---- chunks ---------------------------------------------------------------------------
 
     def start_chunk(self, until_step: int, *, chunk: int, save_steps: Sequence[int]) -> None:
-        self._call(self._start, until_step, chunk, save_steps)
+        self._call(self._start_chunk, until_step, chunk, save_steps)
 
-    def _start(self, until_step: int, chunk: int, save_steps: Sequence[int]) -> None:
+    def _start_chunk(self, until_step: int, chunk: int, save_steps: Sequence[int]) -> None:
         self.chunk, self.until, self.stop_at = chunk, until_step, until_step
         self.t0, self.s0 = self.world.t, self.step
         self.saves = sorted(s for s in save_steps if self.s0 < s <= until_step)

@@ -44,8 +44,9 @@ def format_result(r: SimResult) -> str:
         lines.append(f"  {k:<22} {v:>12.1f} s  {_pct(v / wall if wall else 0.0):>8}")
     lines.append("recoveries by kind:")
     for k, v in r.recoveries.items():
-        lines.append(f"  {k:<34} {int(v['count']):>5}  mean to first step "
-                     f"{v['mean_to_first_step_s']:.1f} s, lost steps {int(v['lost_steps'])}")
+        lines.append(f"  {k:<34} {v['count']:>5}  mean to RUNNING {v['mean_to_running_s']:.1f} s"
+                     f", lost steps {v['lost_steps']}, further failures meanwhile "
+                     f"{v['further_failures']}")
     if not r.recoveries:
         lines.append("  none")
     lines.append("world happenings: " + (", ".join(f"{k} {v}" for k, v in r.happenings.items())
@@ -58,6 +59,10 @@ def format_result(r: SimResult) -> str:
         for k, v in d.get("by_event", {}).items():
             lines.append(f"  after {k:<24} n={v['count']:<5} p50 {v['p50_ms']:.3f} ms, "
                          f"p99 {v['p99_ms']:.3f} ms, max {v['max_ms']:.1f} ms")
+        steps = sorted(d.get("by_step", {}).items(), key=lambda kv: -kv[1]["max_ms"])[:4]
+        lines.append("  costliest steps (between seam calls): " + "; ".join(
+            f"{k} p50 {v['p50_ms']:.2f} / max {v['max_ms']:.1f} ms (n={v['count']})"
+            for k, v in steps))
     return "\n".join(lines)
 
 

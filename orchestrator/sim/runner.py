@@ -9,6 +9,7 @@ no inbox, no Pub/Sub, no metadata), the real policies. The world supplies the ``
 
 from __future__ import annotations
 
+import bisect
 import logging
 import random
 import tempfile
@@ -112,12 +113,22 @@ class SimResult:
         return asdict(self)
 
 
-def _recoveries(recs: list[dict]) -> dict[str, dict[str, float]]:
+def _recoveries(recs: list[dict], running_at: list[float]) -> dict[str, dict[str, float]]:
+    """Recoveries by kind and cause. ``mean_to_running_s``: from the notice or failure to the
+    next RUNNING transition (the ledger's own ``to_first_step_s`` ends at the first *chunk*
+    after the restore, and the simulator's chunks run to the next save step)."""
     out: dict[str, list[dict]] = {}
     for r in recs:
         out.setdefault(f"{r.get('kind')}:{r.get('cause')}", []).append(r)
+
+    def to_running(r: dict) -> float:
+        start = float(r.get("boundary_at") or r["started_at"])
+        i = bisect.bisect_left(running_at, start)
+        return (running_at[i] - float(r["started_at"])) if i < len(running_at) else 0.0
+
     return {k: {"count": len(v),
-                "mean_to_first_step_s": sum(r.get("to_first_step_s", 0.0) for r in v) / len(v),
+                "mean_to_running_s": sum(to_running(r) for r in v) / len(v),
+                "further_failures": sum(len(r.get("further_failures", ())) for r in v),
                 "lost_steps": sum(r.get("lost_steps", 0) for r in v)}
             for k, v in sorted(out.items())}
 
@@ -174,10 +185,13 @@ def simulate(cfg: SimConfig, *, run_dir: Path | str | None = None,
         badput_s={k: v for k, v in report.badput_s.items() if v > 0},
         lost_steps=report.lost_steps, steps=summary.step,
         last_committed_step=summary.last_committed_step,
-        time_in_state_s=summary.phases_s, recoveries=_recoveries(summary.recoveries),
+        time_in_state_s=summary.phases_s,
+        recoveries=_recoveries(summary.recoveries, [
+            r["at"] for r in rows if r["state"] == "RUNNING"]),
         restarts=summary.restarts, happenings=dict(sorted(actor.counts.items())),
         decision={**_stats(probe.decisions),
-                  "by_event": {k: _stats(v) for k, v in sorted(probe.by_event.items())}},
+                  "by_event": {k: _stats(v) for k, v in sorted(probe.by_event.items())},
+                  "by_step": {k: _stats(v) for k, v in sorted(probe.by_step.items())}},
         model={"step_s": models.step_s(cfg, t.slices),
                "save_blocking_s": yd_c,
                "save_commit_s": models.save_commit_s(cfg, t.hosts),

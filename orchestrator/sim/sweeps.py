@@ -110,10 +110,19 @@ def spares_sweep(cfg: SimConfig, spares: Sequence[int] = (0, 1, 2, 4, 8),
 
 def scale_sweep(cfg: SimConfig, sizes: Sequence[tuple[int, int]] = SCALE_SIZES, *,
                 horizon_h: float | None = None) -> dict[str, Any]:
-    """Controller decision time (real wall time) vs mesh size, same per-host failure rates."""
+    """Controller decision time (real wall time) vs mesh size. The per-host and per-slice
+    rates are scaled so every size sees the configured topology's events per hour (a 4-host
+    job would otherwise see almost none, and its decision times would be idle loops only)."""
     rows = []
+    base_h, base_s = cfg.topology.hosts, cfg.topology.slices
     for slices, hps in sizes:
-        c = replace(cfg, horizon_h=horizon_h or cfg.horizon_h,
+        fh, fs = base_h / (slices * hps), base_s / slices
+        f = cfg.failures
+        failures = replace(f, host_per_hour=f.host_per_hour * fh,
+                           slice_loss_per_hour=f.slice_loss_per_hour * fs,
+                           preemption_per_slice_hour=f.preemption_per_slice_hour * fs,
+                           maintenance_per_slice_hour=f.maintenance_per_slice_hour * fs)
+        c = replace(cfg, horizon_h=horizon_h or cfg.horizon_h, failures=failures,
                     topology=replace(cfg.topology, slices=slices, hosts_per_slice=hps))
         r = simulate(c)
         d = r.decision
@@ -121,12 +130,25 @@ def scale_sweep(cfg: SimConfig, sizes: Sequence[tuple[int, int]] = SCALE_SIZES, 
         rows.append({"slices": slices, "hosts": slices * hps, "decisions": d.get("count", 0),
                      "p50_ms": d.get("p50_ms"), "p99_ms": d.get("p99_ms"),
                      "max_ms": d.get("max_ms"), "worst_event_p99_ms": worst,
+                     "events": sum(v.get("count", 0) for v in d.get("by_event", {}).values()),
                      "wall_s": r.wall_s, "simulated_h": r.simulated_s / 3600.0,
                      "goodput": r.goodput,
-                     "events": sum(v.get("count", 0) for v in d.get("by_event", {}).values())})
-    if len(rows) >= 2 and all(r["p99_ms"] for r in rows):
-        a, b = rows[0], rows[-1]
-        slope = math.log(b["p99_ms"] / a["p99_ms"]) / math.log(b["hosts"] / a["hosts"])
-    else:
-        slope = None
-    return {"rows": rows, "p99_loglog_slope": slope}
+                     "steps_p50_ms": {k: v["p50_ms"] for k, v in d.get("by_step", {}).items()},
+                     "steps_count": {k: v["count"] for k, v in d.get("by_step", {}).items()}})
+    return {"rows": rows, "step_growth": step_growth(rows)}
+
+
+def step_growth(rows: list[dict[str, Any]], floor_ms: float = 0.05) -> dict[str, Any]:
+    """Per controller step (pair of seam calls), the log-log slope of its median wall time
+    between the two largest sizes: 1 is linear in hosts. Steps under ``floor_ms`` at the
+    largest size are left out (fixed overhead and timer noise, not growth)."""
+    if len(rows) < 2:
+        return {}
+    a, b = rows[-2], rows[-1]
+    ratio = math.log(b["hosts"] / a["hosts"])
+    out = {}
+    for k, vb in b["steps_p50_ms"].items():
+        va = a["steps_p50_ms"].get(k)
+        if va and vb and vb >= floor_ms:
+            out[k] = {"slope": math.log(vb / va) / ratio, "p50_ms_small": va, "p50_ms_large": vb}
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]["slope"]))

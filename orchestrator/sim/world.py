@@ -11,7 +11,9 @@ The ``Probe`` measures the controller's own wall time: every seam call (group ca
 marks a boundary, and the real time between leaving one boundary and entering the next is one
 controller *decision* (what the real driver would spend deciding, with the world's cost taken
 out). A decision right after the world delivered something (a notice, a lost host, capacity
-back) is tagged with that event's kind.
+back) is tagged with that event's kind, and every decision with the pair of seam calls around
+it (``poll->start_chunk``: absorbing a chunk and starting the next), so each controller step's
+cost can be followed across mesh sizes.
 """
 
 from __future__ import annotations
@@ -35,21 +37,26 @@ class Probe:
     enabled: bool = True
     decisions: list[float] = field(default_factory=list)
     by_event: dict[str, list[float]] = field(default_factory=dict)
+    by_step: dict[str, list[float]] = field(default_factory=dict)
     seam_s: float = 0.0
     _left_at: float | None = None
     _entered_at: float = 0.0
     _tag: str | None = None
+    _last: str = "start"
 
-    def enter(self) -> None:
+    def enter(self, name: str) -> None:
+        """A seam call ``name`` starts: the gap since the last one was the controller's."""
         now = time.perf_counter()
         self._entered_at = now
         if self.enabled and self._left_at is not None:
             gap = now - self._left_at
             self.decisions.append(gap)
+            self.by_step.setdefault(f"{self._last}->{name}", []).append(gap)
             if self._tag is not None:
                 self.by_event.setdefault(self._tag, []).append(gap)
                 self._tag = None
         self._left_at = None
+        self._last = name
 
     def leave(self) -> None:
         now = time.perf_counter()
@@ -106,7 +113,7 @@ class SimClock:
         return self.world.t
 
     def sleep(self, seconds: float) -> None:
-        self.probe.enter()
+        self.probe.enter("sleep")
         try:
             self.world.advance_to(self.world.t + max(0.0, seconds))
         finally:
