@@ -237,6 +237,20 @@ class CheckpointConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class CompileConfig:
+    """Compiled steps kept in RUN_DIR/executables (workers/executables.py), so a re-formed or
+    resumed group of a mesh seen before loads its step (~0.1 s) instead of compiling (~2 s)."""
+
+    cache: Literal["on", "off"] = "on"
+    """off: every group compiles, nothing is read or written."""
+
+    def __post_init__(self) -> None:
+        if self.cache not in ("on", "off"):
+            raise ConfigError("compile.cache", f"{self.cache!r} is not 'on' or 'off'",
+                              "set compile.cache=on (load stored executables) or off")
+
+
+@dataclass(frozen=True, kw_only=True)
 class TimeoutsConfig:
     """Bounds on every barrier; passing one is a group failure."""
 
@@ -262,6 +276,7 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     timeouts: TimeoutsConfig = field(default_factory=TimeoutsConfig)
+    compile: CompileConfig = field(default_factory=CompileConfig)
     controller: ControllerConfig = field(default_factory=ControllerConfig)
     events: EventsConfig = field(default_factory=EventsConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)

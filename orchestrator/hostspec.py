@@ -32,6 +32,8 @@ class HostSpec:
     heartbeat_s: float
     config_digest: str
     """Digest of the driver's RunConfig, written into every checkpoint's run metadata."""
+    executables_dir: str | None = None
+    """RUN_DIR/executables: compiled steps stored and loaded there; None compiles every time."""
 
     def __post_init__(self) -> None:
         if self.accum_steps < 1:
@@ -54,10 +56,14 @@ class HostSpec:
 
     @classmethod
     def for_host(cls, cfg: RunConfig, plan: MeshPlan, host: HostRef, *, checkpoint_dir: str,
-                 accum_steps: int = 1) -> HostSpec:
-        """The spec for ``host`` (one of ``plan.hosts``) from the driver's config."""
+                 accum_steps: int = 1, executables_dir: str | None = None) -> HostSpec:
+        """The spec for ``host`` (one of ``plan.hosts``) from the driver's config.
+
+        ``executables_dir`` is dropped when ``compile.cache`` is off."""
+        use_store = executables_dir and cfg.compile.cache == "on"
         return cls(host=host, plan=plan, model=cfg.model, train=cfg.train,
                    checkpoint=cfg.checkpoint, checkpoint_dir=str(checkpoint_dir),
                    seed=cfg.run.seed, total_steps=cfg.run.total_steps, accum_steps=accum_steps,
                    init_timeout_s=cfg.timeouts.init_s, heartbeat_s=cfg.timeouts.heartbeat_s,
-                   config_digest=cfg.digest())
+                   config_digest=cfg.digest(),
+                   executables_dir=str(executables_dir) if use_store else None)

@@ -131,9 +131,17 @@ class HostActor:
                 "restore_s": time.perf_counter() - t0, "skipped": out.skipped}
 
     def compile(self) -> dict:
-        compile_s = self._need_trainer("compile").compile()
-        return {"compile_s": compile_s, "flops_xla": self.trainer.flops_xla,
-                "flops_analytic": self.trainer.flops_analytic}
+        """Load the step from RUN_DIR/executables when its key matches, else compile (and
+        store) it. ``source`` says which, ``key`` is the key's short digest (None with the store
+        off), ``reason`` why it was compiled; ``init`` is the same for the init function when a
+        fresh start used it."""
+        tr = self._need_trainer("compile")
+        compile_s = tr.compile()
+        info = tr.compile_info
+        return {"compile_s": compile_s, "source": info.source, "key": info.key,
+                "reason": info.reason, "save_s": info.save_s, "flops_xla": tr.flops_xla,
+                "flops_analytic": tr.flops_analytic,
+                "init": tr.init_info.as_dict() if tr.init_info else None}
 
     def measure_peak_flops(self, size: int = 512, repeats: int = 5) -> float:
         """Measured CPU matmul FLOP/s of one local device (the honest CPU 'peak' for MFU)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import logging
 import math
 import time
 from collections.abc import Callable, Collection
@@ -29,7 +30,16 @@ from orchestrator.hostspec import HostSpec
 from orchestrator.plan import MeshPlan
 from workers import data as data_lib
 from workers.checkpoints import CheckpointStore, RestoreOutcome
+from workers.executables import (
+    ExecutableStore,
+    executable_key,
+    key_digest,
+    mesh_ingredients,
+    runtime_ingredients,
+)
 from workers.model import LOGICAL_RULES, analytic_flops_per_step, build_model
+
+log = logging.getLogger(__name__)
 
 AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")
@@ -71,6 +81,26 @@ class SaveOutput:
     """False when this step was already saved or being saved."""
     blocking_s: float
     """Seconds the caller was blocked (the async part runs on in Orbax's thread)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileInfo:
+    """How one function's executable was obtained: loaded from the run directory's store, or
+    compiled (``reason`` says why it was not loaded)."""
+
+    function: str
+    source: str
+    """"loaded" or "compiled"."""
+    key: str | None
+    """Short digest of the executable's key; None when the store is off."""
+    seconds: float
+    reason: str = ""
+    flops: float | None = None
+    save_s: float | None = None
+    """Seconds spent storing a compiled executable (None: not stored)."""
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
 
 
 @dataclasses.dataclass
@@ -118,6 +148,12 @@ class Trainer:
             donate_argnums=(0,),
         )
         self._compiled = None
+        self._init_compiled = None
+        self.executables = (ExecutableStore(spec.executables_dir) if spec.executables_dir
+                            else None)
+        self._key_parts: tuple[dict, dict] | None = None
+        self.compile_info: CompileInfo | None = None
+        self.init_info: CompileInfo | None = None
         self.flops_xla: float | None = None
         self.flops_analytic = analytic_flops_per_step(spec.model, self.global_batch)
         self.state: Any = None
@@ -136,21 +172,73 @@ class Trainer:
                 "step": jnp.zeros((), jnp.int32), "rng": jax.random.key_data(key)}
 
     def compile(self) -> float:
-        """Lower and compile the step; returns compile seconds. Records XLA's FLOP count."""
+        """Load the step's executable from the store, or lower and compile it; returns the
+        seconds it took (``compile_info`` says which). Records XLA's FLOP count."""
         t0 = time.perf_counter()
         abstract_batch = jax.ShapeDtypeStruct(self.batch_shape, jnp.int32,
                                               sharding=self.batch_sharding)
-        lowered = self._step_fn.lower(self.abstract_state, abstract_batch)
-        cost = lowered.cost_analysis() or {}
-        if isinstance(cost, list):  # older JAX returned one dict per computation
-            cost = cost[0] if cost else {}
-        self.flops_xla = float(cost.get("flops", 0.0)) or None
-        self._compiled = lowered.compile()
+        self._compiled, self.compile_info = self._executable(
+            "train_step", self._step_fn, (self.abstract_state, abstract_batch), cost=True)
+        self.flops_xla = self.compile_info.flops
         return time.perf_counter() - t0
 
     def init_state(self, seed: int) -> None:
-        self.state = self._init(jax.random.key(seed))
+        if self._init_compiled is None:
+            abstract_key = jax.eval_shape(lambda: jax.random.key(0))
+            self._init_compiled, self.init_info = self._executable("init", self._init,
+                                                                   (abstract_key,))
+        self.state = self._init_compiled(jax.random.key(seed))
         self._host_step = None
+
+    # ---- executables --------------------------------------------------------------------
+
+    def _executable(self, function: str, jitted: Any, args: tuple, *, cost: bool = False
+                    ) -> tuple[Any, CompileInfo]:
+        """``function``'s executable for ``args``: loaded from the store when its key matches,
+        else lowered, compiled and stored. The store never fails the compile."""
+        t0 = time.perf_counter()
+        key = None
+        reason = "executable store off (compile.cache=off)"
+        if self.executables is not None:
+            try:
+                key = self.executable_key(function)
+            except Exception as exc:  # an optimisation: compile as if there were no store
+                reason = f"no key ({type(exc).__name__}: {exc})"
+                log.warning("executable key for %s unavailable: %s", function, reason)
+        if key is not None:
+            found = self.executables.load(key, args=args)
+            if found.compiled is not None:
+                info = CompileInfo(function=function, source="loaded", key=key_digest(key),
+                                   seconds=time.perf_counter() - t0,
+                                   flops=found.meta.get("flops"))
+                log.info("%s loaded from %s in %.3fs", function, self.executables.path(key),
+                         info.seconds)
+                return found.compiled, info
+            reason = found.reason
+            level = logging.WARNING if found.damaged else logging.INFO
+            log.log(level, "compiling %s: %s", function, reason)
+        lowered = jitted.lower(*args)
+        flops = _flops(lowered) if cost else None
+        compiled = lowered.compile()
+        save_s = (self.executables.save(key, compiled, meta={"flops": flops})
+                  if key is not None and self.executables is not None else None)
+        return compiled, CompileInfo(function=function, source="compiled",
+                                     key=key_digest(key) if key is not None else None,
+                                     seconds=time.perf_counter() - t0, reason=reason,
+                                     flops=flops, save_s=save_s)
+
+    def executable_key(self, function: str) -> dict:
+        """The store key of this process's executable of ``function`` (workers/executables)."""
+        if self._key_parts is None:
+            self._key_parts = (runtime_ingredients(), mesh_ingredients(
+                self.mesh, self.plan.shape.as_dict(), num_slices=self.plan.num_slices))
+        runtime, mesh = self._key_parts
+        config = {"model": dataclasses.asdict(self.spec.model),
+                  "train": dataclasses.asdict(self.spec.train),
+                  "total_steps": self.spec.total_steps, "accum_steps": self.accum_steps}
+        return executable_key(function=function, runtime=runtime, config=config, mesh=mesh,
+                              process_index=jax.process_index(),
+                              process_count=jax.process_count())
 
     # ---- data ---------------------------------------------------------------------------
 
@@ -236,6 +324,14 @@ class Trainer:
 
     def close(self) -> None:
         self.ckpt.close()
+
+
+def _flops(lowered: Any) -> float | None:
+    """XLA's global FLOP count of a lowered computation (None when it does not say)."""
+    cost = lowered.cost_analysis() or {}
+    if isinstance(cost, list):  # older JAX returned one dict per computation
+        cost = cost[0] if cost else {}
+    return float(cost.get("flops", 0.0)) or None
 
 
 def make_lr_schedule(t: TrainConfig, total_steps: int) -> optax.Schedule:
