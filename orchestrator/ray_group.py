@@ -42,6 +42,7 @@ from orchestrator.errors import CheckpointCorrupt, OrchestratorError
 from orchestrator.hosts import HostRef
 from orchestrator.hostspec import HostSpec
 from policies.causes import FailureKind
+from workers.executables import DIR_NAME as EXECUTABLES_DIR
 from workers.host import HostActor, device_env
 
 log = structlog.get_logger(__name__)
@@ -118,6 +119,21 @@ def combine(results: Sequence[dict]) -> Progress | HostsLost:
                     stopped_early=any(r.get("stopped_early") for r in results))
 
 
+def compiled(results: Sequence[dict]) -> Compiled:
+    """Every host's compile result as one ``Compiled``: the slowest host's seconds, and
+    whether the hosts loaded their stored executables ("loaded"), compiled ("compiled") or
+    some of each ("mixed"); why a host with a store compiled is logged."""
+    sources = {r.get("source", "compiled") for r in results}
+    for i, r in enumerate(results):
+        if r.get("source") == "compiled" and r.get("key"):
+            log.info("executable_compiled", host=i, key=r.get("key"), reason=r.get("reason"))
+    first = results[0]
+    return Compiled(compile_s=max(float(r["compile_s"]) for r in results),
+                    flops=first.get("flops_xla") or first.get("flops_analytic"),
+                    source=sources.pop() if len(sources) == 1 else "mixed",
+                    key=first.get("key"))
+
+
 class RayWorkerGroup:
     """One incarnation of the JAX group: one host actor per mesh host, pinned to its node."""
 
@@ -174,10 +190,8 @@ class RayWorkerGroup:
                         restore_s=float(o["restore_s"]), skipped=tuple(o.get("skipped", ())))
 
     def compile(self) -> Compiled:
-        c = self._get([a.compile.remote() for a in self.actors], "compile",
-                      self.timeouts.compile_s)[0]
-        return Compiled(compile_s=float(c["compile_s"]),
-                        flops=c.get("flops_xla") or c.get("flops_analytic"))
+        return compiled(self._get([a.compile.remote() for a in self.actors], "compile",
+                                  self.timeouts.compile_s))
 
     def start_chunk(self, until_step: int, *, chunk: int, save_steps: Sequence[int]) -> None:
         self._results = {}
@@ -284,11 +298,13 @@ class RayWorkerGroup:
         plan = self.spec.plan
         coordinator_ip = plan.hosts[0].node_ip
         ckpt = f"{self.spec.run_dir}/checkpoints"
+        executables = f"{self.spec.run_dir}/{EXECUTABLES_DIR}"  # unused when compile.cache=off
         for h in plan.hosts:
             env = device_env(platform=plan.platform, devices_per_host=h.devices,
                              extra=plan.megascale_env(h, coordinator_ip=coordinator_ip))
             spec = HostSpec.for_host(self.spec.cfg, plan, h, checkpoint_dir=ckpt,
-                                     accum_steps=self.spec.accum_steps)
+                                     accum_steps=self.spec.accum_steps,
+                                     executables_dir=executables)
             self.actors.append(self.actor_cls.options(
                 name=None, num_cpus=0, resources={"TPU": h.devices}, max_concurrency=4,
                 max_restarts=0, scheduling_strategy=NodeAffinitySchedulingStrategy(

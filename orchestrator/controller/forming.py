@@ -77,8 +77,16 @@ def compiling(run: Run) -> Next:
             log.warning("mfu_peak_unknown", error=str(exc))
             run.peak = (0.0, "unknown")
     run.ledger.compile_times.append(out.compile_s)
+    run.ledger.compiles.append({"incarnation": run.ledger.incarnation,
+                                "compile_s": round(out.compile_s, 3), "source": out.source,
+                                "key": out.key})
     run.flops = out.flops
-    log.info("compiled", compile_s=round(out.compile_s, 3), flops=out.flops)
+    log.info("compiled", compile_s=round(out.compile_s, 3), flops=out.flops, source=out.source,
+             key=out.key)
+    if out.source == "loaded":
+        return Next(S.RUNNING, f"step loaded from the executable store (key {out.key})")
+    if out.source == "mixed":
+        return Next(S.RUNNING, f"step loaded on some hosts, compiled on others (key {out.key})")
     return Next(S.RUNNING, "step compiled")
 
 

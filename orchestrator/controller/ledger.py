@@ -55,6 +55,8 @@ class RecoveryLedger:
     step_times: list[float] = field(default_factory=list)
     save_costs: list[float] = field(default_factory=list)
     compile_times: list[float] = field(default_factory=list)
+    compiles: list[dict] = field(default_factory=list)
+    """Per COMPILING phase: {incarnation, compile_s, source (loaded|compiled|mixed), key}."""
     restarts: list[RestartRecord] = field(default_factory=list)
     restores: list[dict] = field(default_factory=list)
     recoveries: list[Recovery] = field(default_factory=list)

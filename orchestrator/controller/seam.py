@@ -115,8 +115,13 @@ class Restored:
 
 @dataclass(frozen=True, kw_only=True)
 class Compiled:
+    """``source``: "loaded" (every host loaded its stored executable), "compiled" (none did)
+    or "mixed"; ``key`` is host 0's executable key digest (None with the store off)."""
+
     compile_s: float
     flops: float | None
+    source: str = "compiled"
+    key: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -29,6 +29,7 @@ class RunSummary:
     median_step_s: float | None
     compile_s: list[float]
     recoveries: list[dict]
+    compiles: list[dict]
     restores: list[dict]
     last_committed_step: int | None = None
     goodput: float | None = None
@@ -56,7 +57,7 @@ def write_summary(run: Run, reason: str) -> RunSummary:
         wall_s=round(now - run.started_at, 3), first_loss=led.first_loss,
         last_loss=led.last_loss,
         median_step_s=statistics.median(led.step_times) if led.step_times else None,
-        compile_s=[round(c, 3) for c in led.compile_times],
+        compile_s=[round(c, 3) for c in led.compile_times], compiles=list(led.compiles),
         recoveries=[r.to_json() for r in led.recoveries], restores=list(led.restores),
         last_committed_step=led.last_committed, goodput=goodput,
         exit_code=0 if state is RunState.SUCCEEDED else 1)
