@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import structlog
+import yaml
 
 from orchestrator import configtools
 from orchestrator.config import RunConfig
@@ -155,6 +156,8 @@ def simulate(cfg: SimConfig, *, run_dir: Path | str | None = None,
                      models.Costs(cfg, random.Random(f"{cfg.seed}:costs")))
     clock = SimClock(world, probe)
     run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(rc.as_dict(), sort_keys=False))
+    (run_dir / "sim.yaml").write_text(yaml.safe_dump(configtools.to_dict(cfg), sort_keys=False))
     intake = EventIntake(rc.events, run_dir=run_dir, job=rc.run.name, clock=clock.now)
     actor = Actor(cfg, world, cluster, job=rc.run.name,
                   submit=lambda p: intake.submit(p, source="sim"), delivered=fleet.delivered,
