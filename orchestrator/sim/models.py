@@ -93,3 +93,13 @@ def draw_delay(d: Delay, rng: random.Random) -> float:
 def young_daly_s(save_cost_s: float, mtbf_s: float) -> float:
     """Young's optimum checkpoint interval sqrt(2·C·MTBF) (seconds)."""
     return math.sqrt(2.0 * max(0.0, save_cost_s) * max(0.0, mtbf_s))
+
+
+def daly_s(save_cost_s: float, mtbf_s: float) -> float:
+    """Daly's higher-order optimum (2006), for C < 2·MTBF:
+    sqrt(2CM)·(1 + sqrt(C/2M)/3 + (C/2M)/9) − C; M beyond that."""
+    c, m = max(0.0, save_cost_s), max(0.0, mtbf_s)
+    if m <= 0 or c >= 2 * m:
+        return m
+    r = c / (2 * m)
+    return math.sqrt(2 * c * m) * (1 + math.sqrt(r) / 3 + r / 9) - c

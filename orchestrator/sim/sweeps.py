@@ -86,7 +86,10 @@ def checkpoint_sweep(cfg: SimConfig, *, intervals: Sequence[int] | None = None,
                                        for r in results) / len(results)})
     fit = fit_optimum([r["every_steps"] for r in rows], [r["goodput"] for r in rows])
     best = max(rows, key=lambda r: r["goodput"])
+    daly = models.daly_s(models.save_blocking_s(cfg), mtbf_s(cfg)) / step
     return {"young_daly_steps": opt, "young_daly_s": opt * step, "mtbf_s": mtbf_s(cfg),
+            "daly_steps": daly,
+            "fit_vs_daly": (fit / daly - 1.0) if fit and math.isfinite(daly) else None,
             "save_cost_s": models.save_blocking_s(cfg), "step_s": step,
             "fit_optimum_steps": fit, "argmax_steps": best["every_steps"],
             "fit_vs_young_daly": (fit / opt - 1.0) if fit and math.isfinite(opt) else None,

@@ -72,6 +72,15 @@ def test_young_daly_uses_the_unannounced_failure_rate_of_the_mesh():
     assert young_daly_steps(cfg) == pytest.approx(math.sqrt(2 * 8 * 2400.0) / 1.0)
 
 
+def test_dalys_optimum_is_youngs_less_the_save_cost_to_first_order():
+    c, m = 30.0, 3600.0
+    r = c / (2 * m)
+    assert models.daly_s(c, m) == pytest.approx(
+        math.sqrt(2 * c * m) * (1 + math.sqrt(r) / 3 + r / 9) - c)
+    assert models.daly_s(c, m) < models.young_daly_s(c, m)
+    assert models.daly_s(100.0, 40.0) == 40.0  # C >= 2M: checkpoint every MTBF
+
+
 def test_the_fit_finds_the_optimum_of_youngs_model():
     c, m = 30.0, 3600.0
     xs = [100, 200, 300, 465, 600, 900, 1500]
