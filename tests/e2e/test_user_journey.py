@@ -1,22 +1,27 @@
-"""A new user's journey in one run: start the default job, publish a preemption notice with the
-CLI, watch the job drain, checkpoint, re-form and finish; every metric lands in (local) Cloud
-Monitoring with no rejected point; the run report renders.
+"""A new user's journey in one run: start the default job (`make run`'s), publish a preemption
+notice with the CLI, watch the job drain, checkpoint, re-form and finish; every metric lands in
+(local) Cloud Monitoring with no rejected point; the run report renders; the run directory holds
+what the docs promise; a later run with another model is refused without touching a file.
 
 One driver subprocess (the real ``python -m orchestrator.main``, emulated cluster of 2 slices of
-2 hosts × 2 CPU devices, one of them spare) keeps this affordable on 2 cores.
+2 hosts × 2 CPU devices, one of them spare) serves every test here: affordable on 2 cores.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
+import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from tests.integration.cli import MARK, _survivors, run_main, snapshot
 from tests.support.metric_service import LocalMetricService
 
 pytestmark = pytest.mark.cluster
@@ -47,14 +52,32 @@ def _wait_for(predicate, timeout_s: float, proc: subprocess.Popen, what: str) ->
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def test_default_job_survives_a_cli_preemption_and_reports(tmp_path: Path) -> None:
-    """CLI notice → drain + save + re-form with 0 lost steps; metrics land; report renders."""
+STEPS = 40
+
+
+@dataclass(frozen=True)
+class Journey:
+    run_dir: Path
+    rc: int
+    output: str
+    event_id: str
+    leftovers: tuple[str, ...]
+    rejected: list
+    metric_types: set[str]
+    seconds: float
+
+
+@pytest.fixture(scope="module")
+def journey(tmp_path_factory) -> Journey:
+    tmp_path = tmp_path_factory.mktemp("journey")
     run_dir = tmp_path / "run"
-    env = dict(os.environ, PYTHONUNBUFFERED="1", NO_GCE_CHECK="true")
+    marker = uuid.uuid4().hex
+    env = dict(os.environ, PYTHONUNBUFFERED="1", NO_GCE_CHECK="true", **{MARK: marker})
     env.pop("RAY_ADDRESS", None)
+    t0 = time.monotonic()
     with LocalMetricService() as svc:
         cmd = [sys.executable, "-m", "orchestrator.main", "--log-format", "json",
-               f"run.run_dir={run_dir}", "run.total_steps=40",
+               f"run.run_dir={run_dir}", f"run.total_steps={STEPS}",
                "cluster.emulate.spare_slices=1", "controller.checkpoint_interval.every_steps=10",
                "events.metadata.enabled=off",
                "metrics.cloud_monitoring.enabled=true", "metrics.cloud_monitoring.project=demo",
@@ -87,29 +110,40 @@ def test_default_job_survives_a_cli_preemption_and_reports(tmp_path: Path) -> No
                 if proc.poll() is None:
                     proc.kill()
                     proc.wait(30)
-        output = log_path.read_text()
-        assert rc == 0, output[-4000:]
-
-        summary = json.loads((run_dir / "summary.json").read_text())
-        assert summary["state"] == "SUCCEEDED"
-        assert summary["step"] == 40
-        assert summary["lost_steps"] == 0
-        assert summary["restarts"] == {"spot_preemption": 1}
-        assert summary["last_loss"] < summary["first_loss"]
-        states = [t["state"] for t in _jsonl(run_dir / "timeline.jsonl")]
-        for s in ("DRAINING", "CHECKPOINTING", "RELEASING", "FORMING", "RESTORING"):
-            assert s in states[states.index("RUNNING"):], (s, states)
-        actions = [e.get("action") for e in _jsonl(run_dir / "events.jsonl")
-                   if e.get("event_id") == event_id]
-        assert "drain_now" in actions and "drain:save" in actions, actions
-        assert "MFU" in output and "goodput" in output
-
+        seconds = time.monotonic() - t0
         rec = svc.state.record
-        assert rec.rejected == [], rec.rejected[:5]
+        rejected = list(rec.rejected)
         types = {p.metric_type.rsplit("/", 1)[-1] for p in rec.accepted}
-        for name in ("mfu", "loss", "step_time", "tokens_per_second", "heartbeat", "goodput"):
-            assert name in types, (name, sorted(types))
+    return Journey(run_dir=run_dir, rc=rc, output=log_path.read_text(), event_id=event_id,
+                   leftovers=_survivors(marker, 30.0), rejected=rejected, metric_types=types,
+                   seconds=seconds)
 
+
+def test_default_job_survives_a_cli_preemption_and_reports(journey: Journey) -> None:
+    """CLI notice → drain + save + re-form with 0 lost steps; metrics land; report renders."""
+    run_dir, output = journey.run_dir, journey.output
+    assert journey.rc == 0, output[-4000:]
+    assert journey.leftovers == ()
+
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["state"] == "SUCCEEDED"
+    assert summary["step"] == STEPS
+    assert summary["lost_steps"] == 0
+    assert summary["restarts"] == {"spot_preemption": 1}
+    assert summary["last_loss"] < summary["first_loss"]
+    states = [t["state"] for t in _jsonl(run_dir / "timeline.jsonl")]
+    for s in ("DRAINING", "CHECKPOINTING", "RELEASING", "FORMING", "RESTORING"):
+        assert s in states[states.index("RUNNING"):], (s, states)
+    actions = [e.get("action") for e in _jsonl(run_dir / "events.jsonl")
+               if e.get("event_id") == journey.event_id]
+    assert "drain_now" in actions and "drain:save" in actions, actions
+    assert "MFU" in output and "goodput" in output
+
+    assert journey.rejected == [], journey.rejected[:5]
+    for name in ("mfu", "loss", "step_time", "tokens_per_second", "heartbeat", "goodput"):
+        assert name in journey.metric_types, (name, sorted(journey.metric_types))
+
+    env = dict(os.environ, NO_GCE_CHECK="true")
     report = subprocess.run([sys.executable, "-m", "orchestrator.report", str(run_dir)], cwd=ROOT,
                             env=env, capture_output=True, text=True, timeout=180)
     assert report.returncode == 0, report.stderr
@@ -117,3 +151,47 @@ def test_default_job_survives_a_cli_preemption_and_reports(tmp_path: Path) -> No
     assert (run_dir / "report.png").stat().st_size > 10_000
     for needle in ("loss", "MFU", "goodput", "DRAINING"):
         assert needle.lower() in html.lower(), needle
+
+
+def test_the_run_dir_holds_every_step_and_the_timings(journey: Journey) -> None:
+    """Each step once (nothing re-done), MFU on every step, the final checkpoint, two
+    groups; the timings of the default run are printed (with -s), not gated."""
+    run_dir = journey.run_dir
+    assert journey.rc == 0, journey.output[-4000:]
+    steps = _jsonl(run_dir / "metrics.jsonl")
+    assert [s["step"] for s in steps] == list(range(1, STEPS + 1))
+    assert all(s["mfu"] > 0 and s["peak_source"] for s in steps)
+    assert {s["devices"] for s in steps} == {4}
+    assert statistics.mean(s["loss"] for s in steps[-5:]) < statistics.mean(
+        s["loss"] for s in steps[:5])
+    assert (run_dir / "checkpoints" / str(STEPS)).is_dir()
+    assert json.loads((run_dir / "run.json").read_text())["incarnation"] == 1  # one driver
+    assert json.loads((run_dir / "topology.json").read_text())["incarnation"] == 2  # two groups
+
+    timeline = _jsonl(run_dir / "timeline.jsonl")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    started = json.loads((run_dir / "run.json").read_text())["started_at"]
+    running_at = next(t["at"] for t in timeline if t["state"] == "RUNNING")
+    numbers = {"process_wall_s": round(journey.seconds, 1),
+               "cluster_start_s": round(timeline[0]["at"] - started, 1),
+               "planning_to_running_s": round(running_at - timeline[0]["at"], 1),
+               "compile_s": summary["compile_s"],
+               "steady_step_s": round(statistics.median(s["step_time_s"] for s in steps), 4),
+               "phases_s": summary["phases_s"], "recoveries": summary["recoveries"]}
+    print("\nDEFAULT RUN TIMINGS " + json.dumps(numbers))
+    assert len(summary["compile_s"]) == 2
+
+
+def test_incompatible_checkpoint_is_refused_and_untouched(journey: Journey) -> None:
+    """A run_dir holding another model's checkpoint: exit != 0, the fix named, files unchanged."""
+    run_dir = journey.run_dir
+    assert journey.rc == 0
+    before = snapshot(run_dir / "checkpoints")
+    assert any(k.startswith(f"{STEPS}/") for k in before)
+    res = run_main([f"run.run_dir={run_dir}", f"run.total_steps={STEPS + 10}",
+                    "model.d_model=32"])
+    assert res.code != 0, res.stdout[-3000:]
+    text = " ".join((res.stdout + res.stderr).split())  # the message is wrapped to 100 columns
+    assert "different model" in text and "use a new run.run_dir" in text, text[-4000:]
+    assert snapshot(run_dir / "checkpoints") == before
+    assert res.leftovers == ()
