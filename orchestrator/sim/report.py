@@ -131,10 +131,10 @@ def plot_png(path: Path, series: dict[str, tuple[Sequence[float], Sequence[float
     fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=110)
     for label, (xs, ys) in series.items():
         ax.plot(xs, ys, marker="o", label=label)
-    for label, x in (marks or {}).items():
-        ax.axvline(x, linestyle="--", color="grey")
-        ax.annotate(label, (x, ax.get_ylim()[0]), rotation=90, va="bottom", ha="right",
-                    fontsize=8)
+    styles = ("--", ":", "-.")
+    for i, (label, x) in enumerate((marks or {}).items()):
+        ax.axvline(x, linestyle=styles[i % 3], color=f"C{i + 1}",
+                   label=f"{label} ({x:.4g})")
     if logx:
         ax.set_xscale("log")
     if logy:
@@ -143,8 +143,8 @@ def plot_png(path: Path, series: dict[str, tuple[Sequence[float], Sequence[float
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(True, alpha=0.3)
-    if len(series) > 1:
-        ax.legend()
+    if len(series) > 1 or marks:
+        ax.legend(fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
