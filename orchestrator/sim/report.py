@@ -55,7 +55,8 @@ def format_result(r: SimResult) -> str:
     if d.get("count"):
         lines.append(f"controller decision time (wall, per decision, n={d['count']:,}): "
                      f"p50 {d['p50_ms']:.3f} ms, p99 {d['p99_ms']:.3f} ms, "
-                     f"max {d['max_ms']:.1f} ms")
+                     f"max {d['max_ms']:.1f} ms; the controller took {d['controller_s']:.1f} s "
+                     f"of the wall time, the simulated world {d['simulator_s']:.1f} s")
         for k, v in d.get("by_event", {}).items():
             lines.append(f"  after {k:<24} n={v['count']:<5} p50 {v['p50_ms']:.3f} ms, "
                          f"p99 {v['p99_ms']:.3f} ms, max {v['max_ms']:.1f} ms")

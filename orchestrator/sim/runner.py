@@ -140,8 +140,10 @@ def simulate(cfg: SimConfig, *, run_dir: Path | str | None = None,
     """Run the controller over the configured world until the horizon (or the run's end)."""
     if run_dir is None:
         with tempfile.TemporaryDirectory(prefix="sim-") as tmp:
-            return simulate(cfg, run_dir=tmp, extra=extra, time_decisions=time_decisions,
-                            quiet=quiet)
+            result = simulate(cfg, run_dir=tmp, extra=extra, time_decisions=time_decisions,
+                              quiet=quiet)
+        result.run_dir = ""  # deleted with the temporary directory
+        return result
     run_dir = Path(run_dir)
     rc = run_config(cfg, run_dir)
     t = cfg.topology
@@ -192,7 +194,8 @@ def simulate(cfg: SimConfig, *, run_dir: Path | str | None = None,
         recoveries=_recoveries(summary.recoveries, [
             r["at"] for r in rows if r["state"] == "RUNNING"]),
         restarts=summary.restarts, happenings=dict(sorted(actor.counts.items())),
-        decision={**_stats(probe.decisions),
+        decision={**_stats(probe.decisions), "controller_s": sum(probe.decisions),
+                  "simulator_s": probe.seam_s,
                   "by_event": {k: _stats(v) for k, v in sorted(probe.by_event.items())},
                   "by_step": {k: _stats(v) for k, v in sorted(probe.by_step.items())}},
         model={"step_s": models.step_s(cfg, t.slices),
