@@ -187,7 +187,9 @@ class FailureModel:
     """Event processes (all Poisson, rates per hour): unannounced host failures per host,
     correlated loss of a whole slice, spot preemptions of a slice with ``preemption_notice_s``
     of notice (a fraction of notices never arrives), maintenance windows announced
-    ``maintenance_lead_h`` ahead that take a slice away for ``maintenance_duration_s``."""
+    ``maintenance_lead_h`` ahead that take a slice away for ``maintenance_duration_s``, and
+    bursts of ``unhealthy_reports`` ``host_unhealthy`` reports 30 s apart about one host (the
+    health policy decides whether to cordon it)."""
 
     host_per_hour: float = 0.0
     slice_loss_per_hour: float = 0.0
@@ -197,13 +199,18 @@ class FailureModel:
     maintenance_per_slice_hour: float = 0.0
     maintenance_lead_h: float = 72.0
     maintenance_duration_s: float = 3600.0
+    unhealthy_per_host_hour: float = 0.0
+    unhealthy_reports: int = 3
 
     def __post_init__(self) -> None:
         for name in ("host_per_hour", "slice_loss_per_hour", "preemption_per_slice_hour",
-                     "maintenance_per_slice_hour", "maintenance_lead_h"):
+                     "maintenance_per_slice_hour", "maintenance_lead_h",
+                     "unhealthy_per_host_hour"):
             _nonneg(f"failures.{name}", getattr(self, name), "0.001")
         _nonneg("failures.preemption_notice_s", self.preemption_notice_s, "30")
         _pos("failures.maintenance_duration_s", self.maintenance_duration_s, "3600")
+        _need(self.unhealthy_reports >= 1, "failures.unhealthy_reports",
+              f"{self.unhealthy_reports} < 1", "set `failures.unhealthy_reports` to 1 or more")
         _need(0 <= self.notice_missed_fraction <= 1, "failures.notice_missed_fraction",
               f"{self.notice_missed_fraction} is not in [0, 1]",
               "set `failures.notice_missed_fraction` to a fraction, e.g. 0.05")

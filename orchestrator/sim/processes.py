@@ -79,6 +79,11 @@ def generate(cfg: SimConfig, n_slices: int) -> list[Happening]:
         out.append(Happening(t=t, kind="maintenance", slice_index=rng.randrange(n_slices),
                              lead_s=f.maintenance_lead_h * 3600.0,
                              duration_s=f.maintenance_duration_s))
+    rng = _rng(cfg, "unhealthy")
+    for t in _poisson(rng, f.unhealthy_per_host_hour / 3600.0 * n_slices * hps, horizon):
+        s, w = rng.randrange(n_slices), rng.randrange(hps)
+        out += [Happening(t=t + 30.0 * i, kind="notice", event_kind="host_unhealthy",
+                          slice_index=s, worker=w) for i in range(f.unhealthy_reports)]
     return sorted(out, key=lambda h: h.t)
 
 

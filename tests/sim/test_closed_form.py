@@ -75,3 +75,16 @@ def test_without_capacity_the_run_waits_then_fails_with_the_setting_to_change(tm
     assert r.state == "FAILED"
     assert "max_wait_for_capacity_s" in r.reason
     assert r.badput_s["waiting_for_capacity"] == pytest.approx(60.0)
+
+
+def test_a_flapping_host_is_cordoned_and_replaced_by_the_health_policy(tmp_path):
+    # three unhealthy reports 30 s apart about slice 0's host 1: cordon_after=3 -> drain, re-form
+    # on the spare slice; the cordoned host is never placed on again
+    r = simulate(tiny("horizon_h=0.2", "topology.spare_slices=1",
+                      "failures.unhealthy_reports=3"), run_dir=tmp_path,
+                 extra=[Happening(t=STARTUP + 20.5 + 30.0 * i, kind="notice",
+                                  event_kind="host_unhealthy", slice_index=0, worker=1)
+                        for i in range(3)])
+    assert r.happenings["host_unhealthy"] == 3
+    assert r.recoveries["announced:hardware_health"]["count"] == 1
+    assert r.lost_steps == 0
