@@ -142,6 +142,19 @@ class ReactionPolicy:
             return self._maintenance(obs)
         return Reaction(kind=ReactionKind.NOTE, reason=f"unknown event kind {kind!r}: noted only")
 
+    def revise_drain_step(self, *, at_step: int, deadline: float, now: float, step: int,
+                          step_time_s: float | None, expected_save_s: float | None) -> int:
+        """The drain step chosen hours ahead, pulled earlier when the steps have run slower than
+        the estimate it was chosen with: the drain (and its save) must still land
+        ``maintenance_lead_s`` before the window. Never later than ``at_step``."""
+        st = step_time_s
+        if st is None or not math.isfinite(st) or st <= 0 or at_step <= step:
+            return at_step
+        save = expected_save_s if expected_save_s and expected_save_s > 0 else 0.0
+        budget = deadline - now - self.maintenance_lead_s - save
+        latest = step + (math.floor(budget / st) if budget > 0 else 0)
+        return max(step, min(at_step, latest))
+
     # ---- rules ------------------------------------------------------------------------------
 
     @staticmethod

@@ -6,7 +6,6 @@ Each phase is one bounded call on the worker group; a failure becomes a recovery
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 from orchestrator.controller import recovering
@@ -98,10 +97,13 @@ def write_topology(run: Run, formed: Formed) -> None:
     assert plan is not None
     data = {"job": run.cfg.run.name, "cluster": getattr(run.cfg.events, "cluster", None),
             "incarnation": run.ledger.incarnation, "id_to_name": formed.instance_ids,
-            "hosts": [dataclasses.asdict(h) for h in plan.hosts]}
+            "hosts": [dict(vars(h)) for h in plan.hosts]}  # flat fields: no asdict recursion
     try:
         tmp = run.run_dir / "topology.json.tmp"
-        tmp.write_text(json.dumps(data, indent=2))
+        # one host per line: readable, and compact JSON keeps the C encoder (4,096 hosts)
+        body = ",\n  ".join(json.dumps(h) for h in data.pop("hosts"))
+        head = json.dumps(data)[:-1]
+        tmp.write_text(f'{head}, "hosts": [\n  {body}\n]}}\n')
         tmp.replace(run.run_dir / "topology.json")
     except OSError as exc:
         log.error("topology_write_failed", error=str(exc))

@@ -28,6 +28,7 @@ class Reactions:
         self._replay: list[Any] = []
         self._deferred: list[Any] = []  # noted "not yet" (e.g. no step time): decided again
         self._hosts: tuple[float, list[HostRef]] | None = None
+        self._merged: tuple[Any, list[HostRef]] | None = None  # (plan, cluster + mesh hosts)
 
     # ---- intake ---------------------------------------------------------------------------
 
@@ -99,11 +100,14 @@ class Reactions:
                 log.warning("cluster_view_failed", error=str(exc))
                 cluster = []
             self._hosts = (now, cluster)
+            self._merged = None
         plan = self.run.plan
-        hosts = {h.node_id: h for h in self._hosts[1]}
-        for h in plan.hosts if plan else ():
-            hosts[h.node_id] = h
-        return list(hosts.values())
+        if self._merged is None or self._merged[0] is not plan:
+            hosts = {h.node_id: h for h in self._hosts[1]}
+            for h in plan.hosts if plan else ():
+                hosts[h.node_id] = h
+            self._merged = (plan, list(hosts.values()))
+        return self._merged[1]
 
     # ---- deciding -------------------------------------------------------------------------
 
@@ -175,6 +179,20 @@ class Reactions:
             stop=r.kind is ReactionKind.STOP,
             noticed_at=prev.noticed_at if prev and prev.noticed_at else run.now(),
             event=prev.event if prev and prev.event is not None else ev, reaction=r)
+
+    def carry_over(self, pending: Pending) -> None:
+        """A failure came before this event's drain: a drain due now keeps its hosts out of
+        the next mesh; one planned at a step (a window ahead) is decided again on the next
+        mesh, from the step time then."""
+        ev = pending.event
+        if pending.at_step is None:
+            self.run.placement.excluded |= set(pending.doomed)
+            self.record(ev, "excluded", reason="the group failed before the drain",
+                        hosts=sorted(pending.doomed))
+            return
+        self._deferred.append(ev)
+        self.record(ev, "deferred", reason="the group failed before the drain step "
+                    f"{pending.at_step}; decided again on the next mesh")
 
     # ---- recording ------------------------------------------------------------------------
 

@@ -44,7 +44,13 @@ def after_failure(run: Run, status: Failure) -> Next:
     if run.reactions is not None:
         run.reactions.collect_notices()
     run.ledger.open_unannounced(cause=cause, error=message, now=run.now())
-    keep_stop = run.pending is not None and run.pending.stop  # an operator stop still ends it
+    prev = run.pending
+    keep_stop = prev is not None and prev.stop  # an operator stop still ends it
+    if prev is not None and not prev.stop and prev.event is not None and run.reactions:
+        # a notice not drained yet (a maintenance window hours ahead, a preemption due) must
+        # outlive this failure: its hosts stay out if imminent, else it is decided again on
+        # the next mesh
+        run.reactions.carry_over(prev)
     run.pending = Pending(cause=cause, reason=message, announced=False, stop=keep_stop)
     committed = run.ledger.last_committed or 0
     lost = max(0, run.ledger.max_step_reached - committed)

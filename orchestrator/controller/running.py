@@ -8,6 +8,8 @@ not the rest of a chunk.
 
 from __future__ import annotations
 
+import dataclasses
+
 from orchestrator.controller import recovering
 from orchestrator.controller.context import Next, Pending, Run, log
 from orchestrator.controller.planning import complete_slices, usable_hosts
@@ -72,11 +74,27 @@ def chunk_end(run: Run, every: int) -> int:
         st = run.ledger.median_step_s(10) or 0.2
         per_call = max(1, min(100, int(1.0 / max(st, 1e-3))))
     until = min(run.cfg.run.total_steps, step + per_call, (step // every + 1) * every)
+    revise_drain_step(run)
     if run.pending is not None and run.pending.at_step is not None and run.pending.at_step > step:
         until = min(until, run.pending.at_step)
     for plugin in run.plugins:
         until = plugin.chunk_end(run, step, until)
     return max(step + 1, until)
+
+
+def revise_drain_step(run: Run) -> None:
+    """A drain step chosen long before its deadline (maintenance days ahead) follows the step
+    time actually observed since: pulled earlier, never later (policies.reaction)."""
+    p = run.pending
+    if p is None or p.at_step is None or p.deadline is None:
+        return
+    led = run.ledger
+    revised = run.policies.reaction.revise_drain_step(
+        at_step=p.at_step, deadline=p.deadline, now=run.now(), step=led.step,
+        step_time_s=led.median_step_s(), expected_save_s=led.median_save_s())
+    if revised < p.at_step:
+        log.info("drain_step_revised", event_id=p.event_id, was=p.at_step, now=revised)
+        run.pending = dataclasses.replace(p, at_step=revised)
 
 
 def _drain_due(run: Run) -> bool:

@@ -272,3 +272,25 @@ def test_topology_is_written_for_explain_and_instance_ids_reach_the_intake(tmp_p
     assert topo.id_to_name == {"123456789": "vm-s0-1"} and topo.job == "default"
     assert sim.intake.id_to_name == {"123456789": "vm-s0-1"}
     assert Formed(hosts=1).instance_ids == {}
+
+
+def test_a_maintenance_drain_outlives_an_unrelated_failure_before_its_step(tmp_path):
+    """Found by the fleet simulator: a failure replaced the pending drain_at_step, and the
+    window then took the slice from a running mesh. The notice is now decided again on the
+    re-formed mesh and still drains before the window."""
+    sim = make(tmp_path, "run.total_steps=120", "run.steps_per_call=10",
+               "controller.checkpoint_interval.every_steps=10", spare=("s1",))
+
+    def schedule(g):
+        start = sim.clock.now() + 600.0 + 8.0  # ~80 steps at 0.1 s before the lead
+        sim.notice("maintenance_scheduled", host="vm-s0-0", deadline_in=None,
+                   window_start=start, window_end=start + 3600)
+
+    sim.fleet.on_step(10, schedule)
+    sim.fleet.on_step(25, lambda g: lost(hosts=(1,)))
+    summary = sim.run()
+    assert summary.state == "SUCCEEDED", summary.reason
+    drains = [t for t in sim.controller.lifecycle.timeline if t.state.value == "DRAINING"]
+    assert [d.payload.cause.value for d in drains] == ["maintenance"]
+    actions = [e.get("action") for e in sim.events() if e.get("decision") == "action"]
+    assert "deferred" in actions and actions.count("drain_at_step") == 2, actions

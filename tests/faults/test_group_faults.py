@@ -88,7 +88,7 @@ def test_kill_mid_step_and_kill_during_async_save_restore_last_complete_checkpoi
 def test_host_that_never_joins_init_times_out_and_is_retried(cluster, tmp_path):
     """Host 1 hangs in distributed init: bounded by timeouts.init_s, stacks dumped, retried."""
     chaos = [ChaosFaultConfig(at_step=0, host=1, kind="hang_init")]
-    result = run_controller(fault_config(tmp_path / "run", "timeouts.init_s=20", chaos=chaos))
+    result = run_controller(fault_config(tmp_path / "run", "timeouts.init_s=10", chaos=chaos))
     print_recovery("init-hang", result)
 
     s = result.summary

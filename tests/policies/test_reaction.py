@@ -321,3 +321,20 @@ def test_merge_with_ignore_keeps_the_drain_reason():
     """Merging with an IGNORE changes nothing but nothing is lost."""
     a = _r(ReactionKind.DRAIN_NOW, doomed=frozenset({"a"}), deadline=NOW)
     assert merge(a, _r(ReactionKind.IGNORE)) == a
+
+
+def test_a_drain_step_chosen_ahead_is_pulled_earlier_when_steps_run_slower():
+    """Chosen at 1 s/step for a window 10,000 s away; steps now take 2 s: the drain must
+    still land the lead (600 s) plus the save (10 s) before the window."""
+    p = ReactionPolicy()
+    got = p.revise_drain_step(at_step=9_390, deadline=10_000.0, now=1_000.0, step=1_000,
+                              step_time_s=2.0, expected_save_s=10.0)
+    assert got == 1_000 + (10_000 - 1_000 - 600 - 10) // 2
+    # faster steps never push it later; no step time or a passed step leaves it alone
+    assert p.revise_drain_step(at_step=9_390, deadline=10_000.0, now=1_000.0, step=1_000,
+                               step_time_s=0.5, expected_save_s=None) == 9_390
+    assert p.revise_drain_step(at_step=9_390, deadline=10_000.0, now=1_000.0, step=1_000,
+                               step_time_s=None, expected_save_s=None) == 9_390
+    # past the point of safety: drain at once (the current step), never earlier
+    assert p.revise_drain_step(at_step=9_390, deadline=10_000.0, now=9_900.0, step=5_000,
+                               step_time_s=2.0, expected_save_s=10.0) == 5_000

@@ -4,8 +4,6 @@ as XPASS, and the marker comes off."""
 
 from __future__ import annotations
 
-import pytest
-
 from orchestrator.sim.processes import Happening
 from orchestrator.sim.runner import simulate
 from tests.sim.helpers import STARTUP, tiny
@@ -28,9 +26,6 @@ def test_a_maintenance_window_announced_ahead_is_drained_before_it_starts(tmp_pa
     assert r.lost_steps == 0 and "unannounced:host_lost" not in r.recoveries
 
 
-@pytest.mark.xfail(strict=True, reason="recovering.after_failure replaces run.pending, so the "
-                   "pending drain_at_step of a maintenance notice is forgotten and the window "
-                   "takes the slice from the running mesh (docs/sim.md, finding 4)")
 def test_the_maintenance_drain_survives_an_unrelated_failure_before_the_window(tmp_path):
     r = _run(tmp_path, MAINTENANCE, FAILURE)
     assert r.recoveries["unannounced:host_lost"]["count"] == 1  # the failure itself
