@@ -243,11 +243,19 @@ class CompileConfig:
 
     cache: Literal["on", "off"] = "on"
     """off: every group compiles, nothing is read or written."""
+    dir: str = ""
+    """Where the store lives. Empty: $TPU_ORCH_EXECUTABLES_DIR when set, else RUN_DIR/executables.
+    A directory shared by several runs (like JAX's compilation cache dir) lets a fresh run of a
+    model and mesh seen before load too; the key keeps different models and meshes apart."""
 
     def __post_init__(self) -> None:
         if self.cache not in ("on", "off"):
             raise ConfigError("compile.cache", f"{self.cache!r} is not 'on' or 'off'",
                               "set compile.cache=on (load stored executables) or off")
+        if self.dir and not self.dir.startswith("/"):
+            raise ConfigError("compile.dir", f"{self.dir!r} is not an absolute path",
+                              "give an absolute directory every host can write (or leave it "
+                              "empty for RUN_DIR/executables)")
 
 
 @dataclass(frozen=True, kw_only=True)

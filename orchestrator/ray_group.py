@@ -8,6 +8,7 @@ sees a Ray type. A half-built group is always torn down by ``shutdown``.
 from __future__ import annotations
 
 import dataclasses
+import os
 import socket
 import time
 from collections.abc import Callable, Collection, Sequence
@@ -42,7 +43,7 @@ from orchestrator.errors import CheckpointCorrupt, OrchestratorError
 from orchestrator.hosts import HostRef
 from orchestrator.hostspec import HostSpec
 from policies.causes import FailureKind
-from workers.executables import DIR_NAME as EXECUTABLES_DIR
+from workers.executables import store_dir
 from workers.host import HostActor, device_env
 
 log = structlog.get_logger(__name__)
@@ -298,7 +299,8 @@ class RayWorkerGroup:
         plan = self.spec.plan
         coordinator_ip = plan.hosts[0].node_ip
         ckpt = f"{self.spec.run_dir}/checkpoints"
-        executables = f"{self.spec.run_dir}/{EXECUTABLES_DIR}"  # unused when compile.cache=off
+        # unused when compile.cache=off
+        executables = store_dir(self.spec.cfg.compile.dir, self.spec.run_dir, os.environ)
         for h in plan.hosts:
             env = device_env(platform=plan.platform, devices_per_host=h.devices,
                              extra=plan.megascale_env(h, coordinator_ip=coordinator_ip))

@@ -35,6 +35,8 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 DIR_NAME = "executables"
+ENV_DIR = "TPU_ORCH_EXECUTABLES_DIR"
+"""A store shared by every run started with it set (compile.dir overrides it)."""
 """Under the run directory: RUN_DIR/executables."""
 FORMAT = 1
 """Bumped when the file layout or the key's shape changes: older files then never match."""
@@ -300,3 +302,9 @@ def _read(path: Path, *, body: bool = True) -> tuple[dict, bytes]:
 def read_header(path: str | Path) -> dict:
     """The JSON header of a stored file (key, digest, meta) without loading the executable."""
     return _read(Path(path), body=False)[0]
+
+
+def store_dir(configured: str, run_dir: str | Path, env: Mapping[str, str]) -> str:
+    """Where a run's store lives: ``compile.dir``, else ``$TPU_ORCH_EXECUTABLES_DIR``, else
+    RUN_DIR/executables (a resumed run finds what its earlier groups stored)."""
+    return configured or env.get(ENV_DIR) or f"{run_dir}/{DIR_NAME}"

@@ -216,6 +216,17 @@ def test_spec_carries_the_store_only_when_the_cache_is_on(cache, expected):
     assert bare.executables_dir is None
 
 
+def test_store_dir_setting_then_environment_then_run_dir():
+    from workers.executables import ENV_DIR, store_dir
+
+    assert store_dir("/team/exe", "/r", {ENV_DIR: "/env/exe"}) == "/team/exe"
+    assert store_dir("", "/r", {ENV_DIR: "/env/exe"}) == "/env/exe"
+    assert store_dir("", "/r", {}) == f"/r/{DIR_NAME}"
+    with pytest.raises(ConfigError, match="absolute") as info:
+        load_config(None, ["compile.dir=exe"])
+    assert info.value.setting == "compile.dir"
+
+
 def test_run_directory_table_has_the_store():
     row = run_dir_rows()[DIR_NAME]
     assert "compile.cache" in row and "p<index>-of-<count>" in row
