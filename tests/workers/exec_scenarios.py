@@ -88,7 +88,10 @@ def roundtrip(tmp: Path) -> dict:
             "files_after": files(tmp / "executables")}
 
 
-CORRUPTIONS = ("truncate", "garble_body", "bad_header", "not_ours", "empty")
+# Every damage kind is refused at the file level without JAX
+# (test_executables.py::test_a_damaged_file_is_refused_with_the_reason); here two of them go
+# through a real group: a checksum failure and a file that is not ours.
+CORRUPTIONS = ("garble_body", "not_ours")
 
 
 def corrupt(tmp: Path) -> dict:
@@ -165,10 +168,9 @@ def _probe_args(tmp: Path) -> dict:
 
 
 def off(tmp: Path) -> dict:
-    """compile.cache=off: compiled every time, no key, nothing written."""
+    """compile.cache=off: compiled, no key, nothing written (so the next group compiles too)."""
     first = train(make_actor(tmp, overrides=("compile.cache=off",)))
-    second = train(make_actor(tmp, overrides=("compile.cache=off",)))
-    return {"first": first, "second": second, "exists": (tmp / "executables").exists()}
+    return {"first": first, "exists": (tmp / "executables").exists()}
 
 
 def unwritable(tmp: Path) -> dict:

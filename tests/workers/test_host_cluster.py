@@ -23,7 +23,7 @@ from orchestrator.events.config import MetadataConfig
 from tests.events.fake_metadata import fake_metadata_server
 from tests.integration.groups import Group
 from tests.support.ray_cluster import cluster_fixture
-from workers.metadata_watcher import PREEMPTED_KEY
+from workers.metadata_watcher import ID_KEY, NAME_KEY, PREEMPTED_KEY
 
 pytestmark = pytest.mark.cluster
 
@@ -134,6 +134,11 @@ def test_metadata_notices_go_to_the_driver_queue(cluster, cfg, tmp_path):
             settings = asdict(MetadataConfig(enabled="on", endpoint=endpoint, timeout_s=5,
                                              backoff_initial_s=0.05))
             assert g.call("start_metadata_watcher", settings, queue) == [True, True]
+            server.values.update({ID_KEY: "2093000891450668968", NAME_KEY: "vm-1"})
+            server.etags.update({ID_KEY: 1, NAME_KEY: 1})
+            # what RayWorkerGroup.form collects into Formed.instance_ids (id -> name targeting)
+            assert [tuple(x) for x in g.call("instance_identity", settings)] == [
+                ("2093000891450668968", "vm-1")] * 2
             server.set(PREEMPTED_KEY, "TRUE")
             deadline = time.monotonic() + 60
             while queue.qsize() < 2:
