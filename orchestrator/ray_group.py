@@ -16,13 +16,7 @@ from typing import Any
 
 import ray
 import structlog
-from ray.exceptions import (
-    ActorDiedError,
-    ActorUnavailableError,
-    NodeDiedError,
-    RayActorError,
-    RayTaskError,
-)
+from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from orchestrator.controller.seam import (
@@ -34,7 +28,6 @@ from orchestrator.controller.seam import (
     GroupSpec,
     HostsLost,
     Hung,
-    Progress,
     Restored,
     Running,
     Saved,
@@ -42,6 +35,7 @@ from orchestrator.controller.seam import (
 from orchestrator.errors import CheckpointCorrupt, OrchestratorError
 from orchestrator.hosts import HostRef
 from orchestrator.hostspec import HostSpec
+from orchestrator.ray_results import combine, compiled, failure_kind
 from policies.causes import FailureKind
 from workers.executables import store_dir
 from workers.host import HostActor, device_env
@@ -90,49 +84,6 @@ def _accepts(host: str, port: int, timeout_s: float) -> bool:
             return True
     except OSError:
         return False
-
-
-def failure_kind(exc: BaseException) -> FailureKind:
-    """The one mapping of Ray's exceptions to the seam's closed set."""
-    if isinstance(exc, NodeDiedError):
-        return FailureKind.NODE_DIED
-    if isinstance(exc, ActorUnavailableError):
-        return FailureKind.ACTOR_UNAVAILABLE
-    if isinstance(exc, (ActorDiedError, RayActorError)):
-        return FailureKind.ACTOR_DIED
-    return FailureKind.STEP_ERROR
-
-
-def combine(results: Sequence[dict]) -> Progress | HostsLost:
-    """Every host's chunk result as one ``Progress``; hosts that disagree on the step they
-    stopped at cannot go on together (a failure, never an exception out of the loop)."""
-    steps = sorted({int(r["step"]) for r in results})
-    if len(steps) != 1:
-        return HostsLost(hosts=tuple(range(len(results))), kind=FailureKind.STEP_ERROR,
-                         message=f"hosts stopped at different steps {steps}",
-                         step_reached=steps[-1] if steps else None)
-    committed = [r.get("committed_step") for r in results]
-    known = [c for c in committed if c is not None]
-    # A step counts as committed only when every host's share of it is.
-    agreed = min(known) if known and len(known) == len(committed) else None
-    first = results[0]
-    return Progress(step=steps[0], committed_step=agreed, records=tuple(first.get("records", ())),
-                    stopped_early=any(r.get("stopped_early") for r in results))
-
-
-def compiled(results: Sequence[dict]) -> Compiled:
-    """Every host's compile result as one ``Compiled``: the slowest host's seconds, and
-    whether the hosts loaded their stored executables ("loaded"), compiled ("compiled") or
-    some of each ("mixed"); why a host with a store compiled is logged."""
-    sources = {r.get("source", "compiled") for r in results}
-    for i, r in enumerate(results):
-        if r.get("source") == "compiled" and r.get("key"):
-            log.info("executable_compiled", host=i, key=r.get("key"), reason=r.get("reason"))
-    first = results[0]
-    return Compiled(compile_s=max(float(r["compile_s"]) for r in results),
-                    flops=first.get("flops_xla") or first.get("flops_analytic"),
-                    source=sources.pop() if len(sources) == 1 else "mixed",
-                    key=first.get("key"))
 
 
 class RayWorkerGroup:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from orchestrator.controller.seam import HostsLost, Progress
-from orchestrator.ray_group import combine
+from orchestrator.ray_results import combine
 from policies.causes import FailureKind
 
 
