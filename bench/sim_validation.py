@@ -1,27 +1,38 @@
 """Validate the fleet simulator against a measured run: same config, same event schedule.
 
     python -m bench.sim_validation RUN_DIR [--json]
+    python -m bench.sim_validation --measure [--work DIR] [--json]
+
+``--measure`` first makes the measured run: the default job on the local emulated cluster
+(500 steps, a save every 20, 2 spare slices) with two preemption notices published through
+``python -m orchestrator.events publish``, 25 s into each RUNNING; it takes the machine for
+~2 minutes and records the 1-minute load before and after (a figure taken under load is not a
+result).
 
 ``RUN_DIR`` is the run directory of a real orchestrated run on the local cluster, e.g. the
 orchestrator's run of figure 4 (``python -m bench --full --set only_goodput=true``; the run
 dirs stay under the printed ``scratch:`` directory). The simulator is *calibrated* from that
-run's own records (median FORMING / RESTORING / COMPILING durations from timeline.jsonl, step
+run's own records (FORMING / RESTORING / COMPILING durations from timeline.jsonl, the cold
+first formation apart from the re-forms, step
 time and blocking save time from metrics.jsonl, drain-save time from CHECKPOINTING), given the
 run's resolved ``controller`` config and topology (config.yaml), and *replays* the run's
 events.jsonl as its trace, over the run's wall time. Both goodputs are the project's timeline
 goodput (``orchestrator.metrics.goodput``); the issue's target is |sim - measured| <= 0.05.
 
-Status: written and unit-tested on run directories the simulator itself writes
-(tests/sim/test_validation.py); not yet run against a measured bench run (that needs the Ray
-bench, which takes the machine for ~20 minutes).
+The calibration is unit-tested on run directories the simulator itself writes
+(tests/sim/test_validation.py); the measured comparison is a bench figure, not a test.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +61,29 @@ def _lines(path: Path) -> list[dict[str, Any]]:
 
 def _median(xs: list[float], default: float) -> float:
     return statistics.median(xs) if xs else default
+
+
+def _reform(phases: dict[str, list[float]], commit: float) -> dict[str, Any]:
+    """Re-form costs, the run's cold first formation apart from its re-forms.
+
+    The first RESTORING has no checkpoint to read: it initializes the train state (the init
+    program's compile and run), so it calibrates ``fresh_start_s``. The first COMPILING is
+    the cold compile (or a load, when the executable store already held the step); re-forms
+    of a mesh size seen before load the stored executable, so their median calibrates
+    ``compile_cached_s``. Medians over all formations would hide the cold start, which is a
+    large share of a short run's wall time."""
+    restoring, compiling = phases.get("RESTORING", []), phases.get("COMPILING", [])
+    out: dict[str, Any] = {
+        "forming_s": _median(phases.get("FORMING", []), 4.0),
+        # the tier's latency is added back to every restore by the cost model
+        "restore_base_s": max(0.0, _median(restoring[1:], 1.0) - commit),
+        "compiling_s": compiling[0] if compiling else 6.0,
+        "detect_s": 0.1, "jitter": 0.0}
+    if restoring:
+        out["fresh_start_s"] = restoring[0]
+    if len(compiling) > 1:
+        out["compile_cached_s"] = _median(compiling[1:], 0.2)
+    return out
 
 
 def calibrate(run_dir: Path) -> dict[str, Any]:
@@ -94,13 +128,7 @@ def calibrate(run_dir: Path) -> dict[str, Any]:
         "checkpoint": {"state_gb": 0, "tier": "gcs", "tiers": {"gcs": {
             "blocking_s": block, "latency_s": commit,
             "write_gbps": 1e6, "read_gbps": 1e6}}},
-        "reform": {"forming_s": _median(phases.get("FORMING", []), 4.0),
-                   # the first restore reads nothing (a fresh start); the tier's latency is
-                   # added back to every restore by the cost model
-                   "restore_base_s": max(0.0, _median(phases.get("RESTORING", [])[1:], 1.0)
-                                         - commit),
-                   "compiling_s": _median(phases.get("COMPILING", []), 6.0),
-                   "detect_s": 0.1, "jitter": 0.0},
+        "reform": _reform(phases, commit),
         "capacity": {"host_repair": {"kind": "fixed", "mean_s": 0},
                      "slice_return": {"kind": "fixed", "mean_s": 0}},
         "controller": controller,
@@ -129,16 +157,76 @@ def compare(run_dir: Path, *, work: Path | None = None) -> dict[str, Any]:
             "simulated_end": f"{sim.state}: {sim.reason}"}
 
 
+def _running_count(run_dir: Path) -> int:
+    return sum(1 for r in _lines(run_dir / "timeline.jsonl") if r.get("state") == "RUNNING")
+
+
+def _wait_running(run_dir: Path, count: int, driver: subprocess.Popen, limit_s: float) -> None:
+    end = time.monotonic() + limit_s
+    while _running_count(run_dir) < count:
+        if driver.poll() is not None or time.monotonic() > end:
+            raise OrchestratorError(
+                f"the measured run did not reach RUNNING #{count} (driver rc={driver.poll()})",
+                fix=f"read {run_dir.parent}/driver.log")
+        time.sleep(0.5)
+
+
+def measure(work: Path, *, preemptions: int = 2, gap_s: float = 25.0) -> Path:
+    """Make the measured run (see the module doc); returns its run directory."""
+    work = Path(work)
+    work.mkdir(parents=True, exist_ok=True)
+    run_dir = work / "run"
+    py = sys.executable
+    cmd = [py, "-m", "orchestrator.main", f"run.run_dir={run_dir}", "run.name=simval",
+           "run.total_steps=500", "cluster.emulate.spare_slices=2",
+           "controller.checkpoint_interval.every_steps=20", "events.metadata.enabled=off"]
+    with (work / "driver.log").open("w") as log:
+        driver = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            _wait_running(run_dir, 1, driver, 300)
+            for n in range(1, preemptions + 1):
+                time.sleep(gap_s)
+                subprocess.run([py, "-m", "orchestrator.events", "publish", "--run-dir",
+                                str(run_dir), "--kind", "preemption", "--host", "1",
+                                "--deadline-s", "30"], check=True, capture_output=True)
+                _wait_running(run_dir, n + 1, driver, 120)
+            if driver.wait(timeout=600) != 0:
+                raise OrchestratorError(f"the measured run failed (rc={driver.returncode})",
+                                        fix=f"read {work}/driver.log")
+        finally:
+            if driver.poll() is None:
+                driver.terminate()
+                driver.wait(timeout=60)
+    return run_dir
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.sim_validation", description=__doc__)
-    p.add_argument("run_dir")
+    p.add_argument("run_dir", nargs="?")
+    p.add_argument("--measure", action="store_true", help="make the measured run first")
+    p.add_argument("--work", default=None, help="where --measure writes (default: a new "
+                   "directory under the system temp dir)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    if bool(args.run_dir) == args.measure:
+        p.error("pass a RUN_DIR or --measure (one of them)")
+    load: dict[str, float] = {}
     try:
-        out = compare(Path(args.run_dir))
+        if args.measure:
+            work = Path(args.work or tempfile.mkdtemp(prefix="simval-"))
+            load["before"] = os.getloadavg()[0]
+            run_dir = measure(work)
+            load["after"] = os.getloadavg()[0]
+        else:
+            run_dir = Path(args.run_dir)
+        out = compare(run_dir)
     except OrchestratorError as exc:
         print(f"bad input: {exc}", file=sys.stderr)
         return 2
+    if load:
+        out["load_1min"] = load
+        print(f"measured run: {run_dir} (1-minute load {load['before']:.2f} before, "
+              f"{load['after']:.2f} after)", file=sys.stderr)
     if args.json:
         print(json.dumps(out, indent=2, default=str))
     else:

@@ -147,10 +147,13 @@ class ReformModel:
     spread uniformly by ±``jitter``; ``detect_s``: from a host dying to its peers' collective
     failing (Ray reports a killed actor in < 0.1 s, a dead node after the heartbeat);
     ``compile_cached_s``: a mesh size compiled before loads its stored executable (null = no
-    cache, every group compiles)."""
+    cache, every group compiles); ``fresh_start_s``: a group with no checkpoint to restore
+    initializes the train state instead (the init program's compile and run: ~5 s cold on
+    our hosts; null = ``restore_base_s``)."""
 
     forming_s: float = 4.0
     restore_base_s: float = 1.0
+    fresh_start_s: float | None = None
     compiling_s: float = 6.0
     compile_cached_s: float | None = None
     detect_s: float = 1.0
@@ -161,6 +164,8 @@ class ReformModel:
             _nonneg(f"reform.{name}", getattr(self, name), "4")
         if self.compile_cached_s is not None:
             _nonneg("reform.compile_cached_s", self.compile_cached_s, "0.2")
+        if self.fresh_start_s is not None:
+            _nonneg("reform.fresh_start_s", self.fresh_start_s, "5")
         _need(0 <= self.jitter < 1, "reform.jitter", f"{self.jitter} is not in [0, 1)",
               "set `reform.jitter` to a fraction, e.g. 0.1 for ±10%")
 

@@ -64,7 +64,8 @@ class Costs:
 
     def restoring(self, hosts: int, *, fresh: bool) -> float:
         if fresh:
-            return self._spread(self.cfg.reform.restore_base_s)
+            r = self.cfg.reform
+            return self._spread(r.restore_base_s if r.fresh_start_s is None else r.fresh_start_s)
         return self._spread(restore_s(self.cfg, hosts))
 
     def compiling(self, slices: int) -> float:
