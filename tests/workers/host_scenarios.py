@@ -46,6 +46,12 @@ class Gate:
             raise TimeoutError("gate never released")
 
 
+_STORE = os.environ.get("TPU_ORCH_EXECUTABLES_DIR") or tempfile.mkdtemp(prefix="host-exe-")
+"""One executable store for every actor of the process (the suite's shared one when set): the
+actors after the first load their step instead of compiling it, which is not what these
+scenarios test (``test_executables.py`` tests the store)."""
+
+
 def make_actor(ckpt: Path, *, overrides: tuple[str, ...] = (),
                before_commit: Callable[[], None] | None = None, build: bool = True) -> Any:
     from orchestrator.config import load_config
@@ -58,8 +64,9 @@ def make_actor(ckpt: Path, *, overrides: tuple[str, ...] = (),
     host = HostRef(index=0, slice_name="local", worker_id=0, node_id="local",
                    node_ip="127.0.0.1", instance="local", devices=DEVICES)
     plan = plan_mesh(cfg, [host], platform="cpu")
-    actor = HostActor(HostSpec.for_host(cfg, plan, plan.hosts[0], checkpoint_dir=str(ckpt)), {},
-                      before_commit=before_commit)
+    spec = HostSpec.for_host(cfg, plan, plan.hosts[0], checkpoint_dir=str(ckpt),
+                             executables_dir=_STORE)
+    actor = HostActor(spec, {}, before_commit=before_commit)
     if build:
         actor.build()
     return actor
