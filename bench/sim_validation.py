@@ -13,8 +13,8 @@ result).
 orchestrator's run of figure 4 (``python -m bench --full --set only_goodput=true``; the run
 dirs stay under the printed ``scratch:`` directory). The simulator is *calibrated* from that
 run's own records (FORMING / RESTORING / COMPILING durations from timeline.jsonl, the cold
-first formation apart from the re-forms, step
-time and blocking save time from metrics.jsonl, drain-save time from CHECKPOINTING), given the
+first formation apart from the re-forms; seconds per step while RUNNING; blocking
+save time from metrics.jsonl, drain-save time from CHECKPOINTING), given the
 run's resolved ``controller`` config and topology (config.yaml), and *replays* the run's
 events.jsonl as its trace, over the run's wall time. Both goodputs are the project's timeline
 goodput (``orchestrator.metrics.goodput``); the issue's target is |sim - measured| <= 0.05.
@@ -61,6 +61,22 @@ def _lines(path: Path) -> list[dict[str, Any]]:
 
 def _median(xs: list[float], default: float) -> float:
     return statistics.median(xs) if xs else default
+
+
+def _running_step_s(timeline: list[dict[str, Any]], blocking_s: float) -> float | None:
+    """Seconds per step while RUNNING, from the timeline: RUNNING wall time less the blocking
+    part of the saves made in it, over the steps it advanced. Unlike the median step time it
+    carries what every step pays on average (chunk boundaries, a group's slower first steps),
+    so the simulated run is where the real one was when each replayed event arrives."""
+    running_s, steps, entered = 0.0, 0, None
+    for r in timeline:
+        if r.get("prev") == "RUNNING" and entered is not None:
+            running_s += float(r.get("prev_duration_s") or 0.0)
+            steps += max(0, int(r.get("step") or 0) - entered)
+        entered = int(r.get("step") or 0) if r.get("state") == "RUNNING" else None
+    if steps <= 0 or running_s <= blocking_s:
+        return None
+    return (running_s - blocking_s) / steps
 
 
 def _reform(phases: dict[str, list[float]], commit: float) -> dict[str, Any]:
@@ -124,7 +140,8 @@ def calibrate(run_dir: Path) -> dict[str, Any]:
                      "hosts_per_slice": int(em.get("hosts_per_slice", 2)),
                      "devices_per_host": int(em.get("devices_per_host", 2)),
                      "spare_slices": int(em.get("spare_slices", 0))},
-        "step": {"compute_s": _median(steps, 0.5)},
+        "step": {"compute_s": _running_step_s(timeline, sum(blocking))
+                 or _median(steps, 0.5)},
         "checkpoint": {"state_gb": 0, "tier": "gcs", "tiers": {"gcs": {
             "blocking_s": block, "latency_s": commit,
             "write_gbps": 1e6, "read_gbps": 1e6}}},

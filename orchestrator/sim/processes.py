@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from orchestrator.sim.cluster import SimCluster
 from orchestrator.sim.config import SimConfig
@@ -25,7 +25,9 @@ from policies.causes import FailureKind
 @dataclass(frozen=True, kw_only=True)
 class Happening:
     """``t``: seconds after the start. ``worker`` None: the whole slice; ``slice_index`` None:
-    the whole job (trace only). ``back_s``: how long the capacity stays away."""
+    the whole job (trace only). ``mesh_index`` (trace only): the host at that index of the mesh
+    when it happens, as the intake resolves our CLI's ``--host 1``. ``back_s``: how long the
+    capacity stays away."""
 
     t: float
     kind: str  # host_failure | slice_loss | preemption | maintenance | notice (trace)
@@ -38,6 +40,7 @@ class Happening:
     event_kind: str = ""  # trace: the event kind to submit
     event_id: str = ""
     effect: bool = True
+    mesh_index: int | None = None
 
 
 def _rng(cfg: SimConfig, name: str) -> random.Random:
@@ -112,7 +115,23 @@ class Actor:
             return self.mesh_slices()
         return [self.cluster.slices[h.slice_index % len(self.cluster.slices)]]
 
+    def _at_mesh_index(self, h: Happening) -> Happening | None:
+        """A host named by mesh index -> its slice and worker in the mesh of this moment."""
+        assert h.mesh_index is not None
+        mesh, hps = self.mesh_slices(), self.cfg.topology.hosts_per_slice
+        s, w = divmod(h.mesh_index, hps)
+        if s >= len(mesh) or mesh[s] not in self.cluster.slices:
+            self._count("trace_index_outside_mesh")
+            return None
+        return replace(h, slice_index=self.cluster.slices.index(mesh[s]), worker=w,
+                       mesh_index=None)
+
     def act(self, h: Happening) -> None:
+        if h.mesh_index is not None:
+            resolved = self._at_mesh_index(h)
+            if resolved is None:
+                return
+            h = resolved
         now = self.world.t
         names = self._slices(h)
         if h.kind == "host_failure":

@@ -9,7 +9,9 @@ twice (a record per verdict) is replayed once. Times are shifted so the first ev
 
 Names: the trace's slices map to the simulated slices in order of first appearance, its hosts to
 (slice, worker) positions in order of first appearance within their slice (or across the job
-when the event names no slice); a host named by mesh index keeps that index. Effects: a
+when the event names no slice); a host named by its mesh index (``host_kind`` "index", or
+bare digits from our own CLI's ``--host 1``) is the host at that index of the mesh when the
+event arrives, as the intake resolves it. Effects: a
 preemption notice takes its slice away at its deadline, scheduled maintenance during its window,
 ``host_lost`` / ``slice_lost`` at once (these two are *not* submitted to the intake: in a real
 run the controller learns of a death from Ray, i.e. from the worker group).
@@ -108,9 +110,6 @@ class _Names:
 
     def host(self, name: str, kind: str | None, slice_name: str | None,
              where: str) -> tuple[int, int]:
-        if kind == "index" and name.isdigit():
-            i = int(name)
-            return (i // self.hps) % self.n_slices, i % self.hps
         key = f"{slice_name}/{name}"
         if key not in self.hosts:
             s = self.slice(slice_name, where) if slice_name is not None else (
@@ -138,11 +137,14 @@ def happenings(traced: list[TracedEvent], cfg: SimConfig, n_slices: int) -> list
         t = te.at + shift
         tgt = ev.target
         s = names.slice(tgt.slice, where) if tgt.slice is not None else None
-        w = None
-        if tgt.host is not None:
+        w = index = None
+        if tgt.host is not None and tgt.host.isdigit() and tgt.host_kind in ("index", None):
+            s, index = None, int(tgt.host)
+        elif tgt.host is not None:
             s, w = names.host(tgt.host, tgt.host_kind, tgt.slice, where)
         kind = ev.kind.value
-        common = dict(t=t, slice_index=s, worker=w, event_id=f"trace-{ev.id}", effect=effects)
+        common = dict(t=t, slice_index=s, worker=w, event_id=f"trace-{ev.id}", effect=effects,
+                      mesh_index=index)
         if kind == "preemption_notice":
             lead = (ev.deadline - ev.observed_at if ev.deadline
                     else cfg.failures.preemption_notice_s)

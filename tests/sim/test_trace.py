@@ -70,3 +70,19 @@ def test_a_replayed_notice_drains_and_its_slice_goes_at_the_deadline(tmp_path):
     assert r.lost_steps == 0
     records = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
     assert any(x.get("action") == "drain_now" for x in records)
+
+
+def test_a_host_named_by_mesh_index_is_the_host_at_that_index_when_the_event_arrives(tmp_path):
+    """Our CLI's `--host 1` twice: each notice names host 1 of the mesh of its moment, so the
+    second one drains the group that moved to a spare (replayed by fixed position, it named a
+    host outside the mesh and was only noted)."""
+    evs = [_event(f"n{i}", "preemption_notice", T0 + 60 * i, deadline=T0 + 60 * i + 30,
+                  source="cli", target={"host": "1"}) for i in range(2)]
+    path = _write(tmp_path / "events.jsonl", evs)
+    r = simulate(tiny("horizon_h=0.1", "topology.spare_slices=2", f"trace.path={path}",
+                      f"trace.start_offset_s={STARTUP + 25.5}"), run_dir=tmp_path / "run")
+    assert r.happenings["preemption_notice"] == 2 and r.happenings["preempted"] == 2
+    assert r.recoveries["announced:spot_preemption"]["count"] == 2
+    records = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    assert [x["action"] for x in records if x.get("decision") == "action"
+            and x["action"] in ("drain_now", "note")] == ["drain_now", "drain_now"]
