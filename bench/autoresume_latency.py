@@ -46,7 +46,7 @@ from orchestrator.autoresume.intake import run_forever
 from orchestrator.autoresume.ray_jobs import RUN_ID_METADATA, RayJobs
 from orchestrator.autoresume.service import AutoresumeService
 from tests.autoresume.notifications import encode, notification
-from tests.autoresume.ray_server import TpuSlices, ray_cluster
+from tests.autoresume.ray_server import RayCluster, TpuSlices, ray_cluster
 from tests.support.pubsub_emulator import pubsub_emulator
 
 PROJECT = "demo-project"  # the notifications' scoping project (OriginConfig.project)
@@ -133,51 +133,64 @@ def one_repeat(client: Any, service: AutoresumeService, publisher: Any, topic: s
     return submitted[0] - t0_wall, running
 
 
+def measure(cluster: RayCluster, repeats: int, tmp: Path,
+            progress: Callable[[str], None] = print) -> tuple[list[float], list[float]]:
+    """``repeats`` x (publish -> submitted, publish -> RUNNING) seconds on a running cluster,
+    with PUBSUB_EMULATOR_HOST set; topic and subscription names are new, so a shared emulator
+    is fine."""
+    from google.cloud import pubsub_v1
+    from ray.job_submission import JobSubmissionClient
+
+    client = JobSubmissionClient(cluster.url, headers=cluster.headers())
+    name = uuid.uuid4().hex[:8]
+    topic = f"projects/bench/topics/alerts-{name}"
+    sub = f"projects/bench/subscriptions/autoresume-{name}"
+    publisher = pubsub_v1.PublisherClient()
+    publisher.create_topic(name=topic)
+    with pubsub_v1.SubscriberClient() as s:
+        s.create_subscription(name=sub, topic=topic)
+    cfg = AutoresumeConfig(subscription=sub, state_dir=f"{tmp}/state",
+                           run_dirs=(f"{tmp}/runs/*",), tick_s=0.2,
+                           ray=RayJobsConfig(address=cluster.url, auth_mode="token",
+                                             token_file=cluster.token_path),
+                           policy=PolicyConfig(startup_grace_s=0.0),
+                           origin=OriginConfig(project=PROJECT))
+    service = AutoresumeService(cfg, ray=RayJobs(cfg.ray))
+    stop = threading.Event()
+    thread = threading.Thread(target=run_forever, args=(service, sub, stop), daemon=True)
+    thread.start()
+    to_submit: list[float] = []
+    latencies: list[float] = []
+    try:
+        for i in range(repeats):
+            submitted, running = one_repeat(client, service, publisher, topic,
+                                            Path(tmp, "runs"))
+            to_submit.append(submitted)
+            latencies.append(running)
+            progress(f"repeat {i}: alert publish -> job RUNNING {running:.2f}s "
+                     f"(publish -> submitted {submitted:.2f}s, submitted -> RUNNING "
+                     f"{running - submitted:.2f}s)")
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+        publisher.stop()
+    return to_submit, latencies
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
     os.environ.pop("RAY_ADDRESS", None)
-    from google.cloud import pubsub_v1
-    from ray.job_submission import JobSubmissionClient
-
     with pubsub_emulator() as host, ray_cluster(tpu=TPU) as cluster, \
             tempfile.TemporaryDirectory() as tmp:
         os.environ["PUBSUB_EMULATOR_HOST"] = host
-        client = JobSubmissionClient(cluster.url, headers=cluster.headers())
-        topic, sub = "projects/bench/topics/alerts", "projects/bench/subscriptions/autoresume"
-        publisher = pubsub_v1.PublisherClient()
-        publisher.create_topic(name=topic)
-        with pubsub_v1.SubscriberClient() as s:
-            s.create_subscription(name=sub, topic=topic)
-        cfg = AutoresumeConfig(subscription=sub, state_dir=f"{tmp}/state",
-                               run_dirs=(f"{tmp}/runs/*",), tick_s=0.2,
-                               ray=RayJobsConfig(address=cluster.url, auth_mode="token",
-                                                 token_file=cluster.token_path),
-                               policy=PolicyConfig(startup_grace_s=0.0),
-                               origin=OriginConfig(project=PROJECT))
-        service = AutoresumeService(cfg, ray=RayJobs(cfg.ray))
-        stop = threading.Event()
-        thread = threading.Thread(target=run_forever, args=(service, sub, stop), daemon=True)
-        thread.start()
-        to_submit: list[float] = []
-        latencies: list[float] = []
         try:
-            for i in range(args.repeats):
-                submitted, running = one_repeat(client, service, publisher, topic,
-                                                Path(tmp, "runs"))
-                to_submit.append(submitted)
-                latencies.append(running)
-                print(f"repeat {i}: alert publish -> job RUNNING {running:.2f}s "
-                      f"(publish -> submitted {submitted:.2f}s, submitted -> RUNNING "
-                      f"{running - submitted:.2f}s)", flush=True)
+            to_submit, latencies = measure(cluster, args.repeats, Path(tmp),
+                                           progress=lambda line: print(line, flush=True))
         except Exception as exc:
             print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
             return 1
-        finally:
-            stop.set()
-            thread.join(timeout=30)
-            publisher.stop()
         print(f"publish -> submitted: median {statistics.median(to_submit):.2f}s")
         print(f"median {statistics.median(latencies):.2f}s over {len(latencies)} "
               f"(min {min(latencies):.2f}s, max {max(latencies):.2f}s)")

@@ -40,9 +40,8 @@ from orchestrator.autoresume.intake import run_forever
 from orchestrator.autoresume.ray_jobs import RUN_ID_METADATA, RayJobs
 from orchestrator.autoresume.runenv import REDACTED
 from orchestrator.autoresume.service import AutoresumeService
+from tests.autoresume.conftest import TPU
 from tests.autoresume.notifications import encode, notification
-from tests.autoresume.ray_server import TpuSlices, ray_cluster
-from tests.support.pubsub_emulator import emulator_fixture
 
 pytestmark = [
     pytest.mark.cluster,
@@ -54,7 +53,6 @@ pytestmark = [
 REPO = Path(__file__).resolve().parents[2]
 TOTAL_STEPS = 20
 CHECKPOINT_EVERY = 5
-TPU = TpuSlices(slices=1, hosts_per_slice=2, devices_per_host=2)
 E2E_OVERRIDES = [
     "run.name=e2e",
     f"run.total_steps={TOTAL_STEPS}",
@@ -67,9 +65,6 @@ E2E_OVERRIDES = [
 ]
 TIMEOUT_S = 300
 RESTORED = re.compile(r"restored step (\d+)")
-
-pubsub_emulator_host = emulator_fixture(scope="module")
-
 
 def wait_for(pred, timeout_s: float, what: str):
     deadline = time.monotonic() + timeout_s
@@ -117,117 +112,117 @@ def decisions(service: AutoresumeService) -> list[dict]:
 
 
 def test_killed_training_job_resumes_from_checkpoint(tmp_path, pubsub_emulator_host,
-                                                     monkeypatch):
+                                                     tpu_cluster):
     """kill -> alert -> resubmit -> restore -> target step; duplicates and strangers ignored."""
     from google.cloud import pubsub_v1
     from ray.job_submission import JobStatus, JobSubmissionClient
 
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
     run_dir = tmp_path / "runs" / "e2e"
     argv = ["python", "-m", "orchestrator.main", f"run.run_dir={run_dir}", *E2E_OVERRIDES]
     runtime_env = {"env_vars": {"JAX_PLATFORMS": "cpu", "E2E_API_TOKEN": "s3cret"}}
-    with ray_cluster(tpu=TPU) as cluster:
-        client = JobSubmissionClient(cluster.url, headers=cluster.headers())
-        first = client.submit_job(entrypoint=" ".join(argv), submission_id="e2e-r0",
-                                  runtime_env=runtime_env, metadata={RUN_ID_METADATA: "e2e"})
+    cluster = tpu_cluster
+    client = JobSubmissionClient(cluster.url, headers=cluster.headers())
+    first = client.submit_job(entrypoint=" ".join(argv), submission_id="e2e-r0",
+                              runtime_env=runtime_env, metadata={RUN_ID_METADATA: "e2e"})
+    try:
+        wait_for(lambda: checkpoint_steps(run_dir) or
+                 client.get_job_status(first).is_terminal(), TIMEOUT_S, "a checkpoint")
+        assert checkpoint_steps(run_dir), client.get_job_logs(first)[-3000:]
+        os.kill(int(client.get_job_info(first).driver_info.pid), signal.SIGKILL)
+        wait_for(lambda: client.get_job_status(first).is_terminal(), 60, "r0 dead")
+        assert client.get_job_status(first) == JobStatus.FAILED
+        saved = max(checkpoint_steps(run_dir))
+        reached = max(r["step"] for r in read_jsonl(run_dir / "metrics.jsonl"))
+        meta = json.loads((run_dir / "run.json").read_text())
+        run_id = meta["run_id"]
+        assert run_id == "e2e"  # the run name is the run id
+        assert meta["runtime_env"]["env_vars"]["E2E_API_TOKEN"] == REDACTED
+
+        topic = f"projects/demo/topics/alerts-{uuid.uuid4().hex[:8]}"
+        sub = f"projects/demo/subscriptions/autoresume-{uuid.uuid4().hex[:8]}"
+        publisher = pubsub_v1.PublisherClient()
+        subscriber = pubsub_v1.SubscriberClient()
+        publisher.create_topic(name=topic)
+        subscriber.create_subscription(name=sub, topic=topic)
+        subscriber.close()
+        cfg = AutoresumeConfig(subscription=sub, state_dir=str(tmp_path / "state"),
+                               run_dirs=(str(tmp_path / "runs/*"),), tick_s=0.2,
+                               ray=RayJobsConfig(address=cluster.url, auth_mode="token",
+                                                 token_file=cluster.token_path),
+                               policy=PolicyConfig(startup_grace_s=0.0),
+                               origin=OriginConfig(project="demo-project"))
+        service = AutoresumeService(cfg, ray=RayJobs(cfg.ray))
+        stop = threading.Event()
+        thread = threading.Thread(target=run_forever, args=(service, sub, stop), daemon=True)
+        thread.start()
+        second = f"{run_id}-r1"
         try:
-            wait_for(lambda: checkpoint_steps(run_dir) or
-                     client.get_job_status(first).is_terminal(), TIMEOUT_S, "a checkpoint")
-            assert checkpoint_steps(run_dir), client.get_job_logs(first)[-3000:]
-            os.kill(int(client.get_job_info(first).driver_info.pid), signal.SIGKILL)
-            wait_for(lambda: client.get_job_status(first).is_terminal(), 60, "r0 dead")
-            assert client.get_job_status(first) == JobStatus.FAILED
-            saved = max(checkpoint_steps(run_dir))
-            reached = max(r["step"] for r in read_jsonl(run_dir / "metrics.jsonl"))
-            meta = json.loads((run_dir / "run.json").read_text())
-            run_id = meta["run_id"]
-            assert run_id == "e2e"  # the run name is the run id
-            assert meta["runtime_env"]["env_vars"]["E2E_API_TOKEN"] == REDACTED
+            alert = encode(notification(incident_id="e2e-inc", run_id="e2e",
+                                        started_at=int(time.time())))
+            published_wall = time.time()
+            t0 = time.monotonic()
+            publisher.publish(topic, alert).result(timeout=30)
 
-            topic = f"projects/demo/topics/alerts-{uuid.uuid4().hex[:8]}"
-            sub = f"projects/demo/subscriptions/autoresume-{uuid.uuid4().hex[:8]}"
-            publisher = pubsub_v1.PublisherClient()
-            subscriber = pubsub_v1.SubscriberClient()
-            publisher.create_topic(name=topic)
-            subscriber.create_subscription(name=sub, topic=topic)
-            subscriber.close()
-            cfg = AutoresumeConfig(subscription=sub, state_dir=str(tmp_path / "state"),
-                                   run_dirs=(str(tmp_path / "runs/*"),), tick_s=0.2,
-                                   ray=RayJobsConfig(address=cluster.url, auth_mode="token",
-                                                     token_file=cluster.token_path),
-                                   policy=PolicyConfig(startup_grace_s=0.0),
-                                   origin=OriginConfig(project="demo-project"))
-            service = AutoresumeService(cfg, ray=RayJobs(cfg.ray))
-            stop = threading.Event()
-            thread = threading.Thread(target=run_forever, args=(service, sub, stop), daemon=True)
-            thread.start()
-            second = f"{run_id}-r1"
-            try:
-                alert = encode(notification(incident_id="e2e-inc", run_id="e2e",
-                                            started_at=int(time.time())))
-                published_wall = time.time()
-                t0 = time.monotonic()
-                publisher.publish(topic, alert).result(timeout=30)
+            def running() -> bool:
+                try:
+                    return client.get_job_status(second) == JobStatus.RUNNING
+                except RuntimeError:  # not submitted yet
+                    return False
 
-                def running() -> bool:
-                    try:
-                        return client.get_job_status(second) == JobStatus.RUNNING
-                    except RuntimeError:  # not submitted yet
-                        return False
-
-                wait_for(running, 120, "resubmitted job running")
-                latency = time.monotonic() - t0
-                print(f"\ne2e latency alert-publish -> job RUNNING: {latency:.2f}s")
-                publisher.publish(topic, alert).result(timeout=30)  # at-least-once: again
-                publisher.publish(topic, encode(notification(
-                    incident_id="other-inc", run_id="not-this-run"))).result(timeout=30)
-                wait_for(lambda: client.get_job_status(second).is_terminal(), TIMEOUT_S,
-                         "resubmitted job finished")
-                wait_for(lambda: len(decisions(service)) >= 3, 60, "all notifications")
-            finally:
-                stop.set()
-                thread.join(timeout=30)
-                publisher.stop()
-            assert client.get_job_status(second) == JobStatus.SUCCEEDED, (
-                client.get_job_logs(second)[-3000:])
-
-            # Ray: exactly one resubmission, with the original entrypoint and runtime env.
-            jobs = {j.submission_id: j for j in client.list_jobs()}
-            assert set(jobs) == {"e2e-r0", second}
-            assert jobs[second].entrypoint == shlex.join(argv)
-            assert jobs[second].runtime_env["env_vars"] == {"JAX_PLATFORMS": "cpu"}
-
-            # The audit: one submission for the incident; the duplicate and the stranger ignored.
-            audit = decisions(service)
-            assert len(audit) == 3, audit
-            by_incident: dict[str, list[str]] = {}
-            for a in audit:
-                by_incident.setdefault(a["incident_id"], []).append(a["outcome"])
-            assert by_incident == {"e2e-inc": ["submitted", "nothing"],
-                                   "other-inc": ["nothing"]}
-
-            # The second driver restored a checkpoint (step > 0) and reached the target.
-            runs = drivers(read_jsonl(run_dir / "timeline.jsonl"))
-            assert len(runs) == 2
-            assert restored_steps(runs[0]) == []
-            (restored,) = restored_steps(runs[1])
-            assert restored >= saved > 0
-            assert runs[1][-1]["state"] == "SUCCEEDED"
-            assert runs[1][-1]["step"] == TOTAL_STEPS
-            after = [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")
-                     if r["wall_time"] > published_wall]
-            assert min(after) == restored + 1, "the second driver did not resume where it saved"
-            assert max(after) == TOTAL_STEPS
-            summary = json.loads((run_dir / "summary.json").read_text())
-            assert summary["state"] == "SUCCEEDED"
-            meta = json.loads((run_dir / "run.json").read_text())
-            assert (meta["run_id"], meta["incarnation"]) == (run_id, 2)
-            print(f"e2e: killed with metrics.jsonl at step {reached}, latest checkpoint {saved}; "
-                  f"second restored {restored} and finished {TOTAL_STEPS}")
+            wait_for(running, 120, "resubmitted job running")
+            latency = time.monotonic() - t0
+            print(f"\ne2e latency alert-publish -> job RUNNING: {latency:.2f}s")
+            publisher.publish(topic, alert).result(timeout=30)  # at-least-once: again
+            publisher.publish(topic, encode(notification(
+                incident_id="other-inc", run_id="not-this-run"))).result(timeout=30)
+            wait_for(lambda: client.get_job_status(second).is_terminal(), TIMEOUT_S,
+                     "resubmitted job finished")
+            wait_for(lambda: len(decisions(service)) >= 3, 60, "all notifications")
         finally:
-            try:
-                for job in client.list_jobs():
-                    if not job.status.is_terminal():
-                        client.stop_job(job.submission_id)
-            except RuntimeError:
-                pass  # the cluster's process groups are killed right after this
+            stop.set()
+            thread.join(timeout=30)
+            publisher.stop()
+        assert client.get_job_status(second) == JobStatus.SUCCEEDED, (
+            client.get_job_logs(second)[-3000:])
+
+        # Ray: exactly one resubmission, with the original entrypoint and runtime env.
+        jobs = {j.submission_id: j for j in client.list_jobs()
+                if (j.submission_id or "").startswith("e2e-")}
+        assert set(jobs) == {"e2e-r0", second}
+        assert jobs[second].entrypoint == shlex.join(argv)
+        assert jobs[second].runtime_env["env_vars"] == {"JAX_PLATFORMS": "cpu"}
+
+        # The audit: one submission for the incident; the duplicate and the stranger ignored.
+        audit = decisions(service)
+        assert len(audit) == 3, audit
+        by_incident: dict[str, list[str]] = {}
+        for a in audit:
+            by_incident.setdefault(a["incident_id"], []).append(a["outcome"])
+        assert by_incident == {"e2e-inc": ["submitted", "nothing"],
+                               "other-inc": ["nothing"]}
+
+        # The second driver restored a checkpoint (step > 0) and reached the target.
+        runs = drivers(read_jsonl(run_dir / "timeline.jsonl"))
+        assert len(runs) == 2
+        assert restored_steps(runs[0]) == []
+        (restored,) = restored_steps(runs[1])
+        assert restored >= saved > 0
+        assert runs[1][-1]["state"] == "SUCCEEDED"
+        assert runs[1][-1]["step"] == TOTAL_STEPS
+        after = [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")
+                 if r["wall_time"] > published_wall]
+        assert min(after) == restored + 1, "the second driver did not resume where it saved"
+        assert max(after) == TOTAL_STEPS
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["state"] == "SUCCEEDED"
+        meta = json.loads((run_dir / "run.json").read_text())
+        assert (meta["run_id"], meta["incarnation"]) == (run_id, 2)
+        print(f"e2e: killed with metrics.jsonl at step {reached}, latest checkpoint {saved}; "
+              f"second restored {restored} and finished {TOTAL_STEPS}")
+    finally:
+        try:
+            for job in client.list_jobs():
+                if (job.submission_id or "").startswith("e2e-") and not job.status.is_terminal():
+                    client.stop_job(job.submission_id)
+        except RuntimeError:
+            pass  # a job API hiccup: the package fixture stops the whole cluster later

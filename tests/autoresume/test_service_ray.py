@@ -30,27 +30,8 @@ from orchestrator.autoresume.ray_jobs import RUN_ID_METADATA, RayJobs
 from orchestrator.autoresume.runenv import REDACTED
 from orchestrator.autoresume.service import AutoresumeService
 from tests.autoresume.notifications import encode, notification
-from tests.autoresume.ray_server import ray_job_server
-from tests.support.pubsub_emulator import emulator_fixture
 
 pytestmark = [pytest.mark.cluster, pytest.mark.emulator]
-
-pubsub_emulator_host = emulator_fixture(scope="module")
-
-
-@pytest.fixture(scope="module")
-def ray_url(monkeypatch_module):
-    monkeypatch_module.delenv("RAY_ADDRESS", raising=False)
-    with ray_job_server() as cluster:
-        yield cluster
-
-
-@pytest.fixture(scope="module")
-def monkeypatch_module():
-    mp = pytest.MonkeyPatch()
-    yield mp
-    mp.undo()
-
 
 def wait_for(pred, timeout_s: float, what: str):
     deadline = time.monotonic() + timeout_s
@@ -62,12 +43,12 @@ def wait_for(pred, timeout_s: float, what: str):
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def test_alert_resubmits_dead_job_once(tmp_path, pubsub_emulator_host, ray_url):
+def test_alert_resubmits_dead_job_once(tmp_path, pubsub_emulator_host, tpu_cluster):
     """Killed job + alert -> exactly one resubmission (<run>-r1), same entrypoint, running."""
     from google.cloud import pubsub_v1
     from ray.job_submission import JobStatus, JobSubmissionClient
 
-    cluster = ray_url
+    cluster = tpu_cluster
     run_id = f"run-{uuid.uuid4().hex[:6]}"
     argv = ["python", "-m", "orchestrator.main", "--config", str(tmp_path / "missing.yaml")]
     run_dir = tmp_path / "runs" / run_id
