@@ -173,7 +173,3 @@ def max_abs_diff(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
     return max(float(np.max(np.abs(a[k].astype(np.float64) - b[k].astype(np.float64))))
                for k in a)
 
-
-def bit_identical(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> bool:
-    return sorted(a) == sorted(b) and all(
-        a[k].dtype == b[k].dtype and a[k].tobytes() == b[k].tobytes() for k in a)

@@ -1,24 +1,21 @@
 """The host contract where it needs several processes: 2 host actors on an emulated Ray cluster.
 
-- a shard of the latest checkpoint unreadable on ONE host: that host raises CheckpointCorrupt
-  (the group cannot fall back in place), and a new group with ``skip_steps`` restores the
-  previous step, with the bad step moved aside and saved again later;
 - a stop requested mid-chunk stops both hosts at the same step;
 - metadata notices go straight into the driver's ``ray.util.queue.Queue``.
+
+A shard of the latest checkpoint unreadable on ONE host is proven end to end, through the
+controller, in tests/faults/test_group_faults.py (the corrupt newest checkpoint).
 """
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import asdict
 
 import pytest
-import ray
 from ray.util.queue import Queue
 
 from orchestrator.config import load_config
-from orchestrator.errors import CheckpointCorrupt
 from orchestrator.events.config import MetadataConfig
 from tests.events.fake_metadata import fake_metadata_server
 from tests.integration.groups import Group
@@ -41,62 +38,6 @@ def cfg():
 
 def _group(cluster, cfg, run_dir) -> Group:
     return Group(cfg, cluster.hosts("pod"), run_dir, hosts_per_slice=2, timeout_s=180)
-
-
-def test_shard_unreadable_on_one_host_raises_then_skip_restores_previous(cluster, cfg, tmp_path):
-    """Host 1's shard of step 4 truncated: host 1 raises CheckpointCorrupt(step=4); a new group
-    restoring with skip_steps=[4] gets step 2 on both hosts, 4 moved aside, and saves 4 again."""
-    g = _group(cluster, cfg, tmp_path)
-    try:
-        g.form()
-        g.call("compile")
-        g.get([a.run_steps.remote(4, chunk=1, save_steps=[2, 4]) for a in g.actors])
-        g.call("shutdown")  # waits for the async save of step 4
-    finally:
-        g.kill()
-    shards = sorted((tmp_path / "checkpoints" / "4" / "state").glob("ocdbt.process_1/d/*"))
-    assert shards, "process 1 wrote no shard files of its own"
-    for f in shards:
-        os.truncate(f, 10)
-
-    g = _group(cluster, cfg, tmp_path)
-    try:
-        g.initialize()
-        g.call("build")
-        refs = [a.restore.remote([]) for a in g.actors]
-        ready, _ = ray.wait(refs, num_returns=1, timeout=180)
-        assert refs[1] in ready, "host 1 (the unreadable shard) must answer first"
-        with pytest.raises(ray.exceptions.RayTaskError) as info:
-            ray.get(refs[1])
-        err = info.value.cause
-        assert isinstance(err, CheckpointCorrupt) and not err.retryable
-        assert (err.step, err.hosts) == (4, (1,))
-        # host 0 waits in Orbax's restore barrier for a peer that left: only killing helps
-        host0_done = refs[0] in ray.wait([refs[0]], timeout=2)[0]
-        print(f"host 0's restore finished by itself: {host0_done}")
-    finally:
-        g.kill()
-    assert (tmp_path / "checkpoints" / "4").is_dir(), "nothing is moved before the driver asks"
-
-    g = _group(cluster, cfg, tmp_path)
-    try:
-        _, restored = g.form(skip_steps=[4])
-        assert [r["restored_step"] for r in restored] == [2, 2]
-        assert [(s["step"], s["moved_to"]) for s in restored[0]["skipped"]] == [
-            (4, "4.corrupt-1")]
-        g.call("compile")
-        out = g.get([a.run_steps.remote(4, chunk=1, save_steps=[4], report=(i == 0))
-                     for i, a in enumerate(g.actors)])
-        assert [r["step"] for r in out] == [4, 4]
-        assert [r["saved"] for r in out[0]["records"]] == [False, True]
-        saved = g.call("save", wait=True)
-        assert [s["committed_step"] for s in saved] == [4, 4]
-        assert g.call("checkpoint_steps") == [[2, 4], [2, 4]]
-    finally:
-        g.kill()
-    moved = tmp_path / "checkpoints" / "4.corrupt-1"
-    assert sorted(p.name for p in moved.glob("state/ocdbt.process_1/d/*")) == [
-        p.name for p in shards]
 
 
 def test_stop_mid_chunk_stops_both_hosts_at_one_step(cluster, cfg, tmp_path):

@@ -2,8 +2,9 @@
 
 One subprocess (``host_scenarios``) runs every scenario with the real ``HostActor`` class (what
 Ray wraps) and records what it saw; each test checks one part of the contract. The parts that
-need several processes (a corrupt shard on one host, a stop across hosts, the Ray queue sink)
-are in ``test_host_cluster.py``.
+need several processes (a stop across hosts, the Ray queue sink) are in
+``test_host_cluster.py``; a corrupt shard on one host of two, end to end, in
+``tests/faults/test_group_faults.py``.
 """
 
 from __future__ import annotations
