@@ -14,6 +14,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
 
 def main(argv: list[str]) -> int:
@@ -39,6 +40,7 @@ def main(argv: list[str]) -> int:
     from orchestrator.hosts import HostRef
     from orchestrator.hostspec import HostSpec
     from orchestrator.plan import MeshPlan
+    from workers.executables import store_dir
     from workers.trainer import Trainer
 
     t_start = time.time()
@@ -54,8 +56,11 @@ def main(argv: list[str]) -> int:
                   for i in range(n))
     plan = MeshPlan(hosts=hosts, slice_names=("bare",), shape=shape,
                     devices_per_host=args.devices, platform="cpu")
+    # the same executable store an orchestrated run of this config uses (compile.dir, else
+    # $TPU_ORCH_EXECUTABLES_DIR, else next to the checkpoints): a fair baseline
+    store = store_dir(cfg.compile.dir, Path(args.checkpoint_dir).parent, os.environ)
     tr = Trainer(HostSpec.for_host(cfg, plan, hosts[args.process_id],
-                                   checkpoint_dir=args.checkpoint_dir))
+                                   checkpoint_dir=args.checkpoint_dir, executables_dir=store))
     tr.init_state(cfg.run.seed)
     compile_s = tr.compile()
     records: list[dict] = []
