@@ -47,6 +47,22 @@ def load_average() -> list[float] | None:
         return None
 
 
+IDLE_LOAD_1MIN = 1.5
+"""A figure is a result only if the 1-minute load was below this before each measurement: on
+2 cores, another job's load changes every time measured here (DEVELOPERS.md)."""
+
+
+def validity(loads: list[dict]) -> dict:
+    """Whether a bench run's figures are results: ``loads`` holds one ``{"measurement",
+    "before": [1, 5, 15 min], "after": [...]}`` per measurement, in order."""
+    busy = [(x["measurement"], x["before"][0]) for x in loads
+            if x.get("before") and x["before"][0] >= IDLE_LOAD_1MIN]
+    worst = max((x["before"][0] for x in loads if x.get("before")), default=None)
+    return {"valid": bool(loads) and not busy and worst is not None,
+            "max_load_1min_before": worst, "threshold": IDLE_LOAD_1MIN,
+            "busy": [f"{name} started at 1-minute load {load:.2f}" for name, load in busy]}
+
+
 def describe() -> dict:
     """A JSON-ready description of this machine and the software under test."""
     return {

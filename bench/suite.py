@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import structlog
 
@@ -33,6 +34,7 @@ class Suite:
         self.progress = progress
         self.raw: dict[str, list] = {"bare": [], "orch_overhead": [], "announced": [],
                                      "restart": [], "derived_goodput": []}
+        self.loads: list[dict] = []
 
     # ---- shared settings ----------------------------------------------------------------
 
@@ -137,14 +139,15 @@ class Suite:
                 steps.insert(1, self.overhead_once)
             for step in steps:
                 try:
-                    step(i)
+                    self._measured(f"{step.__name__}[{i}]", step, i)
                 except Exception as exc:  # one failed measurement must not hide the others
                     log.error("measurement_failed", step=step.__name__, repeat=i, error=str(exc))
                     errors.append(f"{step.__name__}[{i}]: {exc}")
-        goodput = self.goodput_figure()
+        goodput = self._measured("goodput_figure", self.goodput_figure)
         result = {
             "mode": c.mode, "settings": asdict(c), "machine": before,
             "load_average_after": machine.load_average(),
+            "loads": self.loads, "validity": machine.validity(self.loads),
             "duration_s": round(time.time() - started, 1), "errors": errors,
             "figures": {
                 FIGURE_KEYS[0]: figures.overhead(self.raw["orch_overhead"], self.raw["bare"],
@@ -158,6 +161,15 @@ class Suite:
             },
         }
         return result
+
+    def _measured(self, name: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run one measurement with the machine's load recorded before and after it."""
+        entry = {"measurement": name, "before": machine.load_average(), "after": None}
+        self.loads.append(entry)
+        try:
+            return fn(*args)
+        finally:
+            entry["after"] = machine.load_average()
 
     def announced_figure(self) -> dict:
         runs = self.raw["announced"]

@@ -5,6 +5,17 @@ from __future__ import annotations
 from bench.stats import fmt, fmt_spread
 
 
+def _validity_line(v: dict | None) -> str:
+    if not v:
+        return "validity: no per-measurement load recorded (older result)"
+    if v["valid"]:
+        return (f"validity: idle machine, 1-minute load <= {v['max_load_1min_before']:.2f} before "
+                f"every measurement (threshold {v['threshold']})")
+    busy = "; ".join(v["busy"]) or "no load recorded"
+    return (f"validity: NOT A RESULT, the machine was busy ({busy}; threshold "
+            f"{v['threshold']}): re-run on an idle machine")
+
+
 def render(result: dict) -> str:
     f = result["figures"]
     m = result["machine"]
@@ -14,6 +25,7 @@ def render(result: dict) -> str:
         f"{m['load_average_1_5_15']} -> {result['load_average_after']}, python {m['python']}, "
         f"ray {m['versions'].get('ray')}, jax {m['versions'].get('jax')}, "
         f"orbax {m['versions'].get('orbax-checkpoint')}",
+        _validity_line(result.get("validity")),
         "",
         f"{'figure':<44} {'value  median [min–max] (n)':<44} target",
         "-" * 100,

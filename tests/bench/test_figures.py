@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import figures
+from bench import figures, machine, table
 from bench.config import BenchConfig, preset
 from bench.orchestrated import RunDir
 from bench.schedule import lost_steps, spare_slices_for
@@ -103,3 +103,18 @@ def test_spare_slices_keep_the_batch_divisible():
     """4 devices per slice, batch 16: 1 + spares must divide 4, so 6 wanted gives 3."""
     assert spare_slices_for(6, devices_per_slice=4) == 3
     assert spare_slices_for(2, devices_per_slice=4) == 1
+
+
+def test_a_figure_taken_on_a_busy_machine_is_marked_not_a_result():
+    idle = [{"measurement": "bare_once[0]", "before": [0.4, 1.0, 1.2], "after": [2.1, 1.3, 1.2]},
+            {"measurement": "restart_once[0]", "before": [1.2, 1.1, 1.2], "after": None}]
+    v = machine.validity(idle)
+    assert (v["valid"], v["max_load_1min_before"], v["busy"]) == (True, 1.2, [])
+    busy = machine.validity([*idle, {"measurement": "goodput_figure", "before": [3.5, 2, 1],
+                                     "after": [3, 2, 1]}])
+    assert not busy["valid"]
+    assert busy["busy"] == ["goodput_figure started at 1-minute load 3.50"]
+    assert not machine.validity([])["valid"], "no load recorded is no proof of idleness"
+    assert "NOT A RESULT" in table._validity_line(busy)
+    assert "goodput_figure started at 1-minute load 3.50" in table._validity_line(busy)
+    assert table._validity_line(v).startswith("validity: idle machine")

@@ -41,3 +41,5 @@ def test_smoke_mode_writes_every_figure(tmp_path: Path) -> None:
     # A resubmission whose Ray start-up had to be retried is measured but left out of the ratio.
     assert restart["full_restart_s"]["n"] == (0 if baseline["resubmit_startup_retries"] else 1)
     assert "figure" in proc.stdout and "json:" in proc.stdout
+    assert result["validity"]["threshold"] == 1.5 and "validity:" in proc.stdout
+    assert [x["measurement"] for x in result["loads"]][-1] == "goodput_figure"
