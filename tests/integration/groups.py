@@ -8,6 +8,7 @@ integration tests check the host side on real Ray, JAX and Orbax.
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -25,6 +26,7 @@ from orchestrator.hosts import HostRef
 from orchestrator.hostspec import HostSpec
 from orchestrator.plan import MeshPlan, plan_mesh
 from tests.integration.single_process import flatten
+from workers.executables import store_dir
 from workers.host import HostActor, device_env
 
 REPO = Path(__file__).resolve().parents[2]
@@ -40,10 +42,14 @@ class Group:
         self.plan = plan_mesh(cfg, hosts, platform="cpu", hosts_per_slice=hosts_per_slice)
         self.timeout_s = timeout_s
         ckpt = str(run_dir / "checkpoints")
+        # the store a run of this config uses (the suite's shared one): a group of a mesh seen
+        # before loads its step, as the driver's groups do
+        store = store_dir(cfg.compile.dir, run_dir, os.environ)
         self.actors: list[Any] = []
         for h in self.plan.hosts:
             env = device_env(platform="cpu", devices_per_host=h.devices)
-            spec = HostSpec.for_host(cfg, self.plan, h, checkpoint_dir=ckpt)
+            spec = HostSpec.for_host(cfg, self.plan, h, checkpoint_dir=ckpt,
+                                     executables_dir=store)
             self.actors.append(_RemoteHost.options(
                 num_cpus=0, resources={"TPU": h.devices}, max_concurrency=4, max_restarts=0,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=h.node_id,
