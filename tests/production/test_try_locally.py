@@ -8,6 +8,12 @@ project's virtualenv. The cluster's state goes to a temporary directory
 (TPU_ORCHESTRATOR_CLUSTER_DIR) so a user's own local cluster is never touched; whatever happens,
 the test stops what the block started.
 
+Before the block's last command (`make cluster-down`), while its cluster is still up, the test
+also checks the two ways that cluster must refuse misuse: a client without the token gets no job
+API, and `cluster.mode=emulate` submitted as a job fails at once with exit 2 and one actionable
+paragraph (no traceback, no RuntimeEnvSetupError). After `make cluster-down`, no process of the
+cluster is left.
+
 Heavy (a Ray cluster and a training job on 2 cores, ~3 min): marked `cluster`.
 """
 
@@ -18,8 +24,10 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(1200)]
@@ -35,6 +43,44 @@ def readme_block(root: Path = REPO) -> str:
     body = block.strip().removeprefix("```bash").removesuffix("```")
     assert "ray job submit" in body and "make cluster-down" in body
     return body
+
+
+def split_last_command(block: str) -> tuple[str, str]:
+    """The block without its last command, and that command (`make cluster-down`)."""
+    lines = block.strip().splitlines()
+    assert lines[-1].strip() == "make cluster-down", lines[-1]
+    return "\n".join(lines[:-1]) + "\n", lines[-1] + "\n"
+
+
+def check_misuse_is_refused(state_dir: Path, code: Path, run_dir: Path) -> str:
+    """On the block's cluster: no token, no job API; `cluster.mode=emulate` as a job -> FAILED,
+    exit 2, the fix named. Returns the cluster's Ray temp dir (for the leftover check)."""
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
+    from orchestrator.cluster.local import load_state
+
+    state = load_state(state_dir)
+    assert state is not None and state.auth
+    assert oct(Path(state.token_path).stat().st_mode & 0o777) == "0o600"
+    with pytest.raises(Exception, match=r"(?i)auth"):
+        JobSubmissionClient(state.url, headers={"Authorization": "Bearer nope"}).list_jobs()
+    token = Path(state.token_path).read_text().strip()
+    client = JobSubmissionClient(state.url, headers={"Authorization": f"Bearer {token}"})
+    job = client.submit_job(
+        entrypoint=f"python -m orchestrator.main cluster.mode=emulate run.run_dir={run_dir}",
+        runtime_env={"working_dir": str(code)})
+    deadline = time.monotonic() + 300
+    while not client.get_job_status(job).is_terminal():
+        assert time.monotonic() < deadline, "the job did not end"
+        time.sleep(1)
+    logs = client.get_job_logs(job)
+    assert client.get_job_status(job) == JobStatus.FAILED, logs[-3000:]
+    assert client.get_job_info(job).driver_exit_code == 2
+    text = " ".join(logs.split())
+    assert "Configuration error" in text and "inside a Ray job" in text
+    assert "cluster.mode=auto" in text
+    assert "Traceback" not in logs and "RuntimeEnvSetupError" not in logs
+    return state.temp_dir
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -60,14 +106,20 @@ def test_readme_try_it_locally_block_runs_as_written(tmp_path):
            if not k.startswith("RAY_") and k != "VIRTUAL_ENV"}
     env["TPU_ORCHESTRATOR_CLUSTER_DIR"] = str(tmp_path / "cluster")
     run_dir = clone / "runs" / "try-local"
+    block, last = split_last_command(readme_block(clone))
+    temp_dir = None
     try:
-        res = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", readme_block(clone)], cwd=clone,
+        res = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", block], cwd=clone,
                              env=env, capture_output=True, text=True, timeout=1100)
+        assert res.returncode == 0, (res.stdout + res.stderr)[-6000:]
+        temp_dir = check_misuse_is_refused(tmp_path / "cluster", clone, tmp_path / "misuse")
+        down = subprocess.run(["bash", "-e", "-c", last], cwd=clone, env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert down.returncode == 0, (down.stdout + down.stderr)[-3000:]
     finally:
         subprocess.run([sys.executable, "-m", "orchestrator.cluster", "down"], env=env,
                        cwd=clone, capture_output=True, timeout=120)
     out = res.stdout + res.stderr
-    assert res.returncode == 0, out[-6000:]
     assert PROGRESS.search(res.stdout), "no progress line in `ray job logs -f`:\n" + out[-4000:]
     assert "-> RUNNING" in res.stdout, "no state change in the job logs"
     assert "SUCCEEDED" in res.stdout
@@ -79,3 +131,6 @@ def test_readme_try_it_locally_block_runs_as_written(tmp_path):
     events = (run_dir / "events.jsonl").read_text()
     assert "preemption" in events
     assert not (tmp_path / "cluster" / "cluster.json").exists(), "cluster-down left state"
+    leftovers = [p for p in psutil.process_iter(["cmdline"])
+                 if temp_dir in " ".join(p.info["cmdline"] or ())]
+    assert leftovers == [], "make cluster-down left processes"
