@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -79,11 +80,25 @@ def files(root: Path) -> list[str]:
 
 # ---- single-process scenarios -------------------------------------------------------------------
 
+_BASE_STORE: Path | None = None
+"""The base config's stored executables once ``roundtrip`` has made them: the scenarios after
+it start from a copy, so their base group loads instead of compiling again (what they test is
+what happens after the base)."""
+
+
+def _seed(tmp: Path) -> None:
+    if _BASE_STORE is not None and _BASE_STORE.is_dir():
+        shutil.copytree(_BASE_STORE, tmp / "executables")
+
+
 def roundtrip(tmp: Path) -> dict:
     """First actor compiles and stores; a second actor on the same run dir loads."""
+    global _BASE_STORE
     first = train(make_actor(tmp))
     listed = files(tmp / "executables")
     second = train(make_actor(tmp))
+    _BASE_STORE = Path(tempfile.mkdtemp(prefix="exec-base-")) / "executables"
+    shutil.copytree(tmp / "executables", _BASE_STORE)
     return {"first": first, "second": second, "files": listed,
             "files_after": files(tmp / "executables")}
 
@@ -97,6 +112,7 @@ CORRUPTIONS = ("garble_body",)
 def corrupt(tmp: Path) -> dict:
     """A damaged train_step file: compile instead (losses unchanged), and the file is rewritten
     so the next group loads again."""
+    _seed(tmp)
     base = train(make_actor(tmp))
     root = tmp / "executables"
     (step_file,) = [p for p in root.iterdir() if p.name.startswith("train_step.")]
@@ -130,6 +146,7 @@ def mismatch(tmp: Path) -> dict:
     stored file copied under the new key's name is refused by its header."""
     from workers.executables import file_name
 
+    _seed(tmp)
     base = train(make_actor(tmp))
     other = train(make_actor(tmp, overrides=("train.learning_rate=0.001",)))
     root = tmp / "executables"
