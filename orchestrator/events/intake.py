@@ -12,13 +12,11 @@ the driver: a failure in a source is logged and the source retries.
 
 from __future__ import annotations
 
-import json
-import os
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,10 +34,11 @@ from orchestrator.events.eventlog import (
 )
 from orchestrator.events.inbox import InboxWatcher
 from orchestrator.events.model import Event, MalformedEvent
+from orchestrator.events.pubsub_side import PUBSUB_INFO_FILE as PUBSUB_INFO_FILE  # re-export
+from orchestrator.events.pubsub_side import PubSubSide
 from orchestrator.events.pubsub_source import (
     Delivery,
     PubSubSource,
-    ensure_topic_and_subscription,
     make_publisher,
     make_subscriber,
 )
@@ -52,7 +51,6 @@ log = structlog.get_logger(__name__)
 EVENTS_FILE = "events.jsonl"
 DEAD_LETTERS_FILE = "dead_letters.jsonl"
 DEDUPE_FILE = "event_dedupe.json"
-PUBSUB_INFO_FILE = "pubsub.json"  # where a driver-started emulator is, for the CLI
 DEDUPE_SAVE_INTERVAL_S = 1.0
 
 
@@ -83,24 +81,29 @@ class EventIntake:
         self.run_dir = Path(run_dir)
         self.job = job
         self._clock = clock
-        self._subscriber_factory = subscriber_factory
         self._publisher_factory = publisher_factory
-        self._emulator_factory = emulator_factory
-        self._pubsub_cfg = cfg.pubsub.for_job(job)  # bad settings fail here, not later
+        self._side = PubSubSide(cfg.pubsub.for_job(job),  # bad settings fail here, not later
+                                run_dir=self.run_dir, job=job, on_delivery=self._on_delivery,
+                                subscriber_factory=subscriber_factory,
+                                publisher_factory=publisher_factory,
+                                emulator_factory=emulator_factory)
         self._pending: list[_Pending] = []
         self._cond = threading.Condition()
         self._dedupe = DedupeWindow(cfg.dedupe_window, self.run_dir / DEDUPE_FILE)
         self._events: JsonlWriter | None = None
         self._dead: JsonlWriter | None = None
         self._inbox: InboxWatcher | None = None
-        self._pubsub: PubSubSource | None = None
-        self._emulator: Any = None
         self._dl_publisher: Any = None
         self._last_save = 0.0
         self._started = False
         self._start_seq = 0  # events.jsonl lines up to here were written by earlier drivers
         self.counts: Counter[str] = Counter()
         self.id_to_name: dict[str, str] = {}  # GCE instance id -> name, from the hosts
+
+    @property
+    def _pubsub(self) -> PubSubSource | None:
+        """The running Pub/Sub source, if any."""
+        return self._side.source
 
     def set_instance_ids(self, id_to_name: Mapping[str, str]) -> None:
         """The id -> name map the hosts read from their metadata servers (targets events that
@@ -123,79 +126,20 @@ class EventIntake:
                                        poll_s=self.cfg.inbox_poll_s,
                                        max_bytes=self.cfg.pubsub.max_payload_bytes)
             self._inbox.start()
-        self._start_pubsub()
-        log.info("event_intake_started", run_dir=str(self.run_dir), job=self.job,
-                 inbox=self.cfg.inbox, pubsub=self._pubsub is not None,
-                 remembered_ids=len(self._dedupe))
-
-    def _start_pubsub(self) -> None:
-        cfg = self._pubsub_cfg
-        prepare = None
         if (fix := self.cfg.pubsub.shared_subscription_fix(self.job)) is not None:
             log.warning("pubsub_subscription_not_per_run", job=self.job,
                         subscription=self.cfg.pubsub.subscription, fix=fix)
-        if cfg.emulator:
-            if not (cfg.emulator_host or _env_emulator()):
-                started = self._start_emulator(cfg)
-                if started is None:
-                    return
-                cfg = started
-            info = {"emulator_host": cfg.emulator_host or _env_emulator(), "project": cfg.project,
-                    "topic": cfg.topic, "subscription": cfg.subscription, "job": self.job}
-            (self.run_dir / PUBSUB_INFO_FILE).write_text(json.dumps(info), encoding="utf-8")
-            emulated = cfg
-
-            def prepare() -> None:  # the emulator forgets everything when restarted
-                publisher = self._publisher_factory(emulated)
-                subscriber = self._subscriber_factory(emulated)
-                try:
-                    ensure_topic_and_subscription(publisher, subscriber, emulated.project or "",
-                                                  emulated.topic or "",
-                                                  emulated.subscription or "")
-                finally:
-                    subscriber.close()
-                    publisher.transport.close()
-        if not cfg.enabled:
-            return
-        self._pubsub_cfg = cfg
-        self._pubsub = PubSubSource(cfg, self._on_delivery,
-                                    subscriber_factory=self._subscriber_factory, prepare=prepare)
-        self._pubsub.start()
-
-    def _start_emulator(self, cfg: PubSubConfig) -> PubSubConfig | None:
-        """Embedded default: run Google's emulator for this driver when gcloud exists."""
-        from orchestrator.events.emulator import EmulatorProcess, gcloud_available
-
-        if self._emulator_factory is None and not gcloud_available():
-            log.warning("pubsub_emulator_unavailable",
-                        fix="install the Google Cloud CLI, or publish with the inbox "
-                            "(python -m orchestrator.events publish --run-dir ...)")
-            return None
-        try:
-            self._emulator = (self._emulator_factory or EmulatorProcess)()
-            host = self._emulator.start()
-        except Exception as exc:
-            log.warning("pubsub_emulator_failed", error=str(exc)[:300],
-                        fix="the inbox still works; check `gcloud beta emulators pubsub start`")
-            self._emulator = None
-            return None
-        log.info("pubsub_emulator_started", emulator_host=host)
-        return replace(cfg, emulator_host=host)
+        self._side.start()
+        log.info("event_intake_started", run_dir=str(self.run_dir), job=self.job,
+                 inbox=self.cfg.inbox, pubsub=self._pubsub is not None,
+                 remembered_ids=len(self._dedupe))
 
     def close(self) -> None:
         """Stop sources, persist the dedupe window, close the records. Idempotent."""
         if self._inbox is not None:
             self._inbox.stop()
             self._inbox = None
-        if self._pubsub is not None:
-            self._pubsub.stop()
-            self._pubsub = None
-        if self._emulator is not None:
-            try:
-                self._emulator.close()
-            finally:
-                self._emulator = None
-        (self.run_dir / PUBSUB_INFO_FILE).unlink(missing_ok=True)
+        self._side.stop()
         if self._dl_publisher is not None:
             try:
                 self._dl_publisher.stop()
@@ -359,7 +303,7 @@ class EventIntake:
     @property
     def pubsub_config(self) -> PubSubConfig:
         """The effective Pub/Sub settings (with the emulator address when the driver runs one)."""
-        return self._pubsub_cfg
+        return self._side.cfg
 
     # ---------------------------------------------------------------- records
     def _record(self, event: Event, verdict: Verdict, *, via: str, received_at: float,
@@ -385,7 +329,7 @@ class EventIntake:
                                                     else payload.to_json())})
         if self.cfg.pubsub.dead_letter_topic:
             if self._dl_publisher is None:
-                self._dl_publisher = DeadLetterPublisher(self._pubsub_cfg, self.job,
+                self._dl_publisher = DeadLetterPublisher(self._side.cfg, self.job,
                                                          self._publisher_factory)
             self._dl_publisher.publish(payload, exc.reason, message_id)
 
@@ -410,6 +354,3 @@ def _safe(fn: Callable[[], None]) -> None:
     except Exception as exc:
         log.warning("event_ack_failed", error=str(exc)[:200])
 
-
-def _env_emulator() -> str | None:
-    return os.environ.get("PUBSUB_EMULATOR_HOST") or None
