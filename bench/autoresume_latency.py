@@ -25,7 +25,6 @@ import shlex
 import statistics
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -36,17 +35,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("NO_GCE_CHECK", "true")
 os.environ.setdefault("GCE_METADATA_HOST", "127.0.0.1:9")
 
-from orchestrator.autoresume.config import (
-    AutoresumeConfig,
-    OriginConfig,
-    PolicyConfig,
-    RayJobsConfig,
-)
-from orchestrator.autoresume.intake import run_forever
-from orchestrator.autoresume.ray_jobs import RUN_ID_METADATA, RayJobs
+from orchestrator.autoresume.ray_jobs import RUN_ID_METADATA
 from orchestrator.autoresume.service import AutoresumeService
 from tests.autoresume.notifications import encode, notification
 from tests.autoresume.ray_server import RayCluster, TpuSlices, ray_cluster
+from tests.autoresume.service_harness import running_service
 from tests.support.pubsub_emulator import pubsub_emulator
 
 PROJECT = "demo-project"  # the notifications' scoping project (OriginConfig.project)
@@ -138,42 +131,21 @@ def measure(cluster: RayCluster, repeats: int, tmp: Path,
     """``repeats`` x (publish -> submitted, publish -> RUNNING) seconds on a running cluster,
     with PUBSUB_EMULATOR_HOST set; topic and subscription names are new, so a shared emulator
     is fine."""
-    from google.cloud import pubsub_v1
     from ray.job_submission import JobSubmissionClient
 
     client = JobSubmissionClient(cluster.url, headers=cluster.headers())
-    name = uuid.uuid4().hex[:8]
-    topic = f"projects/bench/topics/alerts-{name}"
-    sub = f"projects/bench/subscriptions/autoresume-{name}"
-    publisher = pubsub_v1.PublisherClient()
-    publisher.create_topic(name=topic)
-    with pubsub_v1.SubscriberClient() as s:
-        s.create_subscription(name=sub, topic=topic)
-    cfg = AutoresumeConfig(subscription=sub, state_dir=f"{tmp}/state",
-                           run_dirs=(f"{tmp}/runs/*",), tick_s=0.2,
-                           ray=RayJobsConfig(address=cluster.url, auth_mode="token",
-                                             token_file=cluster.token_path),
-                           policy=PolicyConfig(startup_grace_s=0.0),
-                           origin=OriginConfig(project=PROJECT))
-    service = AutoresumeService(cfg, ray=RayJobs(cfg.ray))
-    stop = threading.Event()
-    thread = threading.Thread(target=run_forever, args=(service, sub, stop), daemon=True)
-    thread.start()
     to_submit: list[float] = []
     latencies: list[float] = []
-    try:
+    with running_service(cluster, project=PROJECT, state_dir=f"{tmp}/state",
+                         run_dirs=f"{tmp}/runs/*") as running:
         for i in range(repeats):
-            submitted, running = one_repeat(client, service, publisher, topic,
-                                            Path(tmp, "runs"))
+            submitted, running_s = one_repeat(client, running.service, running.publisher,
+                                              running.topic, Path(tmp, "runs"))
             to_submit.append(submitted)
-            latencies.append(running)
-            progress(f"repeat {i}: alert publish -> job RUNNING {running:.2f}s "
+            latencies.append(running_s)
+            progress(f"repeat {i}: alert publish -> job RUNNING {running_s:.2f}s "
                      f"(publish -> submitted {submitted:.2f}s, submitted -> RUNNING "
-                     f"{running - submitted:.2f}s)")
-    finally:
-        stop.set()
-        thread.join(timeout=30)
-        publisher.stop()
+                     f"{running_s - submitted:.2f}s)")
     return to_submit, latencies
 
 

@@ -23,25 +23,17 @@ import os
 import re
 import shlex
 import signal
-import threading
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 
-from orchestrator.autoresume.config import (
-    AutoresumeConfig,
-    OriginConfig,
-    PolicyConfig,
-    RayJobsConfig,
-)
-from orchestrator.autoresume.intake import run_forever
-from orchestrator.autoresume.ray_jobs import RUN_ID_METADATA, RayJobs
+from orchestrator.autoresume.ray_jobs import RUN_ID_METADATA
 from orchestrator.autoresume.runenv import REDACTED
 from orchestrator.autoresume.service import AutoresumeService
 from tests.autoresume.conftest import TPU
 from tests.autoresume.notifications import encode, notification
+from tests.autoresume.service_harness import running_service
 
 pytestmark = [
     pytest.mark.cluster,
@@ -114,7 +106,6 @@ def decisions(service: AutoresumeService) -> list[dict]:
 def test_killed_training_job_resumes_from_checkpoint(tmp_path, pubsub_emulator_host,
                                                      tpu_cluster):
     """kill -> alert -> resubmit -> restore -> target step; duplicates and strangers ignored."""
-    from google.cloud import pubsub_v1
     from ray.job_submission import JobStatus, JobSubmissionClient
 
     run_dir = tmp_path / "runs" / "e2e"
@@ -138,25 +129,11 @@ def test_killed_training_job_resumes_from_checkpoint(tmp_path, pubsub_emulator_h
         assert run_id == "e2e"  # the run name is the run id
         assert meta["runtime_env"]["env_vars"]["E2E_API_TOKEN"] == REDACTED
 
-        topic = f"projects/demo/topics/alerts-{uuid.uuid4().hex[:8]}"
-        sub = f"projects/demo/subscriptions/autoresume-{uuid.uuid4().hex[:8]}"
-        publisher = pubsub_v1.PublisherClient()
-        subscriber = pubsub_v1.SubscriberClient()
-        publisher.create_topic(name=topic)
-        subscriber.create_subscription(name=sub, topic=topic)
-        subscriber.close()
-        cfg = AutoresumeConfig(subscription=sub, state_dir=str(tmp_path / "state"),
-                               run_dirs=(str(tmp_path / "runs/*"),), tick_s=0.2,
-                               ray=RayJobsConfig(address=cluster.url, auth_mode="token",
-                                                 token_file=cluster.token_path),
-                               policy=PolicyConfig(startup_grace_s=0.0),
-                               origin=OriginConfig(project="demo-project"))
-        service = AutoresumeService(cfg, ray=RayJobs(cfg.ray))
-        stop = threading.Event()
-        thread = threading.Thread(target=run_forever, args=(service, sub, stop), daemon=True)
-        thread.start()
         second = f"{run_id}-r1"
-        try:
+        with running_service(cluster, project="demo-project",
+                             state_dir=str(tmp_path / "state"),
+                             run_dirs=str(tmp_path / "runs/*")) as svc:
+            service, publisher, topic = svc.service, svc.publisher, svc.topic
             alert = encode(notification(incident_id="e2e-inc", run_id="e2e",
                                         started_at=int(time.time())))
             published_wall = time.time()
@@ -178,10 +155,6 @@ def test_killed_training_job_resumes_from_checkpoint(tmp_path, pubsub_emulator_h
             wait_for(lambda: client.get_job_status(second).is_terminal(), TIMEOUT_S,
                      "resubmitted job finished")
             wait_for(lambda: len(decisions(service)) >= 3, 60, "all notifications")
-        finally:
-            stop.set()
-            thread.join(timeout=30)
-            publisher.stop()
         assert client.get_job_status(second) == JobStatus.SUCCEEDED, (
             client.get_job_logs(second)[-3000:])
 

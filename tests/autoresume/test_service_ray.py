@@ -13,23 +13,15 @@ from __future__ import annotations
 
 import json
 import shlex
-import threading
 import time
 import uuid
 
 import pytest
 
-from orchestrator.autoresume.config import (
-    AutoresumeConfig,
-    OriginConfig,
-    PolicyConfig,
-    RayJobsConfig,
-)
-from orchestrator.autoresume.intake import run_forever
-from orchestrator.autoresume.ray_jobs import RUN_ID_METADATA, RayJobs
+from orchestrator.autoresume.ray_jobs import RUN_ID_METADATA
 from orchestrator.autoresume.runenv import REDACTED
-from orchestrator.autoresume.service import AutoresumeService
 from tests.autoresume.notifications import encode, notification
+from tests.autoresume.service_harness import running_service
 
 pytestmark = [pytest.mark.cluster, pytest.mark.emulator]
 
@@ -45,7 +37,6 @@ def wait_for(pred, timeout_s: float, what: str):
 
 def test_alert_resubmits_dead_job_once(tmp_path, pubsub_emulator_host, tpu_cluster):
     """Killed job + alert -> exactly one resubmission (<run>-r1), same entrypoint, running."""
-    from google.cloud import pubsub_v1
     from ray.job_submission import JobStatus, JobSubmissionClient
 
     cluster = tpu_cluster
@@ -64,27 +55,10 @@ def test_alert_resubmits_dead_job_once(tmp_path, pubsub_emulator_host, tpu_clust
                               metadata={RUN_ID_METADATA: run_id})
     wait_for(lambda: client.get_job_status(first) == JobStatus.FAILED, 60, "r0 failed")
 
-    project = "demo-project"
-    topic = f"projects/{project}/topics/alerts-{uuid.uuid4().hex[:8]}"
-    sub = f"projects/{project}/subscriptions/autoresume-{uuid.uuid4().hex[:8]}"
-    publisher = pubsub_v1.PublisherClient()
-    subscriber = pubsub_v1.SubscriberClient()
-    publisher.create_topic(name=topic)
-    subscriber.create_subscription(name=sub, topic=topic, ack_deadline_seconds=30)
-    subscriber.close()
-
-    cfg = AutoresumeConfig(subscription=sub, state_dir=str(tmp_path / "state"),
-                           run_dirs=(str(tmp_path / "runs/*"),), tick_s=0.2,
-                           ray=RayJobsConfig(address=cluster.url, auth_mode="token",
-                                             token_file=cluster.token_path),
-                           policy=PolicyConfig(startup_grace_s=0.0),
-                           origin=OriginConfig(project=project))
-    service = AutoresumeService(cfg, ray=RayJobs(cfg.ray))
-    stop = threading.Event()
-    thread = threading.Thread(target=run_forever, args=(service, sub, stop), daemon=True)
-    thread.start()
     second = f"{run_id}-r1"
-    try:
+    with running_service(cluster, project="demo-project", state_dir=str(tmp_path / "state"),
+                         run_dirs=str(tmp_path / "runs/*"), ack_deadline_s=30) as running:
+        service, publisher, topic = running.service, running.publisher, running.topic
         alert = encode(notification(incident_id=f"inc-{run_id}", run_id=run_id,
                                     started_at=int(time.time())))
         t0 = time.monotonic()
@@ -106,10 +80,7 @@ def test_alert_resubmits_dead_job_once(tmp_path, pubsub_emulator_host, tpu_clust
         publisher.publish(topic, b"{garbage").result(timeout=30)
         wait_for(lambda: len(service.audit.read()) >= 3 and service.dead_letters.read(), 60,
                  "all notifications handled")
-    finally:
-        stop.set()
-        thread.join(timeout=30)
-        publisher.stop()
+    thread = running.thread
 
     info = client.get_job_info(second)
     assert info.entrypoint == shlex.join(argv)
