@@ -81,8 +81,11 @@ def _ray_env(token_path: Path) -> dict[str, str]:
                # the raylet waits this long for its Python agent: slow on a loaded machine
                RAY_agent_register_timeout_ms="120000",
                PATH=f"{venv_bin}:{os.environ.get('PATH', '')}")  # `python` in jobs = this venv
-    env.pop("RAY_ADDRESS", None)
-    env.pop("RAY_AUTH_TOKEN", None)
+    # An in-process emulated cluster started earlier in this pytest process leaves
+    # RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 (its loopback pin) in os.environ; with it, every
+    # `ray start --address` refuses to join. Never hand it (or a stale address) to a node.
+    for name in ("RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"):
+        env.pop(name, None)
     return env
 
 
