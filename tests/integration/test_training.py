@@ -61,26 +61,27 @@ def cfg():
 
 @pytest.fixture(scope="module")
 def uninterrupted(cluster, cfg, tmp_path_factory):
-    """2 hosts × 2 devices, STEPS steps in one go."""
+    """2 hosts × 2 devices, STEPS steps in one go (checkpoints at RESUME_AT and STEPS)."""
     run_dir = tmp_path_factory.mktemp("uninterrupted")
-    return train_group(cfg, cluster.hosts("pod"), run_dir, until=STEPS, save_steps=[STEPS],
-                       hosts_per_slice=2)
+    run = train_group(cfg, cluster.hosts("pod"), run_dir, until=STEPS,
+                      save_steps=[RESUME_AT, STEPS], hosts_per_slice=2)
+    return run, run_dir
 
 
 @pytest.fixture(scope="module")
-def stopped(cluster, cfg, tmp_path_factory):
-    """2 hosts, stopped after RESUME_AT steps (checkpoint at RESUME_AT); a copy kept for re-mesh."""
-    run_dir = tmp_path_factory.mktemp("resumed")
-    first = train_group(cfg, cluster.hosts("pod"), run_dir, until=RESUME_AT,
-                        save_steps=[RESUME_AT], hosts_per_slice=2)
+def stopped(uninterrupted, tmp_path_factory):
+    """The run as if it had stopped after RESUME_AT: a copy of its checkpoints without the later
+    step (a save changes nothing in the math, so this is what a 2-host run stopped there left)."""
+    _, run_dir = uninterrupted
     copy = tmp_path_factory.mktemp("remesh")
     shutil.copytree(run_dir / "checkpoints", copy / "checkpoints")
-    return first, run_dir, copy
+    shutil.rmtree(copy / "checkpoints" / str(STEPS))
+    return copy
 
 
 def test_two_hosts_form_one_group(uninterrupted):
     """Both actors joined one JAX runtime: 2 processes, 4 global devices, fsdp over all 4."""
-    run = uninterrupted
+    run, _ = uninterrupted
     assert [i["process_index"] for i in run.init] == [0, 1]
     assert {(i["local_devices"], i["global_devices"], i["platform"]) for i in run.init} == {
         (2, 4, "cpu")}
@@ -95,13 +96,15 @@ def test_two_hosts_form_one_group(uninterrupted):
 def test_two_hosts_match_single_process_on_four_devices(uninterrupted, references):
     """2 emulated hosts × 2 devices == 1 process × 4 devices: loss and params within 1e-6."""
     ref = references.get()
-    np.testing.assert_allclose(uninterrupted.losses, ref.losses, rtol=0, atol=TOL)
-    assert max_abs_diff(uninterrupted.params, ref.params) <= TOL
+    run, _ = uninterrupted
+    np.testing.assert_allclose(run.losses, ref.losses, rtol=0, atol=TOL)
+    assert max_abs_diff(run.params, ref.params) <= TOL
 
 
 def test_restore_two_host_checkpoint_onto_one_host(cluster, cfg, uninterrupted, stopped):
     """A 2-host (fsdp=4) checkpoint restores onto 1 host (fsdp=2) and training goes on."""
-    _, _, copy = stopped
+    whole, _ = uninterrupted
+    copy = stopped
     run = train_group(cfg, cluster.hosts("ms-a"), copy, until=STEPS, save_steps=[STEPS],
                       hosts_per_slice=1)
     assert run.plan.num_processes == 1 and run.plan.shape.as_dict()["fsdp"] == 2
@@ -109,8 +112,8 @@ def test_restore_two_host_checkpoint_onto_one_host(cluster, cfg, uninterrupted, 
     assert run.mesh["process_of_device"] == [[[0], [0]]]
     assert len(run.losses) == STEPS - RESUME_AT
     # Same data, same math, another reduction order: equal to float32 rounding.
-    np.testing.assert_allclose(run.losses, uninterrupted.losses[RESUME_AT:], rtol=0, atol=1e-5)
-    assert max_abs_diff(run.params, uninterrupted.params) <= 1e-5
+    np.testing.assert_allclose(run.losses, whole.losses[RESUME_AT:], rtol=0, atol=1e-5)
+    assert max_abs_diff(run.params, whole.params) <= 1e-5
     assert (copy / "checkpoints" / str(STEPS)).is_dir()
 
 
@@ -131,8 +134,9 @@ def test_multislice_dcn_data_axis(cluster, cfg, tmp_path, references, uninterrup
     np.testing.assert_allclose(run.losses, ref.losses, rtol=0, atol=TOL)
     assert max_abs_diff(run.params, ref.params) <= TOL
     # And the 1-slice run (fsdp=4 over 2 hosts) up to float32 reduction order.
-    np.testing.assert_allclose(run.losses, uninterrupted.losses, rtol=0, atol=1e-5)
-    assert max_abs_diff(run.params, uninterrupted.params) <= 1e-5
+    whole, _ = uninterrupted
+    np.testing.assert_allclose(run.losses, whole.losses, rtol=0, atol=1e-5)
+    assert max_abs_diff(run.params, whole.params) <= 1e-5
 
 
 def test_foreign_checkpoint_is_a_checkpoint_error_and_untouched(cluster, cfg, tmp_path):
