@@ -21,10 +21,8 @@ run: $(STAMP)
 	$(BIN)/python -m orchestrator.main $(ARGS)
 
 ## The whole test suite (starts and stops its own Ray clusters, Pub/Sub emulator and servers).
-## Two pytest-xdist workers: the Ray-cluster tests in order on one, everything else on the other
-## (tests/conftest.py groups them), so there is never more than one Ray cluster at a time.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n 2 --dist loadgroup $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 ## A local Ray cluster whose nodes look like TPU hosts, token auth on (README "Try it locally").
 cluster: $(STAMP)

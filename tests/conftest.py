@@ -34,32 +34,3 @@ def _no_google_auth(monkeypatch):
 
     monkeypatch.setattr(google.auth, "default", _refuse)
     yield
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config, items):
-    """Under ``make test`` (pytest-xdist, ``--dist loadgroup``) every test marked ``cluster``
-    runs in one group, on one worker, one after another: never two Ray clusters at once on a
-    2-core machine. The other worker runs the rest (pure logic, the emulator, JAX subprocesses)
-    alongside. A module with the emulator keeps its tests together, so it starts one emulator.
-    Without xdist the marks change nothing."""
-    for item in items:
-        if item.get_closest_marker("cluster"):
-            item.add_marker(pytest.mark.xdist_group("ray"))
-        elif item.get_closest_marker("emulator"):
-            item.add_marker(pytest.mark.xdist_group(f"emulator-{item.module.__name__}"))
-
-
-@pytest.hookimpl(trylast=True)
-def pytest_collection_finish(session):
-    """Refuse to run two Ray clusters at once silently: if xdist's grouping did not take (it
-    tags each grouped node id with ``@group``), stop with the fix instead of going on."""
-    if getattr(session.config.option, "loadgroup", False):
-        lost = [i.nodeid for i in session.items
-                if i.get_closest_marker("cluster") and not i.nodeid.endswith("@ray")]
-        if lost:
-            raise pytest.UsageError(
-                f"pytest-xdist did not group {len(lost)} Ray-cluster tests (e.g. {lost[0]}); "
-                "with pytest 9.2 --dist loadgroup ignores xdist_group (pytest-xdist issue "
-                "1386). Install the pinned test extra (pip install -e '.[test]') or run with "
-                "-n 0.")
