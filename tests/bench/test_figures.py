@@ -9,7 +9,7 @@ import pytest
 from bench import figures, machine, table
 from bench.config import BenchConfig, preset
 from bench.orchestrated import RunDir
-from bench.schedule import lost_steps, spare_slices_for
+from bench.schedule import lost_steps
 from bench.stats import ratio, spread
 from orchestrator.errors import ConfigError
 
@@ -97,12 +97,6 @@ def test_between_steps_share_is_the_gap_not_spent_stepping():
     assert figures.between_steps_share(_recs(range(1, 6), st=0.5)) == pytest.approx(0.5)
     saving = [{**r, "save_blocking_s": 0.3} for r in _recs(range(1, 3))]
     assert figures.between_steps_share(saving) is None
-
-
-def test_spare_slices_keep_the_batch_divisible():
-    """4 devices per slice, batch 16: 1 + spares must divide 4, so 6 wanted gives 3."""
-    assert spare_slices_for(6, devices_per_slice=4) == 3
-    assert spare_slices_for(2, devices_per_slice=4) == 1
 
 
 def test_a_figure_taken_on_a_busy_machine_is_marked_not_a_result():
