@@ -36,6 +36,7 @@ from typing import IO
 
 import psutil
 
+from orchestrator.cluster.local import ClusterState, _node_env
 from orchestrator.cluster.nodes import host_labels, host_resources
 from orchestrator.topology import INSTANCE_LABEL
 from tests.support.pubsub_emulator import free_port
@@ -75,18 +76,12 @@ def _auth(token_path: str) -> dict[str, str]:
 
 
 def _ray_env(token_path: Path) -> dict[str, str]:
-    venv_bin = str(Path(sys.executable).parent)
-    env = dict(os.environ, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token_path),
-               RAY_USAGE_STATS_ENABLED="0",
-               # the raylet waits this long for its Python agent: slow on a loaded machine
-               RAY_agent_register_timeout_ms="120000",
-               PATH=f"{venv_bin}:{os.environ.get('PATH', '')}")  # `python` in jobs = this venv
-    # An in-process emulated cluster started earlier in this pytest process leaves
-    # RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 (its loopback pin) in os.environ; with it, every
-    # `ray start --address` refuses to join. Never hand it (or a stale address) to a node.
-    for name in ("RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"):
-        env.pop(name, None)
-    return env
+    """The same node environment as ``python -m orchestrator.cluster up`` with token auth: this
+    venv's `python` first on PATH (jobs run it), and nothing inherited that stops a host joining
+    (an earlier in-process emulated cluster leaves RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 behind)."""
+    state = ClusterState(url="", gcs_address="", temp_dir=str(token_path.parent),
+                         token_path=str(token_path), auth=True, shape={})
+    return _node_env(state)
 
 
 def _launch(args: list[str], log: IO[bytes], temp_dir: Path) -> subprocess.Popen[bytes]:
