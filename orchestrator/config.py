@@ -226,11 +226,39 @@ class TrainConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class RamTierConfig:
+    """The host-RAM tier: every ``every`` steps each host's shards are copied to a holder on its
+    own node and on a peer host in another slice (policies/ram_tier.py), so a host lost without
+    notice costs at most about ``every`` steps instead of up to a checkpoint interval."""
+
+    enabled: bool = False
+    """Off by default: it adds one holder process per node; turn it on for preemptible slices."""
+    every: int = 1
+    keep: int = 2
+    """Copies kept per sending host and holder; 2 keeps a complete set while the next arrives."""
+    max_host_bytes: int = 2 * 1024**3
+    """A host whose copies would make a holder exceed this stops copying (and says so); its
+    restores then come from the durable tier."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.enabled, bool):
+            raise ConfigError("checkpoint.ram.enabled", f"{self.enabled!r} is not a boolean",
+                              "set checkpoint.ram.enabled=true or false")
+        _positive("checkpoint.ram.every", self.every)
+        if self.keep < 2:
+            raise ConfigError("checkpoint.ram.keep", f"{self.keep} < 2: a holder would drop its "
+                              "only complete copy when the next step's starts arriving",
+                              "set checkpoint.ram.keep=2 or more")
+        _positive("checkpoint.ram.max_host_bytes", self.max_host_bytes)
+
+
+@dataclass(frozen=True, kw_only=True)
 class CheckpointConfig:
     """Orbax checkpointing into RUN_DIR/checkpoints. How often: controller.checkpoint_interval."""
 
     keep: int = 3
     async_save: bool = True
+    ram: RamTierConfig = field(default_factory=RamTierConfig)
 
     def __post_init__(self) -> None:
         _positive("checkpoint.keep", self.keep)

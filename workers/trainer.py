@@ -315,6 +315,17 @@ class Trainer:
             self._host_step = None
         return out
 
+    def restore_from_copies(self, step: int, copies: list[tuple[dict, bytes]]) -> None:
+        """Take the state of ``step`` from RAM copies (``workers.replica``), in this mesh."""
+        from workers.replica import ReplicaMismatch, unpack
+
+        state = unpack(copies, self.abstract_state)
+        found = int(jax.device_get(state["step"]))
+        if found != step:
+            raise ReplicaMismatch(f"the copies hold step {found}, not {step}")
+        self.state = state
+        self._host_step = found
+
     def params_host(self) -> dict:
         """Parameters gathered to host numpy (tests compare runs with it)."""
         from jax.experimental import multihost_utils

@@ -1,0 +1,111 @@
+"""The host-RAM checkpoint tier's decisions: who holds whose copy, and which tier a restore uses.
+
+Every host's shards of the train state are copied, every ``ram.every`` steps, to a holder on its
+own node (survives the host process) and to a holder on a peer host in *another slice* (survives
+the node). A restore uses the newest step for which a complete, intact set exists in RAM: every
+source process of one incarnation, each copy's checksum verified. It uses RAM only when that step
+is newer than the newest committed durable (Orbax) step, or equal (RAM is faster); otherwise the
+durable tier. Pure: no Ray, no JAX, no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReplicaEntry:
+    """One copy of one source host's shards at one step, as a holder reports it.
+
+    ``intact``: the holder recomputed the checksum and it matches the one the source sent.
+    """
+
+    holder: str
+    incarnation: int
+    step: int
+    source: int
+    """The source host's JAX process index in its incarnation."""
+    sources: int
+    """How many processes that incarnation had: a complete set has one copy of each."""
+    nbytes: int
+    intact: bool = True
+
+
+@dataclass(frozen=True, kw_only=True)
+class TierChoice:
+    """``tier`` "ram": restore ``step`` from the holders in ``holders`` (source -> holder);
+    "durable": restore from Orbax (``step`` is its newest committed step, None: none)."""
+
+    tier: Literal["ram", "durable"]
+    step: int | None
+    reason: str
+    incarnation: int | None = None
+    holders: dict[int, str] = field(default_factory=dict)
+    nbytes: int = 0
+
+
+def peers(slices: Sequence[str]) -> dict[int, int | None]:
+    """Host index -> the host holding its replica: the same position in the next slice (so one
+    slice's loss never takes both copies); in one slice, the next host; alone, nobody.
+
+    ``slices[i]`` is host i's slice name; hosts of a slice are contiguous, as in a mesh plan.
+    """
+    order: list[str] = []
+    members: dict[str, list[int]] = {}
+    for index, name in enumerate(slices):
+        if name not in members:
+            order.append(name)
+            members[name] = []
+        members[name].append(index)
+    out: dict[int, int | None] = {}
+    for index, name in enumerate(slices):
+        mine = members[name]
+        position = mine.index(index)
+        if len(order) > 1:
+            other = members[order[(order.index(name) + 1) % len(order)]]
+            out[index] = other[position % len(other)]
+        elif len(mine) > 1:
+            out[index] = mine[(position + 1) % len(mine)]
+        else:
+            out[index] = None
+    return out
+
+
+def choose_tier(entries: Iterable[ReplicaEntry], durable_step: int | None, *,
+                exclude_steps: Collection[int] = ()) -> TierChoice:
+    """The fastest tier holding the newest complete state (see module doc).
+
+    A step counts in RAM only if every source of one incarnation has an intact copy there;
+    damaged copies are passed over (another holder's copy of the same source may serve).
+    """
+    complete: dict[tuple[int, int], dict[int, ReplicaEntry]] = {}
+    expected: dict[tuple[int, int], int] = {}
+    damaged = 0
+    for e in entries:
+        if not e.intact:
+            damaged += 1
+            continue
+        if e.step in exclude_steps:
+            continue
+        key = (e.step, e.incarnation)
+        expected[key] = e.sources
+        complete.setdefault(key, {}).setdefault(e.source, e)
+    full = sorted((key for key, found in complete.items()
+                   if len(found) == expected[key] and set(found) == set(range(expected[key]))),
+                  reverse=True)
+    note = f" ({damaged} damaged cop{'y' if damaged == 1 else 'ies'} ignored)" if damaged else ""
+    if not full:
+        return TierChoice(tier="durable", step=durable_step,
+                          reason=f"no complete set of RAM copies{note}")
+    step, incarnation = full[0]
+    if durable_step is not None and durable_step > step:
+        return TierChoice(tier="durable", step=durable_step,
+                          reason=f"durable step {durable_step} is newer than RAM step {step}"
+                                 f"{note}")
+    found = complete[(step, incarnation)]
+    return TierChoice(tier="ram", step=step, incarnation=incarnation,
+                      holders={s: e.holder for s, e in sorted(found.items())},
+                      nbytes=sum(e.nbytes for e in found.values()),
+                      reason=f"RAM step {step} complete on {len(found)} source(s){note}")

@@ -1,0 +1,123 @@
+"""RAM-tier copies on real JAX, in ONE plain process with 4 CPU devices (no Ray).
+
+Run as ``python -m tests.workers.replica_scenarios --out F.json``: the device count is fixed in
+that subprocess, never in pytest's. Real ``HostActor``s train a few steps, ``workers.replica``
+packs their state, and the copies are restored into the same mesh and into a different one
+(fsdp=4 -> fsdp=2 x tensor=2); the results are compared with an uninterrupted actor's.
+Assertions live in ``test_replica.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+from typing import Any
+
+from tests.workers.host_scenarios import make_actor
+
+
+def _params_equal(a: dict, b: dict) -> bool:
+    import numpy as np
+
+    return a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def _flat(params: Any) -> dict:
+    import jax
+    import numpy as np
+
+    return {jax.tree_util.keystr(p): np.asarray(v)
+            for p, v in jax.tree_util.tree_leaves_with_path(params)}
+
+
+def run(tmp: Path) -> dict:
+    from workers import replica
+    from workers.ram_holder import RamHolder, checksum
+
+    out: dict[str, Any] = {}
+    plain = make_actor(tmp / "plain")
+    plain.restore()
+    plain.compile()
+    plain.run_steps(6, chunk=1)
+    want = _flat(plain.params())
+
+    src = make_actor(tmp / "src")
+    src.restore()
+    src.compile()
+    src.run_steps(3, chunk=1)
+    layout, data = replica.pack(src.trainer.state)
+    out["pieces"] = len(layout["pieces"])
+    out["nbytes"] = len(data)
+    holder = RamHolder(keep=2)
+    holder.put("node-a", incarnation=1, step=3, source=0, sources=1, layout=layout, data=data,
+               crc32=checksum(data))
+
+    # the same mesh: restore, train on, compare with the uninterrupted run
+    same = make_actor(tmp / "same")
+    got = same.restore_copies(3, {"node-a": holder.get(incarnation=1, step=3, source=0)})
+    out["same_restore"] = got
+    same.compile()
+    same.run_steps(6, chunk=1)
+    out["same_equal"] = _params_equal(_flat(same.params()), want)
+
+    # another mesh: fsdp=2 x tensor=2 instead of fsdp=4
+    other = make_actor(tmp / "other", overrides=("mesh.ici.fsdp=2", "mesh.ici.tensor=2"))
+    out["other_axes"] = dict(other.trainer.mesh.shape)
+    out["other_restore"] = other.restore_copies(3, {"node-a": holder.get(incarnation=1, step=3,
+                                                                         source=0)})
+    out["other_params_equal_at_3"] = _params_equal(_flat(other.params()),
+                                                   _flat(src.params()))
+
+    # a damaged copy is refused by the reader, and by the holder's inventory
+    holder.damage(step=3, source=0)
+    out["inventory_after_damage"] = holder.inventory()
+    out["damaged_restore"] = make_actor(tmp / "bad").restore_copies(
+        3, {"node-a": holder.get(incarnation=1, step=3, source=0)})
+
+    # half the pieces: incomplete; another model: refused
+    half = dict(layout, pieces=layout["pieces"][: len(layout["pieces"]) // 2])
+    out["incomplete"] = _refusal(lambda: replica.unpack([(half, data)],
+                                                        src.trainer.abstract_state))
+    bigger = make_actor(tmp / "bigger", overrides=("model.d_model=64",))
+    out["other_model"] = _refusal(lambda: replica.unpack([(layout, data)],
+                                                         bigger.trainer.abstract_state))
+    # keep: a holder keeps the newest `keep` steps of each writer
+    for step in (4, 5):
+        holder.put("node-a", incarnation=1, step=step, source=0, sources=1, layout=layout,
+                   data=data, crc32=checksum(data))
+    out["kept_steps"] = sorted(c["step"] for c in holder.inventory())
+    for a in (plain, src, same, other, bigger):
+        a.shutdown()
+    return out
+
+
+def _refusal(fn) -> str:
+    try:
+        fn()
+    except ValueError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return "accepted"
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    with tempfile.TemporaryDirectory(prefix="replica-") as tmp:
+        try:
+            result = run(Path(tmp))
+        except Exception:
+            result = {"error": traceback.format_exc()}
+    Path(args.out).write_text(json.dumps(result, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,77 @@
+"""A process's shards of the train state as one ``bytes`` copy, and a state rebuilt from copies.
+
+``pack`` takes this process's addressable shards with ``replica_id == 0`` (so the copies of all
+processes are disjoint and together cover every array once) and concatenates their bytes; the
+layout records, per piece, which array and which global index it is. ``unpack`` assembles the
+global arrays from every source's copy and places them with the *target* sharding, so a state
+copied from one mesh restores into another (a re-formed mesh). It assembles each array whole on
+every host: simple and right for the models this runs in tests; a large model would fetch only
+the pieces overlapping its own shards (not built).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+
+class ReplicaMismatch(ValueError):
+    """The copies do not fit this state (another model, missing pieces, a bad checksum)."""
+
+
+def pack(state: Any) -> tuple[dict, bytes]:
+    """(layout, data): this process's unique shards of ``state``, bytes concatenated."""
+    leaves = jax.tree_util.tree_leaves(state)
+    wanted = [(i, shard) for i, leaf in enumerate(leaves) for shard in leaf.addressable_shards
+              if shard.replica_id == 0]
+    host = jax.device_get([shard.data for _, shard in wanted])
+    pieces, chunks, offset = [], [], 0
+    for (i, shard), value in zip(wanted, host):
+        arr = np.asarray(value, order="C")  # (ascontiguousarray makes a 0-d array 1-d)
+        shape = leaves[i].shape
+        index = [[s.start or 0, dim if s.stop is None else s.stop]
+                 for s, dim in zip(shard.index, shape)]
+        pieces.append([i, index, arr.dtype.str, list(arr.shape), offset, arr.nbytes])
+        chunks.append(arr.tobytes())
+        offset += arr.nbytes
+    layout = {"leaves": [[list(leaf.shape), np.dtype(leaf.dtype).str] for leaf in leaves],
+              "pieces": pieces}
+    return layout, b"".join(chunks)
+
+
+def unpack(copies: Sequence[tuple[dict, bytes]], abstract_state: Any) -> Any:
+    """The state ``abstract_state`` describes (shapes, dtypes, target shardings), from the copies
+    of every source process; ``ReplicaMismatch`` if they do not fit or do not cover it."""
+    targets, treedef = jax.tree_util.tree_flatten(abstract_state)
+    want = [[list(t.shape), np.dtype(t.dtype).str] for t in targets]
+    full = [np.empty(t.shape, t.dtype) for t in targets]
+    filled = [0] * len(targets)
+    for layout, data in copies:
+        if layout["leaves"] != want:
+            raise ReplicaMismatch("the RAM copy was written by a different model or optimizer: "
+                                  + _first_difference(layout["leaves"], want))
+        for i, index, dtype, shape, offset, nbytes in layout["pieces"]:
+            if offset + nbytes > len(data):
+                raise ReplicaMismatch(f"piece of array {i} runs past the copy's end")
+            piece = np.frombuffer(data, dtype=np.dtype(dtype), count=math.prod(shape),
+                                  offset=offset).reshape(shape)
+            full[i][tuple(slice(a, b) for a, b in index)] = piece
+            filled[i] += piece.size
+    for i, (arr, n) in enumerate(zip(full, filled)):
+        if n != arr.size:
+            raise ReplicaMismatch(f"array {i} is {n}/{arr.size} covered by the copies: a source "
+                                  "is missing")
+    arrays = [jax.make_array_from_callback(t.shape, t.sharding, lambda idx, a=a: a[idx])
+              for t, a in zip(targets, full)]
+    return jax.tree_util.tree_unflatten(treedef, arrays)
+
+
+def _first_difference(got: list, want: list) -> str:
+    if len(got) != len(want):
+        return f"{len(got)} arrays, this state has {len(want)}"
+    i, (g, w) = next((i, p) for i, p in enumerate(zip(got, want)) if p[0] != p[1])
+    return f"array {i} is {g[0]} {g[1]} there, {w[0]} {w[1]} here"
