@@ -35,6 +35,7 @@ from orchestrator.controller.seam import (
 from orchestrator.errors import CheckpointCorrupt, OrchestratorError
 from orchestrator.hosts import HostRef
 from orchestrator.hostspec import HostSpec
+from orchestrator.ram_tier import RamTier
 from orchestrator.ray_results import combine, compiled, failure_kind
 from policies.causes import FailureKind
 from workers.executables import store_dir
@@ -94,8 +95,10 @@ class RayWorkerGroup:
 
     def __init__(self, spec: GroupSpec, *, metadata_settings: dict | None = None,
                  notice_queue: Any = None,
-                 unreachable: Callable[[Collection[str]], set[str]] | None = None) -> None:
+                 unreachable: Callable[[Collection[str]], set[str]] | None = None,
+                 ram: RamTier | None = None) -> None:
         self.spec = spec
+        self.ram = ram
         self.timeouts = spec.cfg.timeouts
         self.metadata_settings = metadata_settings
         self.queue = notice_queue
@@ -114,6 +117,9 @@ class RayWorkerGroup:
                 self._get([self.actors[host].inject_fault.remote(fault)], "init", 30.0)
             self._initialize()
             self._get([a.build.remote() for a in self.actors], "restore", self.timeouts.restore_s)
+            if self.ram is not None:
+                self._get(self.ram.attach_calls(self.actors, self.spec.plan,
+                                                incarnation=self.spec.incarnation), "init", 60.0)
             watching, ids = 0, {}
             if self.metadata_settings is not None:
                 out = self._get([a.start_metadata_watcher.remote(self.metadata_settings,
@@ -129,6 +135,21 @@ class RayWorkerGroup:
         return Formed(hosts=len(plan.hosts), metadata_watchers=watching, instance_ids=ids)
 
     def restore(self, *, skip_steps: Collection[int] = ()) -> Restored:
+        """From the RAM tier when it holds a complete set at least as new as the newest durable
+        step (``policies.ram_tier``), else from Orbax; a refused RAM copy falls back to Orbax
+        in place (the RAM restore runs no collective)."""
+        note = ""
+        if self.ram is not None:
+            choice = self.ram.pick(f"{self.spec.run_dir}/checkpoints", skip_steps)
+            note = choice.reason
+            if choice.tier == "ram":
+                refs = self.ram.restore_calls(self.actors, choice)
+                got = (self.ram.restored(self._get(refs, "restore", self.timeouts.restore_s),
+                                         choice) if refs else
+                       f"RAM step {choice.step}: a holder vanished before the restore")
+                if isinstance(got, Restored):
+                    return got
+                note = got
         outs = self._get([a.restore.remote(sorted(skip_steps)) for a in self.actors], "restore",
                          self.timeouts.restore_s)
         steps = {o["restored_step"] for o in outs}
@@ -139,7 +160,8 @@ class RayWorkerGroup:
                                         message=f"hosts restored different steps {found}"))
         o = outs[0]
         return Restored(restored_step=o["restored_step"], step=int(o["step"]),
-                        restore_s=float(o["restore_s"]), skipped=tuple(o.get("skipped", ())))
+                        restore_s=float(o["restore_s"]), skipped=tuple(o.get("skipped", ())),
+                        tier="durable", tier_reason=note)
 
     def compile(self) -> Compiled:
         return compiled(self._get([a.compile.remote() for a in self.actors], "compile",
@@ -350,10 +372,11 @@ class RayWorkerGroup:
 
 
 def ray_group_factory(cfg: Any, cluster: RayClusterView, *,
-                      group_cls: type[RayWorkerGroup] | None = None
-                      ) -> Callable[[GroupSpec], RayWorkerGroup]:
+                      group_cls: type[RayWorkerGroup] | None = None,
+                      ram: RamTier | None = None) -> Callable[[GroupSpec], RayWorkerGroup]:
     """Groups for one driver: they share one driver-owned notice queue (created only when the
-    hosts' metadata watchers can run), so a notice outlives the host that sent it."""
+    hosts' metadata watchers can run), so a notice outlives the host that sent it, and the
+    run's RAM tier (``RamTier.for_config``; None: off)."""
     settings = dataclasses.asdict(cfg.events.metadata)
     mode = cfg.events.metadata.enabled
     state: dict[str, Any] = {}
@@ -365,6 +388,7 @@ def ray_group_factory(cfg: Any, cluster: RayClusterView, *,
 
             state["queue"] = Queue(maxsize=10_000, actor_options={"num_cpus": 0})
         return (group_cls or RayWorkerGroup)(spec, metadata_settings=settings if watch else None,
-                              notice_queue=state.get("queue"), unreachable=cluster.unreachable)
+                              notice_queue=state.get("queue"), unreachable=cluster.unreachable,
+                              ram=ram)
 
     return make

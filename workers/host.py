@@ -152,14 +152,15 @@ class HostActor:
         try:
             refs = {src: h.get.remote(incarnation=incarnation, step=step, source=src)
                     for src, (_, h) in sorted(holders.items())}
-            copies = {holders[src][0]: ray.get(ref, timeout=60) for src, ref in refs.items()}
+            copies = {f"source {src} from {holders[src][0]}": ray.get(ref, timeout=60)
+                      for src, ref in refs.items()}
         except Exception as exc:
             return self._ram_refused(step, exc, t0)
         return self.restore_copies(step, copies, started=t0)
 
     def restore_copies(self, step: int, copies: dict[str, dict], *,
                        started: float | None = None) -> dict:
-        """``restore_from_ram`` once the copies are here (holder name -> ``RamHolder.get``)."""
+        """``restore_from_ram`` once the copies are here (label -> ``RamHolder.get``)."""
         from workers.ram_holder import checksum
 
         t0 = time.perf_counter() if started is None else started
@@ -167,7 +168,7 @@ class HostActor:
         try:
             for name, got in copies.items():
                 if checksum(got["data"]) != got["crc32"]:
-                    raise ValueError(f"the copy from {name} fails its checksum")
+                    raise ValueError(f"the copy of {name} fails its checksum")
             tr.restore_from_copies(step, [(got["layout"], got["data"])
                                           for got in copies.values()])
         except Exception as exc:

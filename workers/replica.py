@@ -30,11 +30,11 @@ def pack(state: Any) -> tuple[dict, bytes]:
               if shard.replica_id == 0]
     host = jax.device_get([shard.data for _, shard in wanted])
     pieces, chunks, offset = [], [], 0
-    for (i, shard), value in zip(wanted, host):
+    for (i, shard), value in zip(wanted, host, strict=True):
         arr = np.asarray(value, order="C")  # (ascontiguousarray makes a 0-d array 1-d)
         shape = leaves[i].shape
         index = [[s.start or 0, dim if s.stop is None else s.stop]
-                 for s, dim in zip(shard.index, shape)]
+                 for s, dim in zip(shard.index, shape, strict=True)]
         pieces.append([i, index, arr.dtype.str, list(arr.shape), offset, arr.nbytes])
         chunks.append(arr.tobytes())
         offset += arr.nbytes
@@ -61,17 +61,17 @@ def unpack(copies: Sequence[tuple[dict, bytes]], abstract_state: Any) -> Any:
                                   offset=offset).reshape(shape)
             full[i][tuple(slice(a, b) for a, b in index)] = piece
             filled[i] += piece.size
-    for i, (arr, n) in enumerate(zip(full, filled)):
+    for i, (arr, n) in enumerate(zip(full, filled, strict=True)):
         if n != arr.size:
             raise ReplicaMismatch(f"array {i} is {n}/{arr.size} covered by the copies: a source "
                                   "is missing")
     arrays = [jax.make_array_from_callback(t.shape, t.sharding, lambda idx, a=a: a[idx])
-              for t, a in zip(targets, full)]
+              for t, a in zip(targets, full, strict=True)]
     return jax.tree_util.tree_unflatten(treedef, arrays)
 
 
 def _first_difference(got: list, want: list) -> str:
     if len(got) != len(want):
         return f"{len(got)} arrays, this state has {len(want)}"
-    i, (g, w) = next((i, p) for i, p in enumerate(zip(got, want)) if p[0] != p[1])
+    i, (g, w) = next((i, p) for i, p in enumerate(zip(got, want, strict=True)) if p[0] != p[1])
     return f"array {i} is {g[0]} {g[1]} there, {w[0]} {w[1]} here"

@@ -51,12 +51,15 @@ def restoring(run: Run) -> Next:
         run.placement.skip_steps.add(int(skipped["step"]))
         log.warning("checkpoint_skipped", **skipped)
     lost = run.ledger.restored(restored_step=out.restored_step, step=out.step,
-                               restore_s=out.restore_s, skipped=out.skipped)
+                               restore_s=out.restore_s, skipped=out.skipped, tier=out.tier,
+                               tier_reason=out.tier_reason, nbytes=out.nbytes)
     if lost:
         log.warning("steps_lost", lost=lost, restored_step=out.restored_step,
                     reached=run.ledger.max_step_reached)
-    reason = (f"restored step {out.restored_step}" if out.restored_step is not None
-              else "fresh start (seed)")
+    reason = (f"restored step {out.restored_step} from {out.tier} tier"
+              if out.restored_step is not None else "fresh start (seed)")
+    if out.tier_reason:
+        reason += f" ({out.tier_reason})"
     if out.skipped:
         reason += f" (skipped unreadable step(s) {[s['step'] for s in out.skipped]})"
     return Next(S.COMPILING, reason)

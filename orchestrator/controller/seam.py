@@ -111,6 +111,10 @@ class Restored:
     step: int
     restore_s: float
     skipped: tuple[dict, ...] = ()
+    tier: str = "durable"
+    """"ram" (the hosts' RAM copies) or "durable" (Orbax on disk)."""
+    tier_reason: str = ""
+    nbytes: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)

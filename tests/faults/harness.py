@@ -27,6 +27,7 @@ import structlog
 from orchestrator.config import RunConfig, load_config
 from orchestrator.controller import Controller, Hooks, RunSummary
 from orchestrator.controller_config import ChaosFaultConfig
+from orchestrator.ram_tier import RamTier
 from orchestrator.ray_group import RayClusterView, RayWorkerGroup, ray_group_factory
 from tests.support.ray_cluster import RunningCluster, emulated_cluster
 
@@ -94,6 +95,8 @@ class RunResult:
     actions: list[Action] = field(default_factory=list)
     host_pids: list[int] = field(default_factory=list)
     """Every host actor process the run started."""
+    ram_stats: dict[str, dict] = field(default_factory=dict)
+    """What each RAM-tier holder kept at the end (node id -> copies, bytes)."""
 
     @property
     def timeline(self) -> list[dict]:
@@ -145,8 +148,9 @@ def run_controller(cfg: RunConfig, *, actions: Sequence[Action] = (), intake: An
     cluster = RayClusterView()
     pids: list[int] = []
     group_cls = type("RecordingGroup", (RecordingGroup,), {"pids": pids})
+    ram = RamTier.for_config(cfg)
     ctl = Controller(cfg, run_dir=Path(cfg.run.run_dir), cluster=cluster,
-                     make_group=ray_group_factory(cfg, cluster, group_cls=group_cls),
+                     make_group=ray_group_factory(cfg, cluster, group_cls=group_cls, ram=ram),
                      intake=intake, hooks=Hooks(on_final_group=on_final))
     todo = sorted(actions, key=lambda a: a.step)
     box_out: dict[str, Any] = {}
@@ -172,10 +176,13 @@ def run_controller(cfg: RunConfig, *, actions: Sequence[Action] = (), intake: An
         runner.join(0.05)
     if runner.is_alive():
         raise AssertionError(f"the run did not end within {timeout_s:.0f}s")
+    ram_stats = ram.stats() if ram is not None else {}
+    if ram is not None:
+        ram.release()  # the next test of the module's cluster starts with none
     if "error" in box_out:
         raise box_out["error"]
     return RunResult(summary=box_out["summary"], controller=ctl, final_params=box.get("params"),
-                     actions=list(todo), host_pids=pids)
+                     actions=list(todo), host_pids=pids, ram_stats=ram_stats)
 
 
 def flatten(tree: Any, prefix: str = "") -> dict[str, np.ndarray]:

@@ -1,0 +1,171 @@
+"""The driver's side of the host-RAM tier: one detached holder actor per node, found by name.
+
+Holders are named ``ram-<run key>-<node id>`` in the ``tpu-orchestrator`` namespace and detached,
+so they outlive the host actors of an incarnation (kill -9, re-form) and the driver itself
+(autoresume finds them by name and restores from them). ``release`` kills them when the run is
+over; a run that ended in failure keeps them for the autoresume that brings it back.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Collection, Sequence
+from pathlib import Path
+from typing import Any
+
+import ray
+import structlog
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from orchestrator.config import RamTierConfig
+from orchestrator.controller.seam import Restored
+from orchestrator.plan import MeshPlan
+from policies.ram_tier import ReplicaEntry, TierChoice, choose_tier, peers
+from workers import ckpt_layout
+from workers.ram_holder import RamHolder
+
+log = structlog.get_logger(__name__)
+
+NAMESPACE = "tpu-orchestrator"
+_RemoteHolder = ray.remote(RamHolder)
+
+
+def run_key(name: str, run_dir: str) -> str:
+    """Holders of one run (name and directory): another run never reads its copies."""
+    return f"{name}-{hashlib.sha256(run_dir.encode()).hexdigest()[:8]}"
+
+
+class RamTier:
+    """Creates, lists, asks and releases one run's holders."""
+
+    def __init__(self, cfg: RamTierConfig, *, key: str, timeout_s: float = 10.0) -> None:
+        self.cfg = cfg
+        self.prefix = f"ram-{key}-"
+        self.timeout_s = timeout_s
+
+    @classmethod
+    def for_config(cls, cfg: Any) -> RamTier | None:
+        """The tier of a run config (``checkpoint.ram``), or None when it is off."""
+        if not cfg.checkpoint.ram.enabled:
+            return None
+        return cls(cfg.checkpoint.ram, key=run_key(cfg.run.name,
+                                                    str(Path(cfg.run.run_dir).absolute())))
+
+    def holder(self, node_id: str) -> tuple[str, Any]:
+        """This run's holder on ``node_id`` (created if it is not there yet)."""
+        name = self.prefix + node_id
+        handle = _RemoteHolder.options(
+            name=name, namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
+            num_cpus=0, max_concurrency=4, max_restarts=0,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
+        ).remote(keep=self.cfg.keep)
+        return name, handle
+
+    def assignments(self, plan: MeshPlan) -> list[list[tuple[str, Any]]]:
+        """Per host: its own node's holder, then its peer's (policies.ram_tier.peers)."""
+        peer_of = peers([h.slice_name for h in plan.hosts])
+        out = []
+        for h in plan.hosts:
+            mine = [self.holder(h.node_id)]
+            peer = peer_of[h.index]
+            if peer is not None and plan.hosts[peer].node_id != h.node_id:
+                mine.append(self.holder(plan.hosts[peer].node_id))
+            out.append(mine)
+        return out
+
+    def holders(self) -> dict[str, Any]:
+        """Every live holder of this run, by name (also those an earlier driver created)."""
+        found: dict[str, Any] = {}
+        for a in ray.util.list_named_actors(all_namespaces=True):
+            if a.get("namespace") != NAMESPACE or not a.get("name", "").startswith(self.prefix):
+                continue
+            try:
+                found[a["name"]] = ray.get_actor(a["name"], namespace=NAMESPACE)
+            except ValueError:  # gone between listing and lookup
+                continue
+        return found
+
+    def inventory(self) -> list[ReplicaEntry]:
+        """What every reachable holder has; a dead or slow holder is left out (logged)."""
+        handles = self.holders()
+        refs = {name: h.inventory.remote() for name, h in handles.items()}
+        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=self.timeout_s)
+        entries: list[ReplicaEntry] = []
+        for name, ref in refs.items():
+            if ref not in ready:
+                log.warning("ram_holder_slow", holder=name)
+                continue
+            try:
+                entries.extend(ReplicaEntry(holder=name, **e) for e in ray.get(ref))
+            except Exception as exc:  # its node is gone: its copies with it
+                log.warning("ram_holder_lost", holder=name, error=str(exc)[:200])
+        return entries
+
+    def choose(self, durable_step: int | None, *, exclude_steps: Collection[int] = ()
+               ) -> TierChoice:
+        try:
+            entries = self.inventory()
+        except Exception as exc:  # the tier is an optimisation: the durable tier still works
+            log.warning("ram_inventory_failed", error=str(exc)[:300])
+            return TierChoice(tier="durable", step=durable_step,
+                              reason=f"RAM holders unreadable ({type(exc).__name__})")
+        return choose_tier(entries, durable_step, exclude_steps=exclude_steps)
+
+    def pick(self, checkpoint_dir: str, skip_steps: Collection[int] = ()) -> TierChoice:
+        """The tier to restore from, against the newest committed durable step on disk."""
+        on_disk = ckpt_layout.committed_steps(checkpoint_dir)
+        durable = max((s for s in on_disk if s not in skip_steps), default=None)
+        choice = self.choose(durable)
+        log.info("restore_tier", tier=choice.tier, step=choice.step, reason=choice.reason)
+        return choice
+
+    def attach_calls(self, actors: Sequence[Any], plan: MeshPlan, *, incarnation: int
+                     ) -> list[Any]:
+        """Start every host copying to its holders (refs for the group to wait on)."""
+        assign = self.assignments(plan)
+        return [a.attach_ram.remote(assign[i], incarnation=incarnation, every=self.cfg.every,
+                                    keep=self.cfg.keep, max_host_bytes=self.cfg.max_host_bytes)
+                for i, a in enumerate(actors)]
+
+    def restore_calls(self, actors: Sequence[Any], choice: TierChoice) -> list[Any]:
+        """Every host rebuilds ``choice.step`` from the copies; [] if a holder is gone."""
+        live = self.holders()
+        if any(name not in live for name in choice.holders.values()):
+            return []
+        holders = {src: (name, live[name]) for src, name in choice.holders.items()}
+        return [a.restore_from_ram.remote(choice.step, choice.incarnation, holders)
+                for a in actors]
+
+    def restored(self, outs: list[dict], choice: TierChoice) -> Restored | str:
+        """The group's restore, or why a host refused its copies (then the group restores from
+        Orbax in place: the RAM restore ran no collective, so nothing is half-done)."""
+        refused = [f"host {i}: {o['reason']}" for i, o in enumerate(outs) if not o["ok"]]
+        if refused:
+            log.warning("ram_restore_refused", step=choice.step, hosts=refused)
+            return f"RAM step {choice.step} refused ({'; '.join(refused)[:500]})"
+        assert choice.step is not None
+        return Restored(restored_step=choice.step, step=choice.step,
+                        restore_s=max(float(o["restore_s"]) for o in outs), tier="ram",
+                        tier_reason=choice.reason, nbytes=choice.nbytes)
+
+    def stats(self) -> dict[str, dict]:
+        """Bytes and copies each holder keeps now (for the summary)."""
+        out: dict[str, dict] = {}
+        for name, h in self.holders().items():
+            try:
+                out[name.removeprefix(self.prefix)] = ray.get(h.stats.remote(),
+                                                              timeout=self.timeout_s)
+            except Exception as exc:
+                log.warning("ram_holder_stats_failed", holder=name, error=str(exc)[:200])
+        return out
+
+    def release(self) -> int:
+        """Kill every holder of this run; returns how many."""
+        n = 0
+        for name, h in self.holders().items():
+            try:
+                ray.kill(h, no_restart=True)
+                n += 1
+            except Exception as exc:
+                log.warning("ram_holder_kill_failed", holder=name, error=str(exc)[:200])
+        return n
