@@ -236,6 +236,10 @@ class RamTierConfig:
     every: int = 1
     keep: int = 2
     """Copies kept per sending host and holder; 2 keeps a complete set while the next arrives."""
+    durable_from_ram: bool = True
+    """Periodic durable saves are written from the RAM copy by the holder on each node (Orbax,
+    lowest CPU priority, ``RUN_DIR/checkpoints-from-ram``), not from the devices by the training
+    process; drain and final saves stay Orbax saves of the global arrays."""
     max_host_bytes: int = 2 * 1024**3
     """A host whose copies would make a holder exceed this stops copying (and says so); its
     restores then come from the durable tier."""
@@ -244,6 +248,10 @@ class RamTierConfig:
         if not isinstance(self.enabled, bool):
             raise ConfigError("checkpoint.ram.enabled", f"{self.enabled!r} is not a boolean",
                               "set checkpoint.ram.enabled=true or false")
+        if not isinstance(self.durable_from_ram, bool):
+            raise ConfigError("checkpoint.ram.durable_from_ram",
+                              f"{self.durable_from_ram!r} is not a boolean",
+                              "set checkpoint.ram.durable_from_ram=true or false")
         _positive("checkpoint.ram.every", self.every)
         if self.keep < 2:
             raise ConfigError("checkpoint.ram.keep", f"{self.keep} < 2: a holder would drop its "

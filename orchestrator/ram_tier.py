@@ -21,7 +21,7 @@ from orchestrator.config import RamTierConfig
 from orchestrator.controller.seam import Restored
 from orchestrator.plan import MeshPlan
 from policies.ram_tier import ReplicaEntry, TierChoice, choose_tier, peers
-from workers import ckpt_layout
+from workers import ckpt_layout, copy_store
 from workers.ram_holder import RamHolder
 
 log = structlog.get_logger(__name__)
@@ -101,21 +101,24 @@ class RamTier:
                 log.warning("ram_holder_lost", holder=name, error=str(exc)[:200])
         return entries
 
-    def choose(self, durable_step: int | None, *, exclude_steps: Collection[int] = ()
-               ) -> TierChoice:
+    def choose(self, durable_step: int | None, *, copy_step: int | None = None,
+               exclude_steps: Collection[int] = ()) -> TierChoice:
         try:
             entries = self.inventory()
         except Exception as exc:  # the tier is an optimisation: the durable tier still works
             log.warning("ram_inventory_failed", error=str(exc)[:300])
-            return TierChoice(tier="durable", step=durable_step,
-                              reason=f"RAM holders unreadable ({type(exc).__name__})")
-        return choose_tier(entries, durable_step, exclude_steps=exclude_steps)
+            return choose_tier([], durable_step, copy_step=copy_step,
+                               exclude_steps=exclude_steps)
+        return choose_tier(entries, durable_step, copy_step=copy_step,
+                           exclude_steps=exclude_steps)
 
     def pick(self, checkpoint_dir: str, skip_steps: Collection[int] = ()) -> TierChoice:
         """The tier to restore from, against the newest committed durable step on disk."""
         on_disk = ckpt_layout.committed_steps(checkpoint_dir)
         durable = max((s for s in on_disk if s not in skip_steps), default=None)
-        choice = self.choose(durable)
+        saved = copy_store.complete_steps(copy_store.copies_dir(checkpoint_dir))
+        copied = max((s for s in saved if s not in skip_steps), default=None)
+        choice = self.choose(durable, copy_step=copied)
         log.info("restore_tier", tier=choice.tier, step=choice.step, reason=choice.reason)
         return choice
 
@@ -124,11 +127,15 @@ class RamTier:
         """Start every host copying to its holders (refs for the group to wait on)."""
         assign = self.assignments(plan)
         return [a.attach_ram.remote(assign[i], incarnation=incarnation, every=self.cfg.every,
-                                    keep=self.cfg.keep, max_host_bytes=self.cfg.max_host_bytes)
+                                    keep=self.cfg.keep, max_host_bytes=self.cfg.max_host_bytes,
+                                    durable_from_ram=self.cfg.durable_from_ram)
                 for i, a in enumerate(actors)]
 
     def restore_calls(self, actors: Sequence[Any], choice: TierChoice) -> list[Any]:
-        """Every host rebuilds ``choice.step`` from the copies; [] if a holder is gone."""
+        """Every host rebuilds ``choice.step`` from the copies (in RAM, or saved on disk for
+        tier "copy"); [] if a holder is gone."""
+        if choice.tier == "copy":
+            return [a.restore_from_disk_copy.remote(choice.step) for a in actors]
         live = self.holders()
         if any(name not in live for name in choice.holders.values()):
             return []
@@ -141,12 +148,14 @@ class RamTier:
         Orbax in place: the RAM restore ran no collective, so nothing is half-done)."""
         refused = [f"host {i}: {o['reason']}" for i, o in enumerate(outs) if not o["ok"]]
         if refused:
-            log.warning("ram_restore_refused", step=choice.step, hosts=refused)
-            return f"RAM step {choice.step} refused ({'; '.join(refused)[:500]})"
+            log.warning("ram_restore_refused", step=choice.step, tier=choice.tier,
+                        hosts=refused)
+            return f"{choice.tier} step {choice.step} refused ({'; '.join(refused)[:500]})"
         assert choice.step is not None
         return Restored(restored_step=choice.step, step=choice.step,
-                        restore_s=max(float(o["restore_s"]) for o in outs), tier="ram",
-                        tier_reason=choice.reason, nbytes=choice.nbytes)
+                        restore_s=max(float(o["restore_s"]) for o in outs), tier=choice.tier,
+                        tier_reason=choice.reason,
+                        nbytes=choice.nbytes or int(outs[0].get("nbytes", 0)))
 
     def stats(self) -> dict[str, dict]:
         """Bytes and copies each holder keeps now (for the summary)."""
@@ -159,10 +168,14 @@ class RamTier:
                 log.warning("ram_holder_stats_failed", holder=name, error=str(exc)[:200])
         return out
 
-    def release(self) -> int:
-        """Kill every holder of this run; returns how many."""
+    def release(self, *, flush_s: float = 60.0) -> int:
+        """Kill every holder of this run once its queued durable saves are done (bounded by
+        ``flush_s``); returns how many."""
         n = 0
-        for name, h in self.holders().items():
+        handles = self.holders()
+        flushed = {name: h.flush.remote(flush_s) for name, h in handles.items()}
+        ray.wait(list(flushed.values()), num_returns=len(flushed), timeout=flush_s + 5)
+        for name, h in handles.items():
             try:
                 ray.kill(h, no_restart=True)
                 n += 1

@@ -142,7 +142,7 @@ class RayWorkerGroup:
         if self.ram is not None:
             choice = self.ram.pick(f"{self.spec.run_dir}/checkpoints", skip_steps)
             note = choice.reason
-            if choice.tier == "ram":
+            if choice.tier in ("ram", "copy"):
                 refs = self.ram.restore_calls(self.actors, choice)
                 got = (self.ram.restored(self._get(refs, "restore", self.timeouts.restore_s),
                                          choice) if refs else

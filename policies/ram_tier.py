@@ -4,8 +4,9 @@ Every host's shards of the train state are copied, every ``ram.every`` steps, to
 own node (survives the host process) and to a holder on a peer host in *another slice* (survives
 the node). A restore uses the newest step for which a complete, intact set exists in RAM: every
 source process of one incarnation, each copy's checksum verified. It uses RAM only when that step
-is newer than the newest committed durable (Orbax) step, or equal (RAM is faster); otherwise the
-durable tier. Pure: no Ray, no JAX, no I/O.
+is at least as new as every durable step (RAM is faster); otherwise the newest durable step:
+Orbax's (saved from the devices) or the holders' (saved from their RAM copies, off the
+training processes). Pure: no Ray, no JAX, no I/O.
 """
 
 from __future__ import annotations
@@ -36,9 +37,10 @@ class ReplicaEntry:
 @dataclass(frozen=True, kw_only=True)
 class TierChoice:
     """``tier`` "ram": restore ``step`` from the holders in ``holders`` (source -> holder);
-    "durable": restore from Orbax (``step`` is its newest committed step, None: none)."""
+    "durable": from Orbax (``step`` is its newest committed step; None: nothing, fresh start);
+    "copy": from the copies the holders saved durably (``workers.copy_store``)."""
 
-    tier: Literal["ram", "durable"]
+    tier: Literal["ram", "durable", "copy"]
     step: int | None
     reason: str
     incarnation: int | None = None
@@ -74,11 +76,14 @@ def peers(slices: Sequence[str]) -> dict[int, int | None]:
 
 
 def choose_tier(entries: Iterable[ReplicaEntry], durable_step: int | None, *,
-                exclude_steps: Collection[int] = ()) -> TierChoice:
+                copy_step: int | None = None, exclude_steps: Collection[int] = ()
+                ) -> TierChoice:
     """The fastest tier holding the newest complete state (see module doc).
 
     A step counts in RAM only if every source of one incarnation has an intact copy there;
     damaged copies are passed over (another holder's copy of the same source may serve).
+    ``durable_step``: the newest committed Orbax step; ``copy_step``: the newest step the
+    holders saved durably from their copies. On a tie: RAM, then Orbax, then the saved copy.
     """
     complete: dict[tuple[int, int], dict[int, ReplicaEntry]] = {}
     expected: dict[tuple[int, int], int] = {}
@@ -96,14 +101,22 @@ def choose_tier(entries: Iterable[ReplicaEntry], durable_step: int | None, *,
                    if len(found) == expected[key] and set(found) == set(range(expected[key]))),
                   reverse=True)
     note = f" ({damaged} damaged cop{'y' if damaged == 1 else 'ies'} ignored)" if damaged else ""
-    if not full:
-        return TierChoice(tier="durable", step=durable_step,
-                          reason=f"no complete set of RAM copies{note}")
-    step, incarnation = full[0]
-    if durable_step is not None and durable_step > step:
-        return TierChoice(tier="durable", step=durable_step,
-                          reason=f"durable step {durable_step} is newer than RAM step {step}"
-                                 f"{note}")
+    ram_step = full[0][0] if full else None
+    ranked = [(step, -rank, tier) for rank, (tier, step) in enumerate(
+        (("ram", ram_step), ("durable", durable_step), ("copy", copy_step))) if step is not None]
+    if not ranked:
+        return TierChoice(tier="durable", step=None,
+                          reason=f"nothing saved or copied yet: fresh start{note}")
+    step, _, tier = max(ranked)
+    if tier == "copy":
+        return TierChoice(tier="copy", step=step,
+                          reason=f"the copy saved from RAM at step {step} is the newest{note}")
+    if tier == "durable":
+        why = (f"RAM holds step {ram_step} only" if ram_step is not None
+               else "no complete set of RAM copies")
+        return TierChoice(tier="durable", step=step,
+                          reason=f"Orbax step {step} is the newest ({why}){note}")
+    incarnation = full[0][1]
     found = complete[(step, incarnation)]
     return TierChoice(tier="ram", step=step, incarnation=incarnation,
                       holders={s: e.holder for s, e in sorted(found.items())},

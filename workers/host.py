@@ -25,6 +25,7 @@ from typing import Any
 from orchestrator.errors import OrchestratorError
 from orchestrator.hostspec import HostSpec
 from workers import ckpt_layout
+from workers.host_ram import RamTierMethods
 from workers.stops import StopBoard
 
 log = logging.getLogger(__name__)
@@ -48,7 +49,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class HostActor:
+class HostActor(RamTierMethods):
     """One host's share of the run. Methods are the driver's only handle on JAX.
 
     Constructed as ``HostActor(spec, env)``: the spec is everything this host needs.
@@ -74,6 +75,7 @@ class HostActor:
         self._step = 0
         """The host-mirrored step, readable from any thread (no device sync)."""
         self._replicator: Any = None
+        self._persist: dict | None = None
 
     # ---- identity and wiring ------------------------------------------------------------
 
@@ -130,60 +132,6 @@ class HostActor:
         self._step = self.trainer.step
         return {"restored_step": out.step, "step": self._step,
                 "restore_s": time.perf_counter() - t0, "skipped": out.skipped}
-
-    def attach_ram(self, holders: list[tuple[str, Any]], *, incarnation: int, every: int,
-                   keep: int, max_host_bytes: int) -> None:
-        """Copy this host's shards to ``holders`` (own node's, peer's) every ``every`` steps."""
-        from workers.replicator import Replicator
-
-        self._replicator = Replicator(holders, writer=self.host.node_id, incarnation=incarnation,
-                                      source=self.host.index, sources=self.spec.plan.num_processes,
-                                      every=every, keep=keep, max_host_bytes=max_host_bytes)
-
-    def restore_from_ram(self, step: int, incarnation: int,
-                         holders: dict[int, tuple[str, Any]]) -> dict:
-        """Rebuild the state of ``step`` from every source's RAM copy (``holders``: source ->
-        (name, holder)), into this mesh. Never raises for a bad or missing copy: ``ok`` False
-        and ``reason`` tell the driver to use the durable tier instead (no collective ran, so
-        the group can still restore from Orbax in place)."""
-        import ray
-
-        t0 = time.perf_counter()
-        try:
-            refs = {src: h.get.remote(incarnation=incarnation, step=step, source=src)
-                    for src, (_, h) in sorted(holders.items())}
-            copies = {f"source {src} from {holders[src][0]}": ray.get(ref, timeout=60)
-                      for src, ref in refs.items()}
-        except Exception as exc:
-            return self._ram_refused(step, exc, t0)
-        return self.restore_copies(step, copies, started=t0)
-
-    def restore_copies(self, step: int, copies: dict[str, dict], *,
-                       started: float | None = None) -> dict:
-        """``restore_from_ram`` once the copies are here (label -> ``RamHolder.get``)."""
-        from workers.ram_holder import checksum
-
-        t0 = time.perf_counter() if started is None else started
-        tr = self._need_trainer("restore_from_ram")
-        try:
-            for name, got in copies.items():
-                if checksum(got["data"]) != got["crc32"]:
-                    raise ValueError(f"the copy of {name} fails its checksum")
-            tr.restore_from_copies(step, [(got["layout"], got["data"])
-                                          for got in copies.values()])
-        except Exception as exc:
-            return self._ram_refused(step, exc, t0)
-        self._step = tr.step
-        return {"ok": True, "step": tr.step, "restore_s": time.perf_counter() - t0,
-                "nbytes": sum(len(got["data"]) for got in copies.values())}
-
-    def _ram_refused(self, step: int, exc: Exception, t0: float) -> dict:
-        reason = f"{type(exc).__name__}: {str(exc)[:300]}"
-        log.warning("RAM restore of step %d refused: %s", step, reason)
-        return {"ok": False, "reason": reason, "restore_s": time.perf_counter() - t0}
-
-    def ram_stats(self) -> dict | None:
-        return self._replicator.stats.as_dict() if self._replicator is not None else None
 
     def compile(self) -> dict:
         """Load the step from RUN_DIR/executables when its key matches, else compile (and
@@ -255,14 +203,19 @@ class HostActor:
                 self._maybe_fault(tr.step)
                 out = tr.train_step()
                 self._step = out.step
-                saved, saved_s = False, 0.0
-                if out.step in saves:
+                saved, saved_s, ram_s = False, 0.0, 0.0
+                if out.step in saves and self._can_persist():
+                    ram_s = self._replicator.after_step(out.step, tr.state,
+                                                        persist=self._persist)
+                    saved, saved_s = True, ram_s
+                    blocking += saved_s
+                elif out.step in saves:
                     so = tr.save()
                     saved, saved_s = so.started, so.blocking_s
                     blocking += saved_s
                     self._maybe_save_fault(out.step)
-                ram_s = (self._replicator.after_step(out.step, tr.state)
-                         if self._replicator is not None else 0.0)
+                elif self._replicator is not None:
+                    ram_s = self._replicator.after_step(out.step, tr.state)
                 if report:
                     records.append({"step": out.step, "loss": out.loss,
                                     "grad_norm": out.grad_norm, "step_time_s": out.step_time_s,
@@ -272,7 +225,7 @@ class HostActor:
         finally:
             if chunk is not None:
                 self._stops.end(chunk)
-        return {"step": tr.step, "records": records, "committed_step": tr.ckpt.committed_step(),
+        return {"step": tr.step, "records": records, "committed_step": self._committed(),
                 "stopped_early": stopped, "checkpoint_blocking_s": blocking}
 
     def request_stop(self, chunk: int, at_step: int) -> int:

@@ -8,9 +8,18 @@ points into an object-store buffer whose owner may die). No JAX.
 
 from __future__ import annotations
 
+import logging
+import os
+import queue
 import threading
+import time
 import zlib
 from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+PERSIST_NICE = 19
+"""The durable writer runs at the lowest CPU priority: the training step keeps its cores."""
 
 
 @dataclass
@@ -37,13 +46,21 @@ class RamHolder:
         self.keep = keep
         self._lock = threading.Lock()
         self._copies: dict[str, list[_Copy]] = {}
+        self._persist: queue.Queue[tuple[_Copy, str, int]] = queue.Queue()
+        self._writer: threading.Thread | None = None
+        self.persisted: list[dict] = []
+        self.persist_errors: list[str] = []
 
     def put(self, writer: str, *, incarnation: int, step: int, source: int, sources: int,
-            layout: list, data: bytes, crc32: int) -> int:
+            layout: list, data: bytes, crc32: int, persist: dict | None = None) -> int:
         """Store one copy (replacing the same writer's copy of the same step); returns the
-        bytes this holder keeps in all."""
+        bytes this holder keeps in all. ``persist`` (``{"directory", "keep_steps"}``): also
+        save it durably (``workers.copy_store``), in the background at the lowest CPU
+        priority; the queued save holds its own reference, so eviction cannot lose it."""
         copy = _Copy(incarnation=incarnation, step=step, source=source, sources=sources,
                      layout=layout, data=data, crc32=crc32)
+        if persist is not None:
+            self._enqueue(copy, str(persist["directory"]), int(persist["keep_steps"]))
         with self._lock:
             mine = [c for c in self._copies.get(writer, [])
                     if (c.incarnation, c.step) != (incarnation, step)]
@@ -51,6 +68,62 @@ class RamHolder:
             mine.sort(key=lambda c: (c.step, c.incarnation))
             self._copies[writer] = mine[-self.keep:]
             return self._nbytes()
+
+    def persist_status(self) -> dict:
+        """What the background writer did (seconds per save, errors) and has still to do."""
+        with self._lock:
+            return {"pending": self._persist.qsize(), "saved": list(self.persisted[-20:]),
+                    "errors": list(self.persist_errors[-20:])}
+
+    def flush(self, timeout_s: float = 60.0) -> bool:
+        """Wait (bounded) until every queued durable save is done; False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        while self._persist.unfinished_tasks:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
+    def _write_loop(self) -> None:
+        os.environ["JAX_PLATFORMS"] = "cpu"  # Orbax imports JAX: never let it take a TPU
+        from workers import copy_store
+
+        try:  # Linux: per thread, and inherited by the threads Orbax starts from here
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), PERSIST_NICE)
+        except OSError as exc:
+            log.warning("could not lower the durable writer's priority: %s", exc)
+        while True:
+            copy, directory, keep_steps = self._persist.get()
+            step, source = copy.step, copy.source
+            t0 = time.perf_counter()
+            try:
+                if checksum(copy.data) != copy.crc32:
+                    raise ValueError("the copy fails its checksum; not saved")
+                completed = copy_store.write(
+                    directory, step=step, source=source, sources=copy.sources,
+                    incarnation=copy.incarnation, layout=copy.layout, data=copy.data,
+                    crc32=copy.crc32)
+                if completed:
+                    copy_store.prune(directory, keep_steps)
+                with self._lock:
+                    self.persisted.append({"step": step, "source": source,
+                                           "seconds": round(time.perf_counter() - t0, 4),
+                                           "nbytes": len(copy.data), "completed": completed})
+            except Exception as exc:  # a full disk must not kill the RAM copies with it
+                log.error("durable save of step %d source %d failed: %s", step, source, exc)
+                with self._lock:
+                    self.persist_errors.append(f"step {step} source {source}: "
+                                               f"{type(exc).__name__}: {str(exc)[:300]}")
+            finally:
+                self._persist.task_done()
+
+    def _enqueue(self, copy: _Copy, directory: str, keep_steps: int) -> None:
+        with self._lock:
+            if self._writer is None:
+                self._writer = threading.Thread(target=self._write_loop, name="ram-persist",
+                                                daemon=True)
+                self._writer.start()
+        self._persist.put((copy, directory, keep_steps))
 
     def inventory(self) -> list[dict]:
         """Every copy held, its checksum verified now (memory can rot; a copy may be bad)."""
@@ -71,8 +144,11 @@ class RamHolder:
 
     def stats(self) -> dict:
         with self._lock:
+            saved = [p["seconds"] for p in self.persisted]
             return {"copies": sum(len(m) for m in self._copies.values()),
-                    "nbytes": self._nbytes()}
+                    "nbytes": self._nbytes(), "persisted": len(saved),
+                    "persist_s_max": max(saved, default=0.0),
+                    "persist_errors": len(self.persist_errors)}
 
     def damage(self, *, step: int, source: int) -> bool:
         """Flip one byte of a copy (chaos/tests: a corrupted replica must be refused)."""

@@ -1,7 +1,9 @@
 """A process's shards of the train state as one ``bytes`` copy, and a state rebuilt from copies.
 
-``pack`` takes this process's addressable shards with ``replica_id == 0`` (so the copies of all
-processes are disjoint and together cover every array once) and concatenates their bytes; the
+``pack`` takes, of each array, the shards whose ``replica_id`` is the array's number modulo its
+replica count: every distinct shard is taken by exactly one device (so the copies of all
+processes are disjoint and together cover every array once), and arrays replicated across slices
+are spread over the slices' hosts instead of all landing on one. Their bytes are concatenated; the
 layout records, per piece, which array and which global index it is. ``unpack`` assembles the
 global arrays from every source's copy and places them with the *target* sharding, so a state
 copied from one mesh restores into another (a re-formed mesh). It assembles each array whole on
@@ -27,7 +29,7 @@ def pack(state: Any) -> tuple[dict, bytes]:
     """(layout, data): this process's unique shards of ``state``, bytes concatenated."""
     leaves = jax.tree_util.tree_leaves(state)
     wanted = [(i, shard) for i, leaf in enumerate(leaves) for shard in leaf.addressable_shards
-              if shard.replica_id == 0]
+              if shard.replica_id == i % _replicas(leaf)]
     host = jax.device_get([shard.data for _, shard in wanted])
     pieces, chunks, offset = [], [], 0
     for (i, shard), value in zip(wanted, host, strict=True):
@@ -41,6 +43,14 @@ def pack(state: Any) -> tuple[dict, bytes]:
     layout = {"leaves": [[list(leaf.shape), np.dtype(leaf.dtype).str] for leaf in leaves],
               "pieces": pieces}
     return layout, b"".join(chunks)
+
+
+def _replicas(leaf: Any) -> int:
+    """How many devices hold each distinct shard of ``leaf`` (e.g. the DCN data-parallel size
+    for parameters sharded only inside a slice)."""
+    index_map = leaf.sharding.devices_indices_map(leaf.shape)
+    distinct = {tuple((s.start, s.stop) for s in index) for index in index_map.values()}
+    return max(1, len(index_map) // max(1, len(distinct)))
 
 
 def unpack(copies: Sequence[tuple[dict, bytes]], abstract_state: Any) -> Any:

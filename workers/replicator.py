@@ -28,11 +28,13 @@ class ReplicaStats:
     blocking_s: float = 0.0
     dropped: list[str] = field(default_factory=list)
     disabled: str = ""
+    persist_requests: int = 0
 
     def as_dict(self) -> dict:
         return {"copies": self.copies, "bytes_per_copy": self.bytes_per_copy,
                 "sent_bytes": self.sent_bytes, "blocking_s": round(self.blocking_s, 4),
-                "dropped": list(self.dropped), "disabled": self.disabled}
+                "dropped": list(self.dropped), "disabled": self.disabled,
+                "persist_requests": self.persist_requests}
 
 
 class Replicator:
@@ -53,9 +55,12 @@ class Replicator:
         self._in_flight: list[tuple[str, Any]] = []
         self.stats = ReplicaStats()
 
-    def after_step(self, step: int, state: Any) -> float:
-        """Copy ``state`` (now at ``step``) if due; returns the seconds this step was blocked."""
-        if step % self.every or not self.holders or self.stats.disabled:
+    def after_step(self, step: int, state: Any, *, persist: dict | None = None) -> float:
+        """Copy ``state`` (now at ``step``) if due or ``persist`` asks for it (then the first
+        live holder, this node's, also saves it durably: ``RamHolder.put``); returns the
+        seconds this step was blocked."""
+        due = step % self.every == 0 or persist is not None
+        if not due or not self.holders or self.stats.disabled:
             return 0.0
         t0 = time.perf_counter()
         self.settle()
@@ -69,8 +74,11 @@ class Replicator:
         crc = checksum(data)
         self._in_flight = [(name, h.put.remote(
             self.writer, incarnation=self.incarnation, step=step, source=self.source,
-            sources=self.sources, layout=layout, data=data, crc32=crc))
-            for name, h in self.holders]
+            sources=self.sources, layout=layout, data=data, crc32=crc,
+            persist=persist if i == 0 else None))
+            for i, (name, h) in enumerate(self.holders)]
+        if persist is not None:
+            self.stats.persist_requests += 1
         self.stats.copies += 1
         self.stats.bytes_per_copy = len(data)
         self.stats.sent_bytes += len(data) * len(self.holders)

@@ -8,6 +8,7 @@ tests/workers/test_replica.py.
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 
 import numpy as np
@@ -22,6 +23,7 @@ from tests.faults.harness import (
     started_cluster,
 )
 from tests.support.ray_cluster import RunningCluster
+from workers import ckpt_layout, copy_store
 
 pytestmark = pytest.mark.cluster
 
@@ -59,6 +61,31 @@ def test_kill_9_loses_at_most_one_step_and_ends_with_uninterrupted_params(cluste
     # both nodes hold copies (own + peer), bounded by keep=2 per sending host
     assert len(hit.ram_stats) == 2
     assert all(0 < v["copies"] <= 4 for v in hit.ram_stats.values()), hit.ram_stats
+
+
+def test_saves_written_from_ram_copies_restore_bit_identically(cluster, tmp_path):
+    """Saves every 5 steps are written by the holders from their RAM copies, not by the training
+    processes (Orbax there saves only the final step). A later run on the same directory, its RAM
+    copies gone and step 20 removed, restores the saved copy of step 15 and ends with the first
+    run's parameters."""
+    run = tmp_path / "run"
+    first = run_controller(fault_config(run, *TWO_SLICES, *RAM), collect_params=True)
+    assert (first.summary.state, first.summary.step) == ("SUCCEEDED", 20)
+    copies = copy_store.copies_dir(run / "checkpoints")
+    saved = copy_store.complete_steps(copies)
+    assert saved[-2:] in ([10, 15], [15, 20]), saved
+    assert ckpt_layout.committed_steps(run / "checkpoints") == [20], "only the final save"
+    assert sum(v["persisted"] for v in first.ram_stats.values()) >= 2 * len(saved)
+    for where in (run / "checkpoints" / "20", copies / "20"):
+        shutil.rmtree(where, ignore_errors=True)
+
+    second = run_controller(fault_config(run, *TWO_SLICES, *RAM), collect_params=True)
+    assert (second.summary.state, second.summary.step) == ("SUCCEEDED", 20)
+    restored = second.restores[0]
+    assert (restored["tier"], restored["restored_step"]) == ("copy", 15), restored
+    assert first.final_params is not None and second.final_params is not None
+    for k, v in first.final_params.items():
+        np.testing.assert_array_equal(v, second.final_params[k], err_msg=k)
 
 
 def test_node_lost_with_its_holder_restores_the_peer_copy_into_a_smaller_mesh(cluster,

@@ -70,3 +70,12 @@ def test_a_set_never_mixes_incarnations():
 def test_excluded_steps_are_passed_over():
     entries = [entry(6, 0), entry(6, 1), entry(5, 0), entry(5, 1)]
     assert choose_tier(entries, durable_step=None, exclude_steps={6}).step == 5
+
+
+def test_a_copy_saved_from_ram_is_a_durable_candidate():
+    got = choose_tier([entry(5, 0)], durable_step=4, copy_step=6)
+    assert (got.tier, got.step) == ("copy", 6)
+    assert choose_tier([entry(6, 0), entry(6, 1)], durable_step=4, copy_step=6).tier == "ram"
+    assert choose_tier([], durable_step=6, copy_step=6).tier == "durable"
+    fresh = choose_tier([], durable_step=None)
+    assert (fresh.tier, fresh.step) == ("durable", None)

@@ -91,8 +91,33 @@ def run(tmp: Path) -> dict:
         holder.put("node-a", incarnation=1, step=step, source=0, sources=1, layout=layout,
                    data=data, crc32=checksum(data))
     out["kept_steps"] = sorted(c["step"] for c in holder.inventory())
+    out["disk"] = _disk_copies(tmp / "copies", layout, data, src, tmp)
     for a in (plain, src, same, other, bigger):
         a.shutdown()
+    return out
+
+
+def _disk_copies(where: Path, layout: dict, data: bytes, src: Any, tmp: Path) -> dict:
+    """The holders' durable save (copy_store): a step is complete only with every source;
+    it reads back bit-identical and restores; prune keeps the newest."""
+    from workers import copy_store
+    from workers.ram_holder import checksum
+
+    out: dict[str, Any] = {}
+    crc = checksum(data)
+    kw = {"sources": 2, "incarnation": 1, "layout": layout, "data": data, "crc32": crc}
+    out["first_of_two_completes"] = copy_store.write(where, step=3, source=0, **kw)
+    out["complete_after_one"] = copy_store.complete_steps(where)
+    out["second_completes"] = copy_store.write(where, step=3, source=1, **kw)
+    out["complete_after_two"] = copy_store.complete_steps(where)
+    back = copy_store.read(where, step=3, source=0)
+    out["read_back_equal"] = back["data"] == data and back["crc32"] == crc
+    restored = make_actor(tmp / "from-disk").restore_copies(3, {"disk": back})
+    out["restore_ok"] = restored["ok"]
+    for source in (0, 1):
+        copy_store.write(where, step=4, source=source, **kw)
+    out["pruned"] = copy_store.prune(where, keep=1)
+    out["after_prune"] = copy_store.complete_steps(where)
     return out
 
 

@@ -53,3 +53,12 @@ def test_incomplete_and_foreign_copies_are_refused(seen):
 
 def test_holder_keeps_the_newest_copies_per_writer(seen):
     assert seen["kept_steps"] == [4, 5]
+
+
+def test_copies_saved_by_the_holders_complete_only_with_every_source(seen):
+    disk = seen["disk"]
+    assert disk["first_of_two_completes"] is False and disk["complete_after_one"] == []
+    assert disk["second_completes"] is True and disk["complete_after_two"] == [3]
+    assert disk["read_back_equal"] is True
+    assert disk["restore_ok"] is True
+    assert disk["pruned"] == [3] and disk["after_prune"] == [4]

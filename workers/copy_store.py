@@ -1,0 +1,106 @@
+"""The durable tier written from the RAM copies: each source's copy saved with Orbax by the holder
+on its node, off the training processes.
+
+Layout: ``<dir>/<step>/source-<i>/`` (one Orbax checkpoint per source: the copy's bytes and its
+layout, step, incarnation and checksum) and ``<dir>/<step>/COMPLETE`` once every source of the
+step is there. Orbax renames each source directory into place only when it is fully written, so
+a listed source is whole; ``COMPLETE`` is written (tmp + rename) by whichever holder finishes
+the last source. A step without it is never restored. The copies are mesh-independent
+(``workers.replica``): a step saved on one mesh restores into any other.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+COMPLETE = "COMPLETE"
+
+
+def copies_dir(checkpoint_dir: str | Path) -> Path:
+    """Beside the Orbax directory (never inside it: Orbax would see a foreign step there)."""
+    return Path(f"{Path(checkpoint_dir).absolute()}-from-ram")
+
+
+def _checkpointer() -> Any:
+    import orbax.checkpoint as ocp
+
+    return ocp.Checkpointer(ocp.CompositeCheckpointHandler())
+
+
+def write(directory: str | Path, *, step: int, source: int, sources: int, incarnation: int,
+          layout: dict, data: bytes, crc32: int) -> bool:
+    """Save one source's copy of ``step``; returns True if this completed the step."""
+    import orbax.checkpoint as ocp
+
+    step_dir = Path(directory) / str(step)
+    path = step_dir / f"source-{source}"
+    if not path.exists():
+        step_dir.mkdir(parents=True, exist_ok=True)
+        meta = {"step": step, "source": source, "sources": sources, "incarnation": incarnation,
+                "crc32": crc32, "nbytes": len(data), "layout": layout}
+        # Orbax refuses zero-size arrays: a source that holds no distinct shard saves one byte
+        body = np.frombuffer(data, np.uint8) if data else np.zeros(1, np.uint8)
+        _checkpointer().save(path, args=ocp.args.Composite(
+            data=ocp.args.StandardSave({"bytes": body}),
+            meta=ocp.args.JsonSave(meta)))
+    return _complete_if_whole(step_dir, sources)
+
+
+def _complete_if_whole(step_dir: Path, sources: int) -> bool:
+    if (step_dir / COMPLETE).exists():
+        return False
+    if not all((step_dir / f"source-{i}").is_dir() for i in range(sources)):
+        return False
+    tmp = step_dir / f".{COMPLETE}.{os.getpid()}"
+    tmp.write_text(json.dumps({"sources": sources}))
+    tmp.replace(step_dir / COMPLETE)
+    return True
+
+
+def complete_steps(directory: str | Path) -> list[int]:
+    """Steps with every source saved, ascending."""
+    root = Path(directory)
+    if not root.is_dir():
+        return []
+    return sorted(int(p.name) for p in root.iterdir()
+                  if p.name.isdigit() and (p / COMPLETE).is_file())
+
+
+def sources_of(directory: str | Path, step: int) -> int:
+    return int(json.loads((Path(directory) / str(step) / COMPLETE).read_text())["sources"])
+
+
+def read(directory: str | Path, *, step: int, source: int) -> dict:
+    """One source's copy as ``RamHolder.get`` returns it (layout, data, crc32)."""
+    import orbax.checkpoint as ocp
+
+    path = Path(directory) / str(step) / f"source-{source}"
+    out = _checkpointer().restore(path, args=ocp.args.Composite(
+        data=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()))
+    meta = out["meta"]
+    if int(meta["step"]) != step or int(meta["source"]) != source:
+        raise ValueError(f"{path} holds step {meta['step']} source {meta['source']}")
+    data = np.asarray(out["data"]["bytes"]).tobytes()[: int(meta["nbytes"])]
+    return {"layout": meta["layout"], "data": data, "crc32": int(meta["crc32"])}
+
+
+def prune(directory: str | Path, keep: int) -> list[int]:
+    """Delete complete steps beyond the newest ``keep`` and incomplete ones older than the
+    newest complete step; returns the steps deleted."""
+    done = complete_steps(directory)
+    if not done:
+        return []
+    newest = done[-1]
+    gone = set(done[:-keep])
+    root = Path(directory)
+    gone |= {int(p.name) for p in root.iterdir() if p.name.isdigit() and int(p.name) < newest
+             and not (p / COMPLETE).is_file()}
+    for step in sorted(gone):
+        shutil.rmtree(root / str(step), ignore_errors=True)
+    return sorted(gone)

@@ -1,0 +1,116 @@
+"""The host actor's RAM-tier methods (a mixin of ``workers.host.HostActor``): copy the state to
+the holders after each step, save a copy durably through them, and rebuild the state from copies
+in RAM or on disk. Kept apart so the actor's module stays about stepping and checkpoints.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+class RamTierMethods:
+    """Needs from the actor: ``spec``, ``host``, ``trainer``, ``_step``, ``_need_trainer``."""
+
+    spec: Any
+    host: Any
+    trainer: Any
+    _step: int
+    _replicator: Any = None
+    _persist: dict | None = None
+
+    def _need_trainer(self, what: str) -> Any:
+        raise NotImplementedError
+
+    def attach_ram(self, holders: list[tuple[str, Any]], *, incarnation: int, every: int,
+                   keep: int, max_host_bytes: int, durable_from_ram: bool = False) -> None:
+        """Copy this host's shards to ``holders`` (own node's, peer's) every ``every`` steps;
+        ``durable_from_ram``: a save step's copy is saved durably by this node's holder instead
+        of an Orbax save from the devices here."""
+        from workers import copy_store
+        from workers.replicator import Replicator
+
+        self._persist = ({"directory": str(copy_store.copies_dir(self.spec.checkpoint_dir)),
+                          "keep_steps": self.spec.checkpoint.keep} if durable_from_ram else None)
+
+        self._replicator = Replicator(holders, writer=self.host.node_id, incarnation=incarnation,
+                                      source=self.host.index, sources=self.spec.plan.num_processes,
+                                      every=every, keep=keep, max_host_bytes=max_host_bytes)
+
+    def restore_from_ram(self, step: int, incarnation: int,
+                         holders: dict[int, tuple[str, Any]]) -> dict:
+        """Rebuild the state of ``step`` from every source's RAM copy (``holders``: source ->
+        (name, holder)), into this mesh. Never raises for a bad or missing copy: ``ok`` False
+        and ``reason`` tell the driver to use the durable tier instead (no collective ran, so
+        the group can still restore from Orbax in place)."""
+        import ray
+
+        t0 = time.perf_counter()
+        try:
+            refs = {src: h.get.remote(incarnation=incarnation, step=step, source=src)
+                    for src, (_, h) in sorted(holders.items())}
+            copies = {f"source {src} from {holders[src][0]}": ray.get(ref, timeout=60)
+                      for src, ref in refs.items()}
+        except Exception as exc:
+            return self._ram_refused(step, exc, t0)
+        return self.restore_copies(step, copies, started=t0)
+
+    def restore_copies(self, step: int, copies: dict[str, dict], *,
+                       started: float | None = None) -> dict:
+        """``restore_from_ram`` once the copies are here (label -> ``RamHolder.get``)."""
+        from workers.ram_holder import checksum
+
+        t0 = time.perf_counter() if started is None else started
+        tr = self._need_trainer("restore_from_ram")
+        try:
+            for name, got in copies.items():
+                if checksum(got["data"]) != got["crc32"]:
+                    raise ValueError(f"the copy of {name} fails its checksum")
+            tr.restore_from_copies(step, [(got["layout"], got["data"])
+                                          for got in copies.values()])
+        except Exception as exc:
+            return self._ram_refused(step, exc, t0)
+        self._step = tr.step
+        return {"ok": True, "step": tr.step, "restore_s": time.perf_counter() - t0,
+                "nbytes": sum(len(got["data"]) for got in copies.values())}
+
+    def restore_from_disk_copy(self, step: int) -> dict:
+        """``restore_from_ram`` from the copies the holders saved durably (copy_store)."""
+        from workers import copy_store
+
+        t0 = time.perf_counter()
+        try:
+            where = copy_store.copies_dir(self.spec.checkpoint_dir)
+            copies = {f"source {i} on disk": copy_store.read(where, step=step, source=i)
+                      for i in range(copy_store.sources_of(where, step))}
+        except Exception as exc:
+            return self._ram_refused(step, exc, t0)
+        return self.restore_copies(step, copies, started=t0)
+
+    def _ram_refused(self, step: int, exc: Exception, t0: float) -> dict:
+        reason = f"{type(exc).__name__}: {str(exc)[:300]}"
+        log.warning("RAM restore of step %d refused: %s", step, reason)
+        return {"ok": False, "reason": reason, "restore_s": time.perf_counter() - t0}
+
+    def ram_stats(self) -> dict | None:
+        return self._replicator.stats.as_dict() if self._replicator is not None else None
+
+    def _can_persist(self) -> bool:
+        r = self._replicator
+        return (self._persist is not None and r is not None and bool(r.holders)
+                and not r.stats.disabled)
+
+    def _committed(self) -> int | None:
+        """The newest durable step: Orbax's, or one saved from the RAM copies."""
+        orbax = self.trainer.ckpt.committed_step()
+        if self._persist is None:
+            return orbax
+        from workers import copy_store
+
+        steps = copy_store.complete_steps(self._persist["directory"])
+        return max([s for s in (orbax, steps[-1] if steps else None) if s is not None],
+                   default=None)
+
