@@ -133,7 +133,19 @@ class Restoring:
     step: int
 
 
-Payload = Failed | WaitingForCapacity | Draining | Backoff | Checkpointing | Releasing | Restoring
+@dataclass(frozen=True, kw_only=True)
+class Compiling:
+    """Where the state compiled for came from: ``tier`` "ram" (peer RAM copies), "copy" (copies
+    the holders saved durably), "durable" (Orbax) or "seed" (fresh start), with what it cost."""
+
+    tier: str
+    restored_step: int | None
+    restore_s: float = 0.0
+    nbytes: int = 0
+
+
+Payload = (Failed | WaitingForCapacity | Draining | Backoff | Checkpointing | Releasing
+           | Restoring | Compiling)
 
 # States whose payload must be given, and states whose payload may be given.
 REQUIRED_PAYLOAD: dict[RunState, type] = {
@@ -146,6 +158,7 @@ OPTIONAL_PAYLOAD: dict[RunState, type] = {
     S.CHECKPOINTING: Checkpointing,
     S.RELEASING: Releasing,
     S.RESTORING: Restoring,
+    S.COMPILING: Compiling,
 }
 
 

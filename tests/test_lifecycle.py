@@ -19,6 +19,7 @@ from orchestrator.lifecycle import (
     TRANSITIONS,
     Backoff,
     Checkpointing,
+    Compiling,
     Draining,
     Failed,
     IllegalTransition,
@@ -188,17 +189,22 @@ def test_wrong_payload_type_raises():
     with pytest.raises(LifecycleError, match="Draining"):
         go(lc, S.DRAINING, payload=Backoff(until=1.0, cause=StopCause.TIMEOUT))
     lc = lifecycle_in(S.RESTORING)
-    with pytest.raises(LifecycleError, match="no payload"):
+    with pytest.raises(LifecycleError, match="COMPILING takes Compiling, got Restoring"):
         go(lc, S.COMPILING, payload=Restoring(step=3))
     assert lc.state is S.RESTORING
+    lc = lifecycle_in(S.COMPILING)
+    with pytest.raises(LifecycleError, match="no payload"):
+        go(lc, S.RUNNING, payload=Restoring(step=3))
+    assert lc.state is S.COMPILING
 
 
 def test_optional_payloads_accepted():
-    """CHECKPOINTING, RELEASING and RESTORING take their own payload types."""
-    assert set(OPTIONAL_PAYLOAD) == {S.CHECKPOINTING, S.RELEASING, S.RESTORING}
+    """CHECKPOINTING, RELEASING, RESTORING and COMPILING take their own payload types."""
+    assert set(OPTIONAL_PAYLOAD) == {S.CHECKPOINTING, S.RELEASING, S.RESTORING, S.COMPILING}
     lc = lifecycle_in(S.FORMING)
     go(lc, S.RESTORING, payload=Restoring(step=40))
-    go(lc, S.COMPILING)
+    t = go(lc, S.COMPILING, payload=Compiling(tier="ram", restored_step=40, restore_s=0.02))
+    assert t.to_json()["payload"]["tier"] == "ram"
     go(lc, S.RUNNING)
     go(lc, S.CHECKPOINTING, payload=Checkpointing(purpose="final"))
     t = go(lc, S.RELEASING, payload=Releasing(cause=None, lost_steps=0))

@@ -11,7 +11,7 @@ import json
 from orchestrator.controller import recovering
 from orchestrator.controller.context import Next, Run, log
 from orchestrator.controller.seam import Formed, GroupFailed, GroupSpec
-from orchestrator.lifecycle import Restoring, RunState
+from orchestrator.lifecycle import Compiling, Restoring, RunState
 
 S = RunState
 
@@ -62,7 +62,10 @@ def restoring(run: Run) -> Next:
         reason += f" ({out.tier_reason})"
     if out.skipped:
         reason += f" (skipped unreadable step(s) {[s['step'] for s in out.skipped]})"
-    return Next(S.COMPILING, reason)
+    tier = out.tier if out.restored_step is not None else "seed"
+    return Next(S.COMPILING, reason, Compiling(tier=tier, restored_step=out.restored_step,
+                                               restore_s=round(out.restore_s, 4),
+                                               nbytes=out.nbytes))
 
 
 def compiling(run: Run) -> Next:

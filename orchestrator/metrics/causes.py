@@ -34,3 +34,13 @@ def restart_cause(t: Mapping[str, Any]) -> str | None:
     if state == "FORMING" and prev not in (None, "PLANNING"):
         return normalize_cause(t.get("reason"))
     return None
+
+
+def restore_tier(t: Mapping[str, Any]) -> str | None:
+    """The tier a restore read (ram, copy, durable) when this transition ends one, else None
+    (a fresh start from the seed is not a restore)."""
+    payload = t.get("payload") or {}
+    if t.get("state") != "COMPILING" or payload.get("type") != "Compiling":
+        return None
+    tier = payload.get("tier")
+    return str(tier) if tier and tier != "seed" else None

@@ -11,10 +11,12 @@ S01 = ["s0", "s1"]
 
 
 def transition(seq: int, state: str, prev: str | None, at: float, *, inc: int = 0,
-               slices: list[str] | None = None, step: int = 0, reason: str = "") -> dict[str, Any]:
+               slices: list[str] | None = None, step: int = 0, reason: str = "",
+               payload: dict[str, Any] | None = None) -> dict[str, Any]:
     return {"seq": seq, "state": state, "prev": prev, "at": at, "prev_duration_s": 0.0,
             "reason": reason or f"to {state.lower()}", "incarnation": inc,
-            "slices": list(slices or []), "hosts": 2 * len(slices or []), "step": step}
+            "slices": list(slices or []), "hosts": 2 * len(slices or []), "step": step,
+            "payload": payload}
 
 
 def step_record(step: int, wall: float, *, inc: int, slices: int, step_time: float = 0.5,

@@ -55,10 +55,16 @@ def test_long_fast_run_lands_every_metric_with_no_rejected_point(metric_service,
     recs = run_steps(sink, clock, 1, 10_000)
     sink.on_transition(transition(4, "FORMING", "RUNNING", clock(), inc=1, slices=["s0"],
                                   reason="preempted: host 3"))
+    sink.on_transition(transition(5, "COMPILING", "RESTORING", clock(), inc=1, slices=["s0"],
+                                  payload={"type": "Compiling", "tier": "ram",
+                                           "restored_step": 9_999, "restore_s": 0.03,
+                                           "nbytes": 1000}))
     clock.advance(1.0)
     sink.close()
 
     state = metric_service.state
+    restores = state.points(f"{PREFIX}/restores")
+    assert [(p.value, p.metric_labels.get("tier")) for p in restores][-1:] == [(1, "ram")]
     assert state.record.rejected == []
     assert sink.stats()["points_rejected"] == 0 and sink.stats()["points_dropped"] == 0
     assert sorted(state.record.descriptor_creates) == sorted(f"{PREFIX}/{m.name}" for m in METRICS)

@@ -53,6 +53,11 @@ METRICS: tuple[MetricDef, ...] = (
               description="Seconds of the run lost so far, by cause."),
     MetricDef(name="restarts", kind=CUMULATIVE, value_type=INT64, unit="1", labels=("cause",),
               description="Re-forms of the JAX group since the driver started, by cause."),
+    MetricDef(name="restores", kind=CUMULATIVE, value_type=INT64, unit="1", labels=("tier",),
+              description="Restores since the driver started, by the tier they read: ram "
+                          "(peer host memory), copy (saved from RAM), durable (Orbax)."),
+    MetricDef(name="restore_time", kind=GAUGE, value_type=DOUBLE, unit="s", labels=("tier",),
+              description="Seconds the latest restore from each tier took."),
 )
 
 BY_NAME = {m.name: m for m in METRICS}

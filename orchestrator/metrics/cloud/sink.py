@@ -15,7 +15,7 @@ from typing import Any
 
 import structlog
 
-from orchestrator.metrics.causes import restart_cause
+from orchestrator.metrics.causes import restart_cause, restore_tier
 from orchestrator.metrics.cloud.aggregate import WindowAggregator
 from orchestrator.metrics.cloud.descriptors import BY_NAME, METRICS, descriptor, metric_type
 from orchestrator.metrics.cloud.writer import MIN_POINT_SPACING_S, Point, TimeSeriesWriter
@@ -54,6 +54,8 @@ class CloudMonitoringSink(MetricSink):
         self._ledger = StepLedger()
         self._timeline: list[Mapping[str, Any]] = []
         self._restarts: dict[str, int] = {}
+        self._restores: dict[str, int] = {}
+        self._restore_s: dict[str, float] = {}
         self._rolling = rolling_window_s
         self._started = clock()
         self._last_export = self._started
@@ -80,6 +82,10 @@ class CloudMonitoringSink(MetricSink):
             cause = restart_cause(t)
             if cause is not None:
                 self._restarts[cause] = self._restarts.get(cause, 0) + 1
+            tier = restore_tier(t)
+            if tier is not None:
+                self._restores[tier] = self._restores.get(tier, 0) + 1
+                self._restore_s[tier] = float((t.get("payload") or {}).get("restore_s") or 0.0)
             self._maybe_export()
 
     def flush(self) -> None:
@@ -180,4 +186,8 @@ class CloudMonitoringSink(MetricSink):
             out.extend(self._point("badput", g.badput_s[c], end, (("cause", c),)) for c in CAUSES)
         out.extend(self._point("restarts", n, end, (("cause", c),))
                    for c, n in sorted(self._restarts.items()))
+        out.extend(self._point("restores", n, end, (("tier", t),))
+                   for t, n in sorted(self._restores.items()))
+        out.extend(self._point("restore_time", v, end, (("tier", t),))
+                   for t, v in sorted(self._restore_s.items()))
         return out
