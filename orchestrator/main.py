@@ -323,7 +323,7 @@ class Driver:
             wall_time=rec["wall_time"], devices=ctx["devices"],
             peak=box.get("peak", (0.0, "unknown")), incarnation=ctx["incarnation"],
             slices=ctx["slices"], checkpoint_blocking_s=rec["checkpoint_blocking_s"],
-            lr=rec["lr"]))
+            lr=rec["lr"], ram_copy_s=float(rec.get("ram_copy_s", 0.0))))
 
     def _goodput(self) -> float | None:
         """Goodput from the run directory's timeline and metrics (for the summary)."""

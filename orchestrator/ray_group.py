@@ -110,29 +110,25 @@ class RayWorkerGroup:
     # ---- phases ---------------------------------------------------------------------------
 
     def form(self) -> Formed:
-        plan = self.spec.plan
-        try:
-            self._start()
-            for host, fault in self.spec.init_faults:
-                self._get([self.actors[host].inject_fault.remote(fault)], "init", 30.0)
-            self._initialize()
-            self._get([a.build.remote() for a in self.actors], "restore", self.timeouts.restore_s)
-            if self.ram is not None:
-                self._get(self.ram.attach_calls(self.actors, self.spec.plan,
-                                                incarnation=self.spec.incarnation), "init", 60.0)
-            watching, ids = 0, {}
-            if self.metadata_settings is not None:
-                out = self._get([a.start_metadata_watcher.remote(self.metadata_settings,
-                                                                 self.queue)
-                                 for a in self.actors], "init", 30.0)
-                watching = sum(bool(w) for w in out)
-                # each host's own (id, name): events that name only the numeric id reach it
-                found = self._get([a.instance_identity.remote(self.metadata_settings)
-                                   for a in self.actors], "init", 30.0)
-                ids = {str(i): str(n) for i, n in (f for f in found if f)}
-        except GroupFailed:
-            raise
-        return Formed(hosts=len(plan.hosts), metadata_watchers=watching, instance_ids=ids)
+        self._start()
+        for host, fault in self.spec.init_faults:
+            self._get([self.actors[host].inject_fault.remote(fault)], "init", 30.0)
+        self._initialize()
+        self._get([a.build.remote() for a in self.actors], "restore", self.timeouts.restore_s)
+        if self.ram is not None:
+            self._get(self.ram.attach_calls(self.actors, self.spec.plan,
+                                            incarnation=self.spec.incarnation), "init", 60.0)
+        watching, ids = 0, {}
+        if self.metadata_settings is not None:
+            out = self._get([a.start_metadata_watcher.remote(self.metadata_settings, self.queue)
+                             for a in self.actors], "init", 30.0)
+            watching = sum(bool(w) for w in out)
+            # each host's own (id, name): events that name only the numeric id reach it
+            found = self._get([a.instance_identity.remote(self.metadata_settings)
+                               for a in self.actors], "init", 30.0)
+            ids = {str(i): str(n) for i, n in (f for f in found if f)}
+        return Formed(hosts=len(self.spec.plan.hosts), metadata_watchers=watching,
+                      instance_ids=ids)
 
     def restore(self, *, skip_steps: Collection[int] = ()) -> Restored:
         """From the RAM tier when it holds a complete set at least as new as the newest durable
@@ -216,6 +212,15 @@ class RayWorkerGroup:
         committed = [o.get("committed_step") for o in outs]
         agreed = min(committed) if all(c is not None for c in committed) else None
         return Saved(step=int(outs[0]["step"]), committed_step=agreed,
+                     save_s=time.perf_counter() - t0)
+
+    def copy_to_ram(self) -> Saved:
+        t0 = time.perf_counter()
+        outs = self._get([a.copy_now.remote() for a in self.actors], "save", self.timeouts.save_s)
+        # a refusal: the restore finds no complete set in RAM and reads the durable tier
+        if refused := [f"host {i}: {o['reason']}" for i, o in enumerate(outs) if not o["ok"]]:
+            log.warning("ram_copy_incomplete", hosts=refused)
+        return Saved(step=int(outs[0]["step"]), committed_step=None,
                      save_s=time.perf_counter() - t0)
 
     def notices(self) -> list[dict]:

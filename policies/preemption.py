@@ -212,6 +212,8 @@ class DrainKind(StrEnum):
     SAVE_ANYWAY = "save_anyway"
     FALL_BACK_TO_LAST_CHECKPOINT = "fall_back_to_last_checkpoint"
     NOTHING_TO_SAVE = "nothing_to_save"
+    RAM_COPY_ONLY = "ram_copy_only"
+    """Too little time for a durable save, enough to copy the step to the peers' RAM."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -228,6 +230,8 @@ class DrainObservation:
     expected_step_s: float
     step: int
     last_committed_step: int | None
+    expected_copy_s: float | None = None
+    """Seconds to copy the step to the RAM tier's holders; None: the RAM tier is off."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -279,6 +283,15 @@ class DeadlinePolicy:
                 restore_step=obs.step,
             )
         short = f"{time_left:.1f}s left < {needed:.1f}s needed"
+        if obs.expected_copy_s is not None and time_left > 0:
+            copy_needed = obs.expected_step_s + obs.expected_copy_s * self.save_if_time_left_factor
+            if time_left >= copy_needed:
+                return DrainDecision(
+                    kind=DrainKind.RAM_COPY_ONLY,
+                    reason=f"{short} for a durable save; copying step {obs.step} to the peer "
+                           f"hosts' RAM only ({copy_needed:.2f}s): no durable copy of it",
+                    time_left_s=time_left, needed_s=copy_needed, lost_steps=0,
+                    steps_at_risk=uncommitted, restore_step=obs.step)
         if self.on_short_deadline == "save_anyway" and time_left > 0:
             return DrainDecision(
                 kind=DrainKind.SAVE_ANYWAY,

@@ -221,6 +221,7 @@ class HostActor(RamTierMethods):
                                     "grad_norm": out.grad_norm, "step_time_s": out.step_time_s,
                                     "lr": out.lr, "checkpoint_blocking_s": saved_s,
                                     "ram_copy_s": ram_s, "saved": saved,
+                                    "saved_from_ram": saved and ram_s > 0,
                                     "wall_time": time.time()})
         finally:
             if chunk is not None:

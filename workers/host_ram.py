@@ -98,6 +98,21 @@ class RamTierMethods:
     def ram_stats(self) -> dict | None:
         return self._replicator.stats.as_dict() if self._replicator is not None else None
 
+    def copy_now(self) -> dict:
+        """Copy the current step to the holders and wait until they have it (a notice too
+        short for a durable save); ``ok`` False with the reason when this host cannot."""
+        t0 = time.perf_counter()
+        tr = self._need_trainer("copy_now")
+        r = self._replicator
+        if r is None or not r.holders or r.stats.disabled:
+            why = "RAM tier not attached" if r is None else (r.stats.disabled or "no holder left")
+            return {"ok": False, "step": tr.step, "reason": why,
+                    "seconds": time.perf_counter() - t0}
+        r.after_step(tr.step, tr.state, force=True)
+        r.settle()
+        return {"ok": bool(r.holders), "step": tr.step, "reason": "" if r.holders else
+                "every holder failed to take the copy", "seconds": time.perf_counter() - t0}
+
     def _can_persist(self) -> bool:
         r = self._replicator
         return (self._persist is not None and r is not None and bool(r.holders)

@@ -55,11 +55,12 @@ class Replicator:
         self._in_flight: list[tuple[str, Any]] = []
         self.stats = ReplicaStats()
 
-    def after_step(self, step: int, state: Any, *, persist: dict | None = None) -> float:
-        """Copy ``state`` (now at ``step``) if due or ``persist`` asks for it (then the first
-        live holder, this node's, also saves it durably: ``RamHolder.put``); returns the
+    def after_step(self, step: int, state: Any, *, persist: dict | None = None,
+                   force: bool = False) -> float:
+        """Copy ``state`` (now at ``step``) if due, forced, or ``persist`` asks for it (then the
+        first live holder, this node's, also saves it durably: ``RamHolder.put``); returns the
         seconds this step was blocked."""
-        due = step % self.every == 0 or persist is not None
+        due = step % self.every == 0 or persist is not None or force
         if not due or not self.holders or self.stats.disabled:
             return 0.0
         t0 = time.perf_counter()

@@ -12,6 +12,7 @@ from policies.preemption import DrainKind, DrainObservation
 S = RunState
 
 DEFAULT_SAVE_S = 2.0  # before the first measured save
+DEFAULT_COPY_S = 0.5  # before the first measured RAM-tier copy
 
 
 def draining(run: Run) -> Next:
@@ -22,7 +23,9 @@ def draining(run: Run) -> Next:
     decision = run.policies.deadline.decide(DrainObservation(
         now=now, deadline=p.deadline if p.deadline is not None else now + 3600.0,
         expected_save_s=led.median_save_s() or DEFAULT_SAVE_S, expected_step_s=0.0,
-        step=led.step, last_committed_step=led.last_committed))
+        step=led.step, last_committed_step=led.last_committed,
+        expected_copy_s=((led.median_copy_s() or DEFAULT_COPY_S)
+                         if run.cfg.checkpoint.ram.enabled else None)))
     log.info("drain_decision", kind=decision.kind.value, reason=decision.reason, step=led.step,
              event_id=p.event_id)
     run.reactions.record(p.event or p.event_id, f"drain:{decision.kind.value}",
@@ -30,13 +33,21 @@ def draining(run: Run) -> Next:
     if decision.kind in (DrainKind.SAVE, DrainKind.SAVE_ANYWAY):
         return Next(S.CHECKPOINTING, decision.reason, Checkpointing(
             purpose="drain", save_anyway=decision.kind is DrainKind.SAVE_ANYWAY))
+    if decision.kind is DrainKind.RAM_COPY_ONLY:
+        return Next(S.CHECKPOINTING, decision.reason, Checkpointing(purpose=RAM_ONLY))
     return Next(S.RELEASING, decision.reason,
                 Releasing(cause=p.cause, lost_steps=decision.lost_steps))
+
+
+RAM_ONLY = "drain-ram-only"
 
 
 def checkpointing(run: Run) -> Next:
     group, p = run.group, run.pending
     assert group is not None and p is not None
+    payload = run.lifecycle.payload
+    if isinstance(payload, Checkpointing) and payload.purpose == RAM_ONLY:
+        return _copy_to_ram(run)
     try:
         saved = group.save()
     except GroupFailed as exc:
@@ -53,4 +64,24 @@ def checkpointing(run: Run) -> Next:
         run.pending = None
         return Next(S.SUCCEEDED, f"reached step {run.ledger.step}")
     return Next(S.RELEASING, f"checkpoint at step {saved.committed_step} committed",
+                Releasing(cause=p.cause, lost_steps=0))
+
+
+def _copy_to_ram(run: Run) -> Next:
+    """A short notice: every host copies the stopped step to its holders and waits for them;
+    the durable tier is not written (the reason says so), the restore will read RAM."""
+    group, p = run.group, run.pending
+    assert group is not None and p is not None
+    try:
+        copied = group.copy_to_ram()
+    except GroupFailed as exc:
+        return recovering.after_failure(run, exc.status)
+    run.ledger.copy_costs.append(copied.save_s)
+    r = run.ledger.open_recovery
+    if r is not None:
+        r.save_s = round(copied.save_s, 3)
+    log.warning("drain_ram_only", step=copied.step, copy_s=round(copied.save_s, 3),
+                durable_step=run.ledger.last_committed)
+    return Next(S.RELEASING, f"step {copied.step} copied to the peer hosts' RAM only (no "
+                             f"durable copy; durable step {run.ledger.last_committed})",
                 Releasing(cause=p.cause, lost_steps=0))

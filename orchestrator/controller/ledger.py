@@ -54,6 +54,9 @@ class RecoveryLedger:
     last_loss: float | None = None
     step_times: list[float] = field(default_factory=list)
     save_costs: list[float] = field(default_factory=list)
+    copy_costs: list[float] = field(default_factory=list)
+    """Seconds steps waited for their RAM-tier copy (a durable save written from RAM costs the
+    step only this, so it is not a save cost)."""
     compile_times: list[float] = field(default_factory=list)
     compiles: list[dict] = field(default_factory=list)
     """Per COMPILING phase: {incarnation, compile_s, source (loaded|compiled|mixed), key}."""
@@ -85,12 +88,19 @@ class RecoveryLedger:
             self.last_loss = rec["loss"]
             if rec.get("saved"):
                 self.save_started = int(rec["step"])
-            if rec.get("checkpoint_blocking_s"):
+            if rec.get("ram_copy_s"):
+                self.copy_costs.append(float(rec["ram_copy_s"]))
+            if rec.get("checkpoint_blocking_s") and not rec.get("saved_from_ram"):
                 self.save_costs.append(float(rec["checkpoint_blocking_s"]))
+        del self.copy_costs[:-_KEEP_STEP_TIMES]
         del self.step_times[:-_KEEP_STEP_TIMES]
 
     def median_step_s(self, last: int = 20) -> float | None:
         recent = self.step_times[-last:]
+        return statistics.median(recent) if recent else None
+
+    def median_copy_s(self, last: int = 20) -> float | None:
+        recent = self.copy_costs[-last:]
         return statistics.median(recent) if recent else None
 
     def median_save_s(self, last: int = 5) -> float | None:

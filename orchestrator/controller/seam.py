@@ -175,6 +175,10 @@ class WorkerGroup(Protocol):
     def save(self) -> Saved:
         """Save the current step and wait until it is committed."""
 
+    def copy_to_ram(self) -> Saved:
+        """Copy the current step to the RAM tier's holders and wait until they have it
+        (``committed_step`` None: nothing durable); for notices too short for ``save``."""
+
     def notices(self) -> list[dict]:
         """Notices the hosts' metadata watchers pushed since the last call (driver-owned queue,
         so a notice survives its host)."""

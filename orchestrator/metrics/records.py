@@ -44,6 +44,8 @@ class StepRecord:
     slices: int
     checkpoint_blocking_s: float = 0.0
     lr: float = 0.0
+    ram_copy_s: float = 0.0
+    """Seconds the step waited to copy its state to the RAM tier (0 with the tier off)."""
 
     @property
     def tokens_per_second(self) -> float:
@@ -54,7 +56,7 @@ class StepRecord:
     def build(cls, *, step: int, loss: float, step_time_s: float, tokens: int, flops: float,
               grad_norm: float, wall_time: float, devices: int, peak: tuple[float, str],
               incarnation: int, slices: int, checkpoint_blocking_s: float = 0.0,
-              lr: float = 0.0) -> StepRecord:
+              lr: float = 0.0, ram_copy_s: float = 0.0) -> StepRecord:
         """A record with MFU computed from ``peak`` = ``mfu.resolve_peak(...)`` (value, source).
 
         For the driver: host 0 reports raw numbers, the driver knows the peak and the mesh.
@@ -66,7 +68,8 @@ class StepRecord:
                    grad_norm=grad_norm, wall_time=wall_time, devices=devices,
                    peak_flops_per_device=value, peak_source=source,
                    mfu=mfu(flops, step_time_s, devices, value), incarnation=incarnation,
-                   slices=slices, checkpoint_blocking_s=checkpoint_blocking_s, lr=lr)
+                   slices=slices, checkpoint_blocking_s=checkpoint_blocking_s, lr=lr,
+                   ram_copy_s=ram_copy_s)
 
     def to_dict(self) -> dict[str, Any]:
         """Flat field dict (``dataclasses.asdict`` deep-copies and costs ~20x more per step)."""

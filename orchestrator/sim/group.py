@@ -169,6 +169,10 @@ class SimGroup:
     def save(self) -> Saved:
         return self._call(self._save)
 
+    def copy_to_ram(self) -> Saved:
+        raise NotImplementedError("the simulator models no RAM tier: run it with "
+                                  "checkpoint.ram.enabled=false")
+
     def _save(self) -> Saved:
         disk, t0 = self.fleet.disk, self.world.t
         inflight = [s.commit_at for s in disk.pending if s.step == self.step]

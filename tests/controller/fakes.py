@@ -92,6 +92,8 @@ class FakeFleet:
         self.compile_error: Exception | None = None
         self.compile_failures: list[GroupFailed] = []
         self.formed_instance_ids: dict[str, str] = {}
+        self.copy_s = 0.05
+        self.ram_copies: list[int] = []  # steps copied to the RAM tier (copy_to_ram)
 
     def on_step(self, step: int, fn: Callable[[FakeGroup], object]) -> None:
         """Run ``fn(group)`` when a group reaches ``step``; a returned failure status ends the
@@ -128,6 +130,10 @@ class FakeGroup:
 
     def restore(self, *, skip_steps: Collection[int] = ()) -> Restored:
         disk = self.fleet.disk
+        ram = max(self.fleet.ram_copies, default=None)
+        if ram is not None and ram >= max(disk.committed, default=-1):
+            self.step = ram
+            return Restored(restored_step=ram, step=ram, restore_s=0.01, tier="ram")
         skipped = []
         for s in sorted(disk.committed, reverse=True):
             if s in skip_steps:
@@ -200,6 +206,11 @@ class FakeGroup:
         if self.step not in self.fleet.disk.committed:
             self.fleet.disk.committed.append(self.step)
         return Saved(step=self.step, committed_step=self.step, save_s=self.fleet.save_s)
+
+    def copy_to_ram(self) -> Saved:
+        self.fleet.clock.sleep(self.fleet.copy_s)
+        self.fleet.ram_copies.append(self.step)
+        return Saved(step=self.step, committed_step=None, save_s=self.fleet.copy_s)
 
     def notices(self) -> list[dict]:
         out, self.queue = self.queue, []

@@ -294,3 +294,33 @@ def test_a_maintenance_drain_outlives_an_unrelated_failure_before_its_step(tmp_p
     assert [d.payload.cause.value for d in drains] == ["maintenance"]
     actions = [e.get("action") for e in sim.events() if e.get("decision") == "action"]
     assert "deferred" in actions and actions.count("drain_at_step") == 2, actions
+
+
+def test_short_notice_with_the_ram_tier_copies_to_ram_and_loses_nothing(tmp_path):
+    """A 0.5 s notice at step 7: too short for a durable save, long enough to copy the step to
+    RAM (measured 0.01 s): the drain copies it, says there is no durable copy of it, and the
+    next group restores it from RAM."""
+    sim = make(tmp_path, "checkpoint.ram.enabled=true", spare=("s1",))
+    sim.fleet.copy_s = 0.01
+    sim.fleet.on_step(6, lambda g: sim.controller.run_state.ledger.copy_costs.extend([0.01] * 3))
+    sim.fleet.on_step(7, lambda g: sim.notice(host="vm-s0-0", deadline_in=0.5))
+    summary = sim.run()
+    assert summary.state == "SUCCEEDED"
+    checkpointing = [p for p in sim.payloads("CHECKPOINTING") if p.purpose != "final"]
+    assert [p.purpose for p in checkpointing] == ["drain-ram-only"]
+    copied = sim.fleet.ram_copies
+    assert len(copied) == 1 and copied[0] >= 7
+    assert summary.restores[1]["restored_step"] == copied[0]
+    assert summary.restores[1]["tier"] == "ram"
+    assert summary.lost_steps == 0
+    reasons = [t.reason for t in sim.controller.lifecycle.timeline
+               if t.state.value in ("CHECKPOINTING", "RELEASING")]
+    assert any("RAM only" in r and "no durable copy" in r for r in reasons), reasons
+
+
+def test_short_notice_without_the_ram_tier_still_falls_back(tmp_path):
+    sim = make(tmp_path, spare=("s1",))
+    sim.fleet.on_step(7, lambda g: sim.notice(host="vm-s0-0", deadline_in=0.5))
+    summary = sim.run()
+    assert summary.state == "SUCCEEDED" and sim.fleet.ram_copies == []
+    assert summary.restores[1]["restored_step"] == 5 and summary.lost_steps >= 2

@@ -209,3 +209,19 @@ def test_invalid_deadline_policy(kw):
     """Unknown modes and non-positive factors are refused."""
     with pytest.raises(ValueError):
         DeadlinePolicy(**kw)
+
+
+def test_short_deadline_with_the_ram_tier_copies_to_ram_only():
+    """Too short for a durable save (3 s needed), long enough to copy to the peers' RAM."""
+    obs = DrainObservation(now=0.0, deadline=1.0, expected_save_s=2.0, expected_step_s=0.0,
+                           step=120, last_committed_step=100, expected_copy_s=0.05)
+    d = DeadlinePolicy(save_if_time_left_factor=1.5).decide(obs)
+    assert (d.kind, d.lost_steps, d.restore_step) == (DrainKind.RAM_COPY_ONLY, 0, 120)
+    assert "RAM only" in d.reason and "no durable copy" in d.reason
+    assert d.steps_at_risk == 20
+    enough = DrainObservation(now=0.0, deadline=10.0, expected_save_s=2.0, expected_step_s=0.0,
+                              step=120, last_committed_step=100, expected_copy_s=0.05)
+    assert DeadlinePolicy().decide(enough).kind is DrainKind.SAVE, "time enough: durable"
+    passed = DrainObservation(now=5.0, deadline=1.0, expected_save_s=2.0, expected_step_s=0.0,
+                              step=120, last_committed_step=100, expected_copy_s=0.05)
+    assert DeadlinePolicy().decide(passed).kind is DrainKind.FALL_BACK_TO_LAST_CHECKPOINT
