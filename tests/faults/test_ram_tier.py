@@ -88,6 +88,26 @@ def test_saves_written_from_ram_copies_restore_bit_identically(cluster, tmp_path
         np.testing.assert_array_equal(v, second.final_params[k], err_msg=k)
 
 
+def test_notice_too_short_for_a_durable_save_copies_to_ram_and_loses_nothing(cluster,
+                                                                             tmp_path):
+    """A preemption notice for host 1 with 1.5 s left: a durable save is expected to need 3 s,
+    a RAM copy a few ms. The drain copies the stopped step to RAM, the run shrinks to slice 0
+    and restores that step from RAM: 0 steps lost, and the timeline says nothing durable was
+    written for it."""
+    chaos = [ChaosFaultConfig(at_step=8, host=1, kind="preempt", deadline_s=1.5)]
+    cfg = fault_config(tmp_path / "run", *TWO_SLICES, *RAM, "controller.elastic.shrink_after_s=0",
+                       chaos=chaos)
+    result = run_controller(cfg)
+    print_recovery("ram-short-notice", result)
+
+    s = result.summary
+    assert (s.state, s.step, s.lost_steps) == ("SUCCEEDED", 20, 0)
+    again = result.restores[1]
+    assert again["tier"] == "ram" and again["restored_step"] >= 8, again
+    reasons = [t["reason"] for t in result.timeline if t["state"] == "CHECKPOINTING"]
+    assert any("RAM only" in r for r in reasons), reasons
+
+
 def test_node_lost_with_its_holder_restores_the_peer_copy_into_a_smaller_mesh(cluster,
                                                                               tmp_path):
     """Node 1 (host 1 and its holder) removed without notice at step >= 7: host 1's copy lives
