@@ -109,9 +109,11 @@ class RamTierMethods:
             return {"ok": False, "step": tr.step, "reason": why,
                     "seconds": time.perf_counter() - t0}
         r.after_step(tr.step, tr.state, force=True)
-        r.settle()
-        return {"ok": bool(r.holders), "step": tr.step, "reason": "" if r.holders else
-                "every holder failed to take the copy", "seconds": time.perf_counter() - t0}
+        delivered = r.settle()
+        ok = delivered and bool(r.holders)
+        why = ("" if ok else "the copy was not delivered in time" if not delivered
+               else "every holder failed to take the copy")
+        return {"ok": ok, "step": tr.step, "reason": why, "seconds": time.perf_counter() - t0}
 
     def _can_persist(self) -> bool:
         r = self._replicator

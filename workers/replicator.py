@@ -1,14 +1,20 @@
 """A host's side of the RAM tier: after every ``every`` steps, send its copy to its holders.
 
-At most one copy per holder is in flight: before sending step s the host waits (bounded) for
-step s - every to be delivered, so with ``keep >= 2`` every holder has a complete older set
-while the newest arrives. A holder that fails is dropped for the rest of this incarnation and
-logged: the RAM tier is an optimisation, it never stops training.
+The step pays only for ``pack`` (its shards copied to host bytes: the next step donates the
+device buffers, so this part cannot wait). A sender thread puts the bytes in the object store
+once and hands the reference to both holders (each deserialises its own ``bytes`` copy, so the
+copy outlives this process). At most one copy is in flight: before sending step s the thread
+waits (bounded) for the previous one to be delivered, so with ``keep >= 2`` every holder has a
+complete older set while the newest arrives. If a newer copy is packed while one waits to be
+sent, the newer one replaces it (a copy asked to be saved durably is never replaced). A holder
+that fails is dropped for the rest of this incarnation and logged: the RAM tier is an
+optimisation, it never stops training.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -23,6 +29,8 @@ log = logging.getLogger(__name__)
 @dataclass
 class ReplicaStats:
     copies: int = 0
+    sent: int = 0
+    replaced: int = 0
     bytes_per_copy: int = 0
     sent_bytes: int = 0
     blocking_s: float = 0.0
@@ -31,10 +39,19 @@ class ReplicaStats:
     persist_requests: int = 0
 
     def as_dict(self) -> dict:
-        return {"copies": self.copies, "bytes_per_copy": self.bytes_per_copy,
-                "sent_bytes": self.sent_bytes, "blocking_s": round(self.blocking_s, 4),
-                "dropped": list(self.dropped), "disabled": self.disabled,
-                "persist_requests": self.persist_requests}
+        return {"copies": self.copies, "sent": self.sent, "replaced": self.replaced,
+                "bytes_per_copy": self.bytes_per_copy, "sent_bytes": self.sent_bytes,
+                "blocking_s": round(self.blocking_s, 4), "dropped": list(self.dropped),
+                "disabled": self.disabled, "persist_requests": self.persist_requests}
+
+
+@dataclass
+class _Copy:
+    step: int
+    layout: dict
+    data: bytes
+    crc32: int
+    persist: dict | None
 
 
 class Replicator:
@@ -52,19 +69,22 @@ class Replicator:
         self.keep = keep
         self.max_host_bytes = max_host_bytes
         self.deliver_timeout_s = deliver_timeout_s
-        self._in_flight: list[tuple[str, Any]] = []
         self.stats = ReplicaStats()
+        self._cv = threading.Condition()
+        self._queue: list[_Copy] = []
+        self._busy = False
+        self._in_flight: list[tuple[str, Any]] = []
+        self._thread: threading.Thread | None = None
 
     def after_step(self, step: int, state: Any, *, persist: dict | None = None,
                    force: bool = False) -> float:
-        """Copy ``state`` (now at ``step``) if due, forced, or ``persist`` asks for it (then the
-        first live holder, this node's, also saves it durably: ``RamHolder.put``); returns the
-        seconds this step was blocked."""
+        """Pack ``state`` (now at ``step``) if due, forced, or ``persist`` asks for it (then
+        the first live holder, this node's, also saves it durably: ``RamHolder.put``) and queue
+        it for the sender; returns the seconds this step was blocked (the pack)."""
         due = step % self.every == 0 or persist is not None or force
         if not due or not self.holders or self.stats.disabled:
             return 0.0
         t0 = time.perf_counter()
-        self.settle()
         layout, data = replica.pack(state)
         # A holder keeps `keep` copies of this host's and of one peer's, of about this size.
         if len(data) * self.keep * 2 > self.max_host_bytes:
@@ -72,22 +92,70 @@ class Replicator:
                                    f"exceeds checkpoint.ram.max_host_bytes={self.max_host_bytes}")
             log.warning("RAM tier off on this host: %s", self.stats.disabled)
             return time.perf_counter() - t0
-        crc = checksum(data)
-        self._in_flight = [(name, h.put.remote(
-            self.writer, incarnation=self.incarnation, step=step, source=self.source,
-            sources=self.sources, layout=layout, data=data, crc32=crc,
-            persist=persist if i == 0 else None))
-            for i, (name, h) in enumerate(self.holders)]
-        if persist is not None:
-            self.stats.persist_requests += 1
-        self.stats.copies += 1
-        self.stats.bytes_per_copy = len(data)
-        self.stats.sent_bytes += len(data) * len(self.holders)
+        copy = _Copy(step=step, layout=layout, data=data, crc32=checksum(data), persist=persist)
+        with self._cv:
+            kept = [c for c in self._queue if c.persist is not None]
+            self.stats.replaced += len(self._queue) - len(kept)
+            self._queue = [*kept, copy]
+            self.stats.copies += 1
+            self.stats.bytes_per_copy = len(data)
+            if persist is not None:
+                self.stats.persist_requests += 1
+            self._cv.notify_all()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._send_loop, name="ram-sender",
+                                            daemon=True)
+            self._thread.start()
         dt = time.perf_counter() - t0
         self.stats.blocking_s += dt
         return dt
 
-    def settle(self) -> None:
+    def settle(self, timeout_s: float | None = None) -> bool:
+        """Wait until every queued copy is sent and delivered (a drain's copy); False on
+        timeout."""
+        deadline = time.monotonic() + (timeout_s or 2 * self.deliver_timeout_s)
+        with self._cv:
+            while self._queue or self._busy:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cv.wait(timeout=left)
+        return True
+
+    # ---- the sender thread -------------------------------------------------------------------
+
+    def _send_loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._queue:
+                    self._cv.wait()
+                copy = self._queue.pop(0)
+                self._busy = True
+            try:
+                self._send(copy)
+                self._deliver_previous()  # one in flight: delivered before the next is sent
+            except Exception as exc:  # never let the sender die silently
+                log.error("RAM copy of step %d not sent: %s", copy.step, exc)
+            finally:
+                with self._cv:
+                    self._busy = False
+                    self._cv.notify_all()
+
+    def _send(self, copy: _Copy) -> None:
+        import ray
+
+        if not self.holders:
+            return
+        ref = ray.put(copy.data)  # once; each holder resolves it into its own bytes
+        self._in_flight = [(name, h.put.remote(
+            self.writer, incarnation=self.incarnation, step=copy.step, source=self.source,
+            sources=self.sources, layout=copy.layout, data=ref, crc32=copy.crc32,
+            persist=copy.persist if i == 0 else None))
+            for i, (name, h) in enumerate(self.holders)]
+        self.stats.sent += 1
+        self.stats.sent_bytes += len(copy.data) * len(self.holders)
+
+    def _deliver_previous(self) -> None:
         """Wait for the copies in flight; drop every holder that failed to take one."""
         import ray
 
