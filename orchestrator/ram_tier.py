@@ -9,6 +9,7 @@ over; a run that ended in failure keeps them for the autoresume that brings it b
 from __future__ import annotations
 
 import hashlib
+import secrets
 from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,8 @@ class RamTier:
     def __init__(self, cfg: RamTierConfig, *, key: str, timeout_s: float = 10.0) -> None:
         self.cfg = cfg
         self.prefix = f"ram-{key}-"
+        self.token = secrets.token_hex(16)
+        """Hosts present it to the holders' wire; a new driver issues a new one."""
         self.timeout_s = timeout_s
 
     @classmethod
@@ -126,7 +129,13 @@ class RamTier:
                      ) -> list[Any]:
         """Start every host copying to its holders (refs for the group to wait on)."""
         assign = self.assignments(plan)
-        return [a.attach_ram.remote(assign[i], incarnation=incarnation, every=self.cfg.every,
+        handles = {name: h for mine in assign for name, h in mine}
+        names = list(handles)
+        served = ray.get([handles[n].serve.remote(self.token) for n in names],
+                         timeout=max(30.0, self.timeout_s))
+        address = {n: (str(a[0]), int(a[1])) for n, a in zip(names, served, strict=True)}
+        return [a.attach_ram.remote([(n, address[n]) for n, _ in assign[i]], token=self.token,
+                                    incarnation=incarnation, every=self.cfg.every,
                                     keep=self.cfg.keep, max_host_bytes=self.cfg.max_host_bytes,
                                     durable_from_ram=self.cfg.durable_from_ram)
                 for i, a in enumerate(actors)]

@@ -25,9 +25,11 @@ class RamTierMethods:
     def _need_trainer(self, what: str) -> Any:
         raise NotImplementedError
 
-    def attach_ram(self, holders: list[tuple[str, Any]], *, incarnation: int, every: int,
-                   keep: int, max_host_bytes: int, durable_from_ram: bool = False) -> None:
-        """Copy this host's shards to ``holders`` (own node's, peer's) every ``every`` steps;
+    def attach_ram(self, holders: list[tuple[str, tuple[str, int]]], *, token: str,
+                   incarnation: int, every: int, keep: int, max_host_bytes: int,
+                   durable_from_ram: bool = False) -> None:
+        """Copy this host's shards to ``holders`` ((name, wire address): own node's, peer's)
+        every ``every`` steps;
         ``durable_from_ram``: a save step's copy is saved durably by this node's holder instead
         of an Orbax save from the devices here."""
         from workers import copy_store
@@ -36,9 +38,10 @@ class RamTierMethods:
         self._persist = ({"directory": str(copy_store.copies_dir(self.spec.checkpoint_dir)),
                           "keep_steps": self.spec.checkpoint.keep} if durable_from_ram else None)
 
-        self._replicator = Replicator(holders, writer=self.host.node_id, incarnation=incarnation,
-                                      source=self.host.index, sources=self.spec.plan.num_processes,
-                                      every=every, keep=keep, max_host_bytes=max_host_bytes)
+        self._replicator = Replicator(holders, token=token, writer=self.host.node_id,
+                                      incarnation=incarnation, source=self.host.index,
+                                      sources=self.spec.plan.num_processes, every=every,
+                                      keep=keep, max_host_bytes=max_host_bytes)
 
     def restore_from_ram(self, step: int, incarnation: int,
                          holders: dict[int, tuple[str, Any]]) -> dict:

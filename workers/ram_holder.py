@@ -2,8 +2,10 @@
 
 Runs as a detached, named Ray actor per node (``orchestrator.ram_tier``), so a copy outlives
 both the host actor that sent it (kill -9, a new incarnation) and the driver (autoresume).
-Copies arrive as plain ``bytes`` (pickled in-band, so this process owns its copy: nothing here
-points into an object-store buffer whose owner may die). No JAX.
+Copies arrive over a TCP connection per sending host (``workers.ram_wire``, authenticated by the
+run's token) into ``bytes`` this process owns: nothing here points into an object-store buffer
+whose owner may die. Ray calls find the holder, list what it has and fetch copies for a restore.
+The durable writer imports Orbax (and so JAX, pinned to CPU); nothing else here does.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import socket
 import threading
 import time
 import zlib
@@ -33,6 +36,16 @@ class _Copy:
     crc32: int
 
 
+def _node_ip() -> str:
+    """This node's address as Ray knows it (what other nodes reach it at)."""
+    try:
+        import ray
+
+        return ray.util.get_node_ip_address()
+    except Exception:  # outside Ray (tests): loopback
+        return "127.0.0.1"
+
+
 def checksum(data: bytes) -> int:
     return zlib.crc32(data) & 0xFFFFFFFF
 
@@ -50,6 +63,8 @@ class RamHolder:
         self._writer: threading.Thread | None = None
         self.persisted: list[dict] = []
         self.persist_errors: list[str] = []
+        self._token = ""
+        self._listener: socket.socket | None = None
 
     def put(self, writer: str, *, incarnation: int, step: int, source: int, sources: int,
             layout: list, data: bytes, crc32: int, persist: dict | None = None) -> int:
@@ -68,6 +83,51 @@ class RamHolder:
             mine.sort(key=lambda c: (c.step, c.incarnation))
             self._copies[writer] = mine[-self.keep:]
             return self._nbytes()
+
+    def serve(self, token: str, host: str = "") -> tuple[str, int]:
+        """Accept copies over the wire (``workers.ram_wire``) from hosts that present
+        ``token``; returns the (address, port) to connect to. A later call (a new driver)
+        replaces the token and keeps the port."""
+        with self._lock:
+            self._token = token
+            if self._listener is None:
+                bind = host or _node_ip()
+                srv = socket.create_server((bind, 0))
+                srv.listen(64)
+                self._listener = srv
+                threading.Thread(target=self._accept_loop, name="ram-accept",
+                                 daemon=True).start()
+            return self._listener.getsockname()[:2]
+
+    def _accept_loop(self) -> None:
+        assert self._listener is not None
+        while True:
+            conn, _ = self._listener.accept()
+            threading.Thread(target=self._serve_conn, args=(conn,), name="ram-conn",
+                             daemon=True).start()
+
+    def _serve_conn(self, conn: socket.socket) -> None:
+        from workers import ram_wire
+
+        with conn:
+            try:
+                hello, _ = ram_wire.recv_frame(conn)
+                if not self._token or hello.get("token") != self._token:
+                    log.warning("RAM-tier connection without the run's token refused")
+                    return
+                while True:
+                    h, data = ram_wire.recv_frame(conn)
+                    try:
+                        self.put(h["writer"], incarnation=int(h["incarnation"]),
+                                 step=int(h["step"]), source=int(h["source"]),
+                                 sources=int(h["sources"]), layout=h["layout"], data=data,
+                                 crc32=int(h["crc32"]), persist=h.get("persist"))
+                        conn.sendall(b"\x01")
+                    except (KeyError, TypeError, ValueError) as exc:
+                        log.warning("malformed RAM copy refused: %s", exc)
+                        conn.sendall(b"\x00")
+            except (OSError, ValueError) as exc:  # the host went away (or spoke nonsense)
+                log.debug("RAM-tier connection closed: %s", exc)
 
     def persist_status(self) -> dict:
         """What the background writer did (seconds per save, errors) and has still to do."""

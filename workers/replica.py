@@ -27,22 +27,45 @@ class ReplicaMismatch(ValueError):
 
 def pack(state: Any) -> tuple[dict, bytes]:
     """(layout, data): this process's unique shards of ``state``, bytes concatenated."""
-    leaves = jax.tree_util.tree_leaves(state)
-    wanted = [(i, shard) for i, leaf in enumerate(leaves) for shard in leaf.addressable_shards
-              if shard.replica_id == i % _replicas(leaf)]
-    host = jax.device_get([shard.data for _, shard in wanted])
-    pieces, chunks, offset = [], [], 0
-    for (i, shard), value in zip(wanted, host, strict=True):
-        arr = np.asarray(value, order="C")  # (ascontiguousarray makes a 0-d array 1-d)
-        shape = leaves[i].shape
-        index = [[s.start or 0, dim if s.stop is None else s.stop]
-                 for s, dim in zip(shard.index, shape, strict=True)]
-        pieces.append([i, index, arr.dtype.str, list(arr.shape), offset, arr.nbytes])
-        chunks.append(arr.tobytes())
-        offset += arr.nbytes
-    layout = {"leaves": [[list(leaf.shape), np.dtype(leaf.dtype).str] for leaf in leaves],
-              "pieces": pieces}
-    return layout, b"".join(chunks)
+    return Packer(state).pack(state)
+
+
+class Packer:
+    """``pack`` for a state whose structure and shardings do not change (one incarnation): which
+    shards to take and the layout are worked out once; each pack only copies bytes."""
+
+    def __init__(self, state: Any) -> None:
+        leaves = jax.tree_util.tree_leaves(state)
+        self._count = len(leaves)
+        self._take: list[tuple[int, Any]] = []  # (leaf index, device) in layout order
+        pieces, offset = [], 0
+        for i, leaf in enumerate(leaves):
+            for shard in leaf.addressable_shards:
+                if shard.replica_id != i % _replicas(leaf):
+                    continue
+                shape = tuple(leaf.shape)
+                index = [[s.start or 0, dim if s.stop is None else s.stop]
+                         for s, dim in zip(shard.index, shape, strict=True)]
+                piece_shape = [b - a for a, b in index]
+                nbytes = math.prod(piece_shape) * np.dtype(leaf.dtype).itemsize
+                pieces.append([i, index, np.dtype(leaf.dtype).str, piece_shape, offset, nbytes])
+                self._take.append((i, shard.device))
+                offset += nbytes
+        self.nbytes = offset
+        self.layout = {"leaves": [[list(leaf.shape), np.dtype(leaf.dtype).str]
+                                  for leaf in leaves], "pieces": pieces}
+
+    def pack(self, state: Any) -> tuple[dict, bytes]:
+        leaves = jax.tree_util.tree_leaves(state)
+        if len(leaves) != self._count:
+            raise ReplicaMismatch(f"the state has {len(leaves)} arrays, packed {self._count}")
+        by_device = [{s.device: s.data for s in leaf.addressable_shards} for leaf in leaves]
+        host = jax.device_get([by_device[i][dev] for i, dev in self._take])
+        # (np.asarray keeps a 0-d array 0-d; ascontiguousarray would make it 1-d)
+        data = b"".join(np.asarray(v, order="C").tobytes() for v in host)
+        if len(data) != self.nbytes:
+            raise ReplicaMismatch(f"packed {len(data)} bytes, the layout says {self.nbytes}")
+        return self.layout, data
 
 
 def _replicas(leaf: Any) -> int:

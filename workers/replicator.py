@@ -1,14 +1,13 @@
 """A host's side of the RAM tier: after every ``every`` steps, send its copy to its holders.
 
-The step pays only for ``pack`` (its shards copied to host bytes: the next step donates the
-device buffers, so this part cannot wait). A sender thread puts the bytes in the object store
-once and hands the reference to both holders (each deserialises its own ``bytes`` copy, so the
-copy outlives this process). At most one copy is in flight: before sending step s the thread
-waits (bounded) for the previous one to be delivered, so with ``keep >= 2`` every holder has a
-complete older set while the newest arrives. If a newer copy is packed while one waits to be
-sent, the newer one replaces it (a copy asked to be saved durably is never replaced). A holder
-that fails is dropped for the rest of this incarnation and logged: the RAM tier is an
-optimisation, it never stops training.
+The step pays only for packing (its shards copied to host bytes: the next step donates the
+device buffers, so this part cannot wait; ``replica.Packer`` works the layout out once). A
+sender thread streams the bytes to both holders over their wire (``workers.ram_wire``: one TCP
+connection each, no Ray call per step) and waits for their acknowledgements, so at most one copy
+is in flight and, with ``keep >= 2``, every holder has a complete older set while the newest
+arrives. If a newer copy is packed while one waits to be sent, the newer one replaces it (a copy
+asked to be saved durably is never replaced). A holder that fails is dropped for the rest of
+this incarnation and logged: the RAM tier is an optimisation, it never stops training.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from workers import replica
+from workers import ram_wire, replica
 from workers.ram_holder import checksum
 
 log = logging.getLogger(__name__)
@@ -55,12 +54,15 @@ class _Copy:
 
 
 class Replicator:
-    """``holders``: (name, actor handle) of this host's own-node holder and its peer's."""
+    """``holders``: (name, (address, port)) of this host's own-node holder and its peer's."""
 
-    def __init__(self, holders: Sequence[tuple[str, Any]], *, writer: str, incarnation: int,
-                 source: int, sources: int, every: int, keep: int, max_host_bytes: int,
-                 deliver_timeout_s: float = 30.0) -> None:
+    def __init__(self, holders: Sequence[tuple[str, tuple[str, int]]], *, token: str,
+                 writer: str, incarnation: int, source: int, sources: int, every: int,
+                 keep: int, max_host_bytes: int, deliver_timeout_s: float = 30.0) -> None:
         self.holders = list(holders)
+        self.token = token
+        self._socks: dict[str, Any] = {}
+        self._packer: Any = None
         self.writer = writer
         self.incarnation = incarnation
         self.source = source
@@ -73,7 +75,6 @@ class Replicator:
         self._cv = threading.Condition()
         self._queue: list[_Copy] = []
         self._busy = False
-        self._in_flight: list[tuple[str, Any]] = []
         self._thread: threading.Thread | None = None
 
     def after_step(self, step: int, state: Any, *, persist: dict | None = None,
@@ -85,7 +86,9 @@ class Replicator:
         if not due or not self.holders or self.stats.disabled:
             return 0.0
         t0 = time.perf_counter()
-        layout, data = replica.pack(state)
+        if self._packer is None:
+            self._packer = replica.Packer(state)
+        layout, data = self._packer.pack(state)
         # A holder keeps `keep` copies of this host's and of one peer's, of about this size.
         if len(data) * self.keep * 2 > self.max_host_bytes:
             self.stats.disabled = (f"{len(data)} bytes per copy x {self.keep} kept x 2 hosts "
@@ -132,8 +135,7 @@ class Replicator:
                 copy = self._queue.pop(0)
                 self._busy = True
             try:
-                self._send(copy)
-                self._deliver_previous()  # one in flight: delivered before the next is sent
+                self._send(copy)  # acknowledged before the next is sent: one in flight
             except Exception as exc:  # never let the sender die silently
                 log.error("RAM copy of step %d not sent: %s", copy.step, exc)
             finally:
@@ -142,28 +144,40 @@ class Replicator:
                     self._cv.notify_all()
 
     def _send(self, copy: _Copy) -> None:
-        import ray
-
-        if not self.holders:
-            return
-        ref = ray.put(copy.data)  # once; each holder resolves it into its own bytes
-        self._in_flight = [(name, h.put.remote(
-            self.writer, incarnation=self.incarnation, step=copy.step, source=self.source,
-            sources=self.sources, layout=copy.layout, data=ref, crc32=copy.crc32,
-            persist=copy.persist if i == 0 else None))
-            for i, (name, h) in enumerate(self.holders)]
-        self.stats.sent += 1
-        self.stats.sent_bytes += len(copy.data) * len(self.holders)
-
-    def _deliver_previous(self) -> None:
-        """Wait for the copies in flight; drop every holder that failed to take one."""
-        import ray
-
-        flight, self._in_flight = self._in_flight, []
-        for name, ref in flight:
+        """Stream the copy to every holder, then read every acknowledgement."""
+        header = {"writer": self.writer, "incarnation": self.incarnation, "step": copy.step,
+                  "source": self.source, "sources": self.sources, "layout": copy.layout,
+                  "crc32": copy.crc32}
+        sent = []
+        for i, (name, address) in enumerate(self.holders):
             try:
-                ray.get(ref, timeout=self.deliver_timeout_s)
-            except Exception as exc:  # a dead or stuck holder: go on without it
-                log.warning("RAM holder %s dropped (%s: %s)", name, type(exc).__name__, exc)
-                self.holders = [(n, h) for n, h in self.holders if n != name]
-                self.stats.dropped.append(name)
+                sock = self._socket(name, address)
+                ram_wire.send_frame(sock, {**header, "persist": copy.persist if i == 0 else None},
+                                    copy.data)
+                sent.append((name, sock))
+            except OSError as exc:
+                self._drop(name, exc)
+        for name, sock in sent:
+            try:
+                if not ram_wire.read_ack(sock):
+                    raise ram_wire.WireError("the holder refused the copy")
+            except OSError as exc:
+                self._drop(name, exc)
+        self.stats.sent += 1
+        self.stats.sent_bytes += len(copy.data) * len(sent)
+
+    def _socket(self, name: str, address: tuple[str, int]) -> Any:
+        sock = self._socks.get(name)
+        if sock is None:
+            sock = ram_wire.connect(tuple(address), self.token, timeout_s=self.deliver_timeout_s)
+            self._socks[name] = sock
+        return sock
+
+    def _drop(self, name: str, exc: BaseException) -> None:
+        """A dead or stuck holder: go on without it."""
+        log.warning("RAM holder %s dropped (%s: %s)", name, type(exc).__name__, exc)
+        self.holders = [(n, a) for n, a in self.holders if n != name]
+        self.stats.dropped.append(name)
+        sock = self._socks.pop(name, None)
+        if sock is not None:
+            sock.close()
