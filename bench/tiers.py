@@ -72,6 +72,17 @@ def step_costs(records: Sequence[dict], *, skip: int, save_every: int | None, wi
     return {"during_save": during, "without_save": without}
 
 
+def wait_for_idle(max_wait_s: float = 240.0) -> None:
+    """The previous run's processes leave the 1-minute load up for a while: wait (bounded)
+    until it is below the validity threshold, so each run starts on an idle machine."""
+    deadline = time.monotonic() + max_wait_s
+    while time.monotonic() < deadline:
+        load = machine.load_average()
+        if load is None or load[0] < machine.IDLE_LOAD_1MIN - 0.3:
+            return
+        time.sleep(5)
+
+
 def measure(system: str, run_dir: Path, *, steps: int, timeout_s: float) -> dict:
     name = system.replace('+', '-')
     overrides = [*TOPOLOGY, f"run.total_steps={steps}", f"run.name=tiers-{name}",
@@ -182,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     for repeat in range(args.repeats):
         for system in systems:
             run_dir = scratch / f"{repeat}-{system.replace('+', '-')}"
+            wait_for_idle()
             out = measure(system, run_dir, steps=args.steps, timeout_s=args.timeout_s)
             out["repeat"] = repeat
             runs.append(out)

@@ -108,3 +108,4 @@ def _first_difference(got: list, want: list) -> str:
         return f"{len(got)} arrays, this state has {len(want)}"
     i, (g, w) = next((i, p) for i, p in enumerate(zip(got, want, strict=True)) if p[0] != p[1])
     return f"array {i} is {g[0]} {g[1]} there, {w[0]} {w[1]} here"
+

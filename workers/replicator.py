@@ -86,22 +86,31 @@ class Replicator:
         if not due or not self.holders or self.stats.disabled:
             return 0.0
         t0 = time.perf_counter()
+        try:
+            return self._queue_copy(step, state, persist, t0)
+        except Exception as exc:  # the tier is an optimisation: never fail the step for it
+            self.stats.disabled = f"copy failed: {type(exc).__name__}: {str(exc)[:300]}"
+            log.error("RAM tier off on this host: %s", self.stats.disabled)
+            return time.perf_counter() - t0
+
+    def _queue_copy(self, step: int, state: Any, persist: dict | None, t0: float) -> float:
         if self._packer is None:
             self._packer = replica.Packer(state)
-        layout, data = self._packer.pack(state)
+        nbytes = self._packer.nbytes
         # A holder keeps `keep` copies of this host's and of one peer's, of about this size.
-        if len(data) * self.keep * 2 > self.max_host_bytes:
-            self.stats.disabled = (f"{len(data)} bytes per copy x {self.keep} kept x 2 hosts "
+        if nbytes * self.keep * 2 > self.max_host_bytes:
+            self.stats.disabled = (f"{nbytes} bytes per copy x {self.keep} kept x 2 hosts "
                                    f"exceeds checkpoint.ram.max_host_bytes={self.max_host_bytes}")
             log.warning("RAM tier off on this host: %s", self.stats.disabled)
             return time.perf_counter() - t0
+        layout, data = self._packer.pack(state)
         copy = _Copy(step=step, layout=layout, data=data, crc32=checksum(data), persist=persist)
         with self._cv:
             kept = [c for c in self._queue if c.persist is not None]
             self.stats.replaced += len(self._queue) - len(kept)
             self._queue = [*kept, copy]
             self.stats.copies += 1
-            self.stats.bytes_per_copy = len(data)
+            self.stats.bytes_per_copy = nbytes
             if persist is not None:
                 self.stats.persist_requests += 1
             self._cv.notify_all()
@@ -145,6 +154,7 @@ class Replicator:
 
     def _send(self, copy: _Copy) -> None:
         """Stream the copy to every holder, then read every acknowledgement."""
+        data = copy.data
         header = {"writer": self.writer, "incarnation": self.incarnation, "step": copy.step,
                   "source": self.source, "sources": self.sources, "layout": copy.layout,
                   "crc32": copy.crc32}
@@ -153,7 +163,7 @@ class Replicator:
             try:
                 sock = self._socket(name, address)
                 ram_wire.send_frame(sock, {**header, "persist": copy.persist if i == 0 else None},
-                                    copy.data)
+                                    data)
                 sent.append((name, sock))
             except OSError as exc:
                 self._drop(name, exc)
@@ -164,7 +174,7 @@ class Replicator:
             except OSError as exc:
                 self._drop(name, exc)
         self.stats.sent += 1
-        self.stats.sent_bytes += len(copy.data) * len(sent)
+        self.stats.sent_bytes += len(data) * len(sent)
 
     def _socket(self, name: str, address: tuple[str, int]) -> Any:
         sock = self._socks.get(name)

@@ -92,6 +92,13 @@ def run(tmp: Path) -> dict:
                    data=data, crc32=checksum(data))
     out["kept_steps"] = sorted(c["step"] for c in holder.inventory())
     out["disk"] = _disk_copies(tmp / "copies", layout, data, src, tmp)
+    # the sender's path: a Packer made once packs every later state like pack()
+    packer = replica.Packer(src.trainer.state)
+    first = packer.pack(src.trainer.state)
+    src.run_steps(5, chunk=2)
+    out["packer_equals_pack"] = (first == (layout, data)
+                                 and packer.pack(src.trainer.state) == replica.pack(
+                                     src.trainer.state))
     for a in (plain, src, same, other, bigger):
         a.shutdown()
     return out

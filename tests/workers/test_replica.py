@@ -62,3 +62,7 @@ def test_copies_saved_by_the_holders_complete_only_with_every_source(seen):
     assert disk["read_back_equal"] is True
     assert disk["restore_ok"] is True
     assert disk["pruned"] == [3] and disk["after_prune"] == [4]
+
+
+def test_a_packer_worked_out_once_packs_later_states_like_pack(seen):
+    assert seen["packer_equals_pack"] is True
