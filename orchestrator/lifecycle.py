@@ -135,8 +135,7 @@ class Restoring:
 
 @dataclass(frozen=True, kw_only=True)
 class Compiling:
-    """Where the state compiled for came from: ``tier`` "ram" (peer RAM copies), "copy" (copies
-    the holders saved durably), "durable" (Orbax) or "seed" (fresh start), with what it cost."""
+    """Where the restored state came from (ram, copy, durable: Orbax, seed) and what it cost."""
 
     tier: str
     restored_step: int | None

@@ -108,6 +108,7 @@ class Driver:
 
     def run(self) -> int:
         from orchestrator.controller import Controller, Hooks
+        from orchestrator.ram_tier import RamTier
         from orchestrator.ray_group import RayClusterView, ray_group_factory
 
         self._check_checkpoint()
@@ -115,7 +116,7 @@ class Driver:
         _interrupt_on_signals()  # Ray's in-process head node installs its own SIGTERM handler
         cluster = RayClusterView()
         self._check_capacity(cluster)
-        ram = self._ram_tier()
+        ram = RamTier.for_run(self.cfg, self.run_dir)  # None: checkpoint.ram is off
         self._prepare_run_dir()
         self.metrics = self._build_metrics()
         self.intake = self._build_intake()
@@ -130,8 +131,8 @@ class Driver:
         self._watch_ray_nodes(lambda: list(controller.plan.hosts) if controller.plan else [])
         summary = controller.run()
         self._print_summary(summary)
-        if ram is not None:
-            self._finish_ram(ram, succeeded=summary.state == "SUCCEEDED")
+        if ram is not None and (line := ram.finish(succeeded=summary.state == "SUCCEEDED")):
+            print(line, flush=True)
         return EXIT_OK if summary.state == "SUCCEEDED" else EXIT_FAILED
 
     # ---- parts --------------------------------------------------------------------------
@@ -332,37 +333,6 @@ class Driver:
         if self.metrics is not None:
             self.metrics.flush(timeout=10.0)
         return load_run(self.run_dir, now=time.time()).goodput.goodput
-
-    def _ram_tier(self) -> Any:
-        """The run's RAM tier (None when off). A run directory with no timeline is a new run:
-        copies an earlier run of the same name and directory left in RAM are not its own."""
-        from orchestrator.ram_tier import RamTier
-
-        ram = RamTier.for_config(self.cfg)
-        if ram is not None and not (self.run_dir / "timeline.jsonl").exists():
-            stale = ram.release()
-            if stale:
-                log.warning("ram_tier_stale_released", holders=stale)
-        return ram
-
-    def _finish_ram(self, ram: Any, *, succeeded: bool) -> None:
-        """Print what the holders keep; release them when the run is over, keep them for
-        autoresume when it failed."""
-        try:
-            stats = ram.stats()
-            total = sum(v.get("nbytes", 0) for v in stats.values())
-            print(f"  RAM tier: {len(stats)} holder(s), {total} bytes kept "
-                  f"({max((v.get('nbytes', 0) for v in stats.values()), default=0)} on the "
-                  "largest node)", flush=True)
-            if succeeded:
-                ram.release()
-            else:
-                log.warning("ram_tier_kept", holders=len(stats),
-                            fix="rerun with the same run.name and run.run_dir to resume from "
-                                "them, or start a fresh run directory (its first start "
-                                "releases them)")
-        except Exception as exc:  # the run's outcome is decided; this is bookkeeping
-            log.warning("ram_tier_finish_failed", error=str(exc)[:300])
 
     def _print_summary(self, summary: Any) -> None:
         good = summary.goodput

@@ -54,6 +54,37 @@ class RamTier:
         return cls(cfg.checkpoint.ram, key=run_key(cfg.run.name,
                                                     str(Path(cfg.run.run_dir).absolute())))
 
+    @classmethod
+    def for_run(cls, cfg: Any, run_dir: Path) -> RamTier | None:
+        """``for_config``, for a driver starting in ``run_dir``: a directory with no timeline is
+        a new run, so copies an earlier run of the same name and directory left are released."""
+        ram = cls.for_config(cfg)
+        if ram is not None and not (run_dir / "timeline.jsonl").exists():
+            stale = ram.release()
+            if stale:
+                log.warning("ram_tier_stale_released", holders=stale)
+        return ram
+
+    def finish(self, *, succeeded: bool) -> str:
+        """The summary line on what the holders keep; release them when the run is over, keep
+        them for autoresume when it failed. Never raises: the run's outcome is decided."""
+        try:
+            stats = self.stats()
+            kept = [v.get("nbytes", 0) for v in stats.values()]
+            line = (f"  RAM tier: {len(stats)} holder(s), {sum(kept)} bytes kept "
+                    f"({max(kept, default=0)} on the largest node)")
+            if succeeded:
+                self.release()
+            else:
+                log.warning("ram_tier_kept", holders=len(stats),
+                            fix="rerun with the same run.name and run.run_dir to resume from "
+                                "them, or start a fresh run directory (its first start "
+                                "releases them)")
+            return line
+        except Exception as exc:
+            log.warning("ram_tier_finish_failed", error=str(exc)[:300])
+            return ""
+
     def holder(self, node_id: str) -> tuple[str, Any]:
         """This run's holder on ``node_id`` (created if it is not there yet)."""
         name = self.prefix + node_id
