@@ -137,8 +137,10 @@ def started_cluster(**kwargs: Any) -> Iterator[RunningCluster]:
 
 
 def run_controller(cfg: RunConfig, *, actions: Sequence[Action] = (), intake: Any = None,
-                   collect_params: bool = False, timeout_s: float = 400.0) -> RunResult:
-    """Run to a terminal state; fire each of ``actions`` once when its step is reached."""
+                   collect_params: bool = False, timeout_s: float = 400.0,
+                   release_ram: bool = True) -> RunResult:
+    """Run to a terminal state; fire each of ``actions`` once when its step is reached.
+    ``release_ram`` False leaves the RAM tier's holders up, as a driver that died would."""
     box: dict[str, Any] = {}
 
     def on_final(group: Any) -> None:
@@ -177,7 +179,7 @@ def run_controller(cfg: RunConfig, *, actions: Sequence[Action] = (), intake: An
     if runner.is_alive():
         raise AssertionError(f"the run did not end within {timeout_s:.0f}s")
     ram_stats = ram.stats() if ram is not None else {}
-    if ram is not None:
+    if ram is not None and release_ram:
         ram.release()  # the next test of the module's cluster starts with none
     if "error" in box_out:
         raise box_out["error"]

@@ -88,6 +88,23 @@ def test_saves_written_from_ram_copies_restore_bit_identically(cluster, tmp_path
         np.testing.assert_array_equal(v, second.final_params[k], err_msg=k)
 
 
+def test_a_new_driver_restores_from_the_holders_the_old_one_left(cluster, tmp_path):
+    """Autoresume's case: the driver is gone, its holders (detached) are not. A new driver (a
+    new token, the holders re-keyed) on the same run directory with all durable steps removed
+    restores the newest RAM copies and goes on."""
+    run = tmp_path / "run"
+    cfg = fault_config(run, *TWO_SLICES, *RAM, "controller.checkpoint_interval.every_steps=50")
+    first = run_controller(cfg, release_ram=False)
+    assert (first.summary.state, first.summary.step) == ("SUCCEEDED", 20)
+    shutil.rmtree(run / "checkpoints")  # nothing durable left: only RAM can give step 20
+    longer = fault_config(run, *TWO_SLICES, *RAM, "run.total_steps=24",
+                          "controller.checkpoint_interval.every_steps=50")
+    second = run_controller(longer)
+    restored = second.restores[0]
+    assert (restored["tier"], restored["restored_step"]) == ("ram", 20), restored
+    assert (second.summary.state, second.summary.step) == ("SUCCEEDED", 24)
+
+
 def test_notice_too_short_for_a_durable_save_copies_to_ram_and_loses_nothing(cluster,
                                                                              tmp_path):
     """A preemption notice for host 1 with 1.5 s left: a durable save is expected to need 3 s,
