@@ -23,6 +23,7 @@ from orchestrator.controller.seam import (
     Compiled,
     CorruptCheckpoint,
     Failure,
+    Fatal,
     Formed,
     GroupFailed,
     GroupSpec,
@@ -36,7 +37,7 @@ from orchestrator.errors import CheckpointCorrupt, OrchestratorError
 from orchestrator.hosts import HostRef
 from orchestrator.hostspec import HostSpec
 from orchestrator.ram_tier import RamTier
-from orchestrator.ray_results import combine, compiled, failure_kind
+from orchestrator.ray_results import combine, compiled, failure_kind, lost_kind
 from policies.causes import FailureKind
 from workers.executables import store_dir
 from workers.host import HostActor, device_env
@@ -196,9 +197,8 @@ class RayWorkerGroup:
     def request_stop(self, chunk: int) -> None:
         try:
             steps = ray.get([a.current_step.remote() for a in self.actors], timeout=5.0)
-            # Two steps past the furthest host: a host that moves on while the request is in
-            # flight must still stop at the same step as the others (a host one step further
-            # would wait in that step's collective for ever).
+            # Two past the furthest host: one past races with a host that ends its step while
+            # the request is in flight (it would wait in the next step's collective for ever).
             at = max(int(s) for s in steps) + STOP_MARGIN_STEPS
             ray.get([a.request_stop.remote(chunk, at) for a in self.actors], timeout=5.0)
             log.info("stop_requested", chunk=chunk, at_step=at)
@@ -261,7 +261,7 @@ class RayWorkerGroup:
             try:
                 self._get([a.shutdown.remote() for a in self.actors], "save",
                           self.timeouts.save_s)
-            except (GroupFailed, OrchestratorError) as exc:
+            except GroupFailed as exc:
                 log.warning("graceful_shutdown_failed", error=str(exc))
         for a in self.actors:
             try:
@@ -335,12 +335,12 @@ class RayWorkerGroup:
         return [out[i] for i in range(len(refs))]
 
     def _failure(self, exc: BaseException, hosts: tuple[int, ...]) -> Failure:
-        """Map one failed call to a typed status; a non-retryable error is raised as is."""
+        """Map one failed call to a typed status (a non-retryable error becomes ``Fatal``)."""
         cause = exc.cause if isinstance(exc, RayTaskError) and hasattr(exc, "cause") else exc
         if isinstance(cause, CheckpointCorrupt):
             return CorruptCheckpoint(step=cause.step, reason=cause.reason)
         if isinstance(cause, OrchestratorError) and not cause.retryable:
-            raise cause
+            return Fatal(message=str(cause), hosts=hosts)
         kind = failure_kind(exc)
         message = f"host(s) {list(hosts)}: {type(cause).__name__}: {cause}"[:2000]
         if kind is FailureKind.STEP_ERROR:
@@ -356,6 +356,7 @@ class RayWorkerGroup:
                 log.warning("node_probe_failed", error=str(err))
         if gone:
             log.warning("nodes_gone", nodes=sorted(gone))
+            kind = lost_kind(kind, gone, self.spec.plan.hosts)
         return HostsLost(hosts=hosts, kind=kind, message=message, nodes_gone=frozenset(gone))
 
     def _dead_hosts(self, timeout_s: float = 3.0) -> tuple[int, ...]:

@@ -13,6 +13,7 @@ import structlog
 from ray.exceptions import ActorDiedError, ActorUnavailableError, NodeDiedError, RayActorError
 
 from orchestrator.controller.seam import Compiled, HostsLost, Progress
+from orchestrator.hosts import HostRef
 from policies.causes import FailureKind
 
 log = structlog.get_logger(__name__)
@@ -27,6 +28,19 @@ def failure_kind(exc: BaseException) -> FailureKind:
     if isinstance(exc, (ActorDiedError, RayActorError)):
         return FailureKind.ACTOR_DIED
     return FailureKind.STEP_ERROR
+
+
+def lost_kind(kind: FailureKind, gone: set[str], hosts: Sequence[HostRef]) -> FailureKind:
+    """Refine a failure once the dead nodes are known: every host of a slice gone is a lost
+    slice; some hosts' nodes gone is a node death (not just an actor's)."""
+    if not gone:
+        return kind
+    slices: dict[str, set[str]] = {}
+    for h in hosts:
+        slices.setdefault(h.slice_name, set()).add(h.node_id)
+    if any(nodes <= gone for nodes in slices.values()):
+        return FailureKind.SLICE_LOST
+    return FailureKind.NODE_DIED
 
 
 def combine(results: Sequence[dict]) -> Progress | HostsLost:

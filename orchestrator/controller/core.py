@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.config import RunConfig
-from orchestrator.controller import draining, forming, planning, recovering, running
+from orchestrator.controller import draining, forming, planning, recovering, running, waiting
 from orchestrator.controller.context import Hooks, Next, Placement, Run, log
 from orchestrator.controller.ledger import RecoveryLedger
 from orchestrator.controller.plugins import ChaosPlugin, RunPlugin
@@ -34,7 +34,7 @@ HANDLERS: dict[RunState, Callable[[Run], Next]] = {
     S.DRAINING: draining.draining,
     S.CHECKPOINTING: draining.checkpointing,
     S.RELEASING: recovering.releasing,
-    S.WAITING_FOR_CAPACITY: planning.waiting,
+    S.WAITING_FOR_CAPACITY: waiting.waiting,
     S.BACKOFF: recovering.backoff,
 }
 
@@ -78,6 +78,9 @@ class Controller:
             run.reactions.replay_unhandled()
             while not run.lifecycle.terminal:
                 self._apply(HANDLERS[run.lifecycle.state](run))
+        except SystemExit:  # sys.exit deep in a handler: the run ends FAILED, the exit goes on
+            self._end("the driver is exiting (SystemExit)", StopCause.OPERATOR)
+            raise
         except KeyboardInterrupt:
             self._end("interrupted (Ctrl-C or SIGTERM); checkpoints are intact",
                       StopCause.OPERATOR)
@@ -89,8 +92,13 @@ class Controller:
             self._end(f"controller error: {exc!r}; checkpoints are intact. Fix: report this "
                       "bug with RUN_DIR/timeline.jsonl and the driver log", None)
         finally:
-            run.teardown(graceful=False)
-        return write_summary(run, self.final_reason)
+            # Also when something escapes the handlers above (a second Ctrl-C during teardown,
+            # the simulator's horizon): the summary is written however the loop ends.
+            try:
+                run.teardown(graceful=False)
+            finally:
+                summary = write_summary(run, self.final_reason)
+        return summary
 
     def _apply(self, nxt: Next) -> None:
         """The one mutation point: move the lifecycle as the handler asked."""

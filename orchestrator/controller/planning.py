@@ -1,4 +1,4 @@
-"""PLANNING and WAITING_FOR_CAPACITY: choose the slices to form on from the hosts alive now.
+"""PLANNING: choose the slices to form on from the hosts alive now.
 
 The placement policy decides form / shrink / wait / fail; this module only gathers the facts
 (complete, healthy, not excluded slices) and builds the mesh plan and the config for it.
@@ -10,7 +10,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from orchestrator.config import RunConfig
-from orchestrator.controller import recovering
+from orchestrator.controller import stopping
 from orchestrator.controller.context import Next, Run, log
 from orchestrator.errors import TopologyError
 from orchestrator.hosts import HostRef
@@ -53,7 +53,7 @@ def initial_target_slices(cfg: RunConfig, hosts: Sequence[HostRef]) -> int:
 
 
 def planning(run: Run) -> Next:
-    stop = recovering.stop_requested(run)
+    stop = stopping.stop_requested(run)
     if stop is not None:
         return stop
     p = run.placement
@@ -83,22 +83,6 @@ def planning(run: Run) -> Next:
                                         needed_slices=decision.needed))
     cause = run.pending.cause if run.pending else None
     return Next(S.FAILED, decision.reason, Failed(reason=decision.reason, cause=cause))
-
-
-def waiting(run: Run) -> Next:
-    """Wait (bounded) until enough complete slices are back, reacting to events meanwhile."""
-    payload = run.lifecycle.payload
-    deadline = payload.deadline if isinstance(payload, WaitingForCapacity) else run.now()
-    p = run.placement
-    while run.now() < deadline:
-        run.reactions.poll(in_mesh=False)
-        stop = recovering.stop_requested(run)
-        if stop is not None:
-            return stop
-        if len(complete_slices(usable_hosts(run), p.hosts_per_slice or 1)) >= p.target_slices:
-            return Next(S.PLANNING, "capacity returned")
-        run.clock.sleep(0.5)
-    return Next(S.PLANNING, "wait bound reached")
 
 
 def cfg_for(run: Run, slices: int, hps: int) -> RunConfig:

@@ -9,8 +9,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from orchestrator.controller import stopping
 from orchestrator.controller.context import Next, Pending, Run, log
-from orchestrator.controller.seam import CorruptCheckpoint, Failure, HostsLost, Hung, describe
+from orchestrator.controller.seam import (
+    CorruptCheckpoint,
+    Failure,
+    Fatal,
+    HostsLost,
+    Hung,
+    describe,
+)
 from orchestrator.lifecycle import Backoff, Failed, Releasing, RunState
 from policies.causes import FailureKind, StopCause, StopObservation
 from policies.restart_budget import GiveUp, RestartObservation, RestartRecord
@@ -27,7 +35,11 @@ def classify(run: Run, status: Failure) -> StopCause:
 
 
 def after_failure(run: Run, status: Failure) -> Next:
-    """The group failed in some phase: record it, exclude what is gone, go to RELEASING."""
+    """The group failed in some phase: record it, exclude what is gone, go to RELEASING (or
+    FAILED for an error no retry can fix)."""
+    if isinstance(status, Fatal):
+        log.error("run_failed", error=status.message, hosts=list(status.hosts))
+        return Next(S.FAILED, status.message, Failed(reason=status.message, cause=None))
     cause = classify(run, status)
     message = describe(status)
     log.warning("group_failed", cause=cause.value, error=message,
@@ -68,7 +80,7 @@ def releasing(run: Run) -> Next:
     run.pending = None
     if pending.stop:
         run.pending = pending
-        return stop_requested(run)
+        return stopping.stop_requested(run)
     if pending.regrow:
         return Next(S.PLANNING, "re-forming on more slices")
     now = run.now()
@@ -84,23 +96,12 @@ def releasing(run: Run) -> Next:
                 Backoff(until=decision.until, cause=pending.cause, attempt=decision.attempt))
 
 
-def stop_requested(run: Run) -> Next | None:
-    """An operator stop that arrived while no group runs ends the run at once."""
-    p = run.pending
-    if p is None or not p.stop:
-        return None
-    step = run.ledger.last_committed
-    reason = f"{p.reason}; the run stopped" + (
-        f", checkpoint at step {step} is intact" if step is not None else "")
-    return Next(S.FAILED, reason, Failed(reason=reason, cause=StopCause.OPERATOR))
-
-
 def backoff(run: Run) -> Next:
     payload = run.lifecycle.payload
     until = payload.until if isinstance(payload, Backoff) else run.now()
     while run.now() < until:
         run.reactions.poll(in_mesh=False)
-        stop = stop_requested(run)
+        stop = stopping.stop_requested(run)
         if stop is not None:
             return stop
         run.clock.sleep(min(0.2, max(0.0, until - run.now())))

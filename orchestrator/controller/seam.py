@@ -3,7 +3,9 @@
 Everything Ray (actors, calls, kills, death detection, node view) lives behind ``WorkerGroup``
 and ``ClusterView``; the controller package imports neither ``ray`` nor ``jax``. A phase call
 either returns its typed result or raises ``GroupFailed`` carrying a typed failure status;
-``poll`` returns one of ``Running``, ``Progress``, ``HostsLost``, ``Hung``. The real
+``poll`` returns one of ``Running``, ``Progress``, ``HostsLost``, ``Hung``, ``Fatal`` and never
+raises. (A chunk's end is ``Progress``: the driver, not the group, decides when the run is done,
+so there is no separate "done" status.) The real
 implementation is ``orchestrator.ray_group``; tests use ``tests.controller.fakes``.
 """
 
@@ -70,8 +72,17 @@ class CorruptCheckpoint:
     reason: str
 
 
-ChunkStatus = Running | Progress | HostsLost | Hung
-Failure = HostsLost | Hung | CorruptCheckpoint
+@dataclass(frozen=True, kw_only=True)
+class Fatal:
+    """A host raised an error that no retry can fix (a checkpoint from another model, a bad
+    config): the run stops with ``message``, which names the fix."""
+
+    message: str
+    hosts: tuple[int, ...] = ()
+
+
+ChunkStatus = Running | Progress | HostsLost | Hung | Fatal
+Failure = HostsLost | Hung | CorruptCheckpoint | Fatal
 
 
 class GroupFailed(Exception):
@@ -83,6 +94,8 @@ class GroupFailed(Exception):
 
 
 def describe(status: Failure) -> str:
+    if isinstance(status, Fatal):
+        return status.message
     if isinstance(status, CorruptCheckpoint):
         return f"checkpoint step {status.step} is unreadable ({status.reason}); falling back"
     if isinstance(status, Hung):

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from orchestrator.controller.seam import (
     Compiled,
     CorruptCheckpoint,
+    Fatal,
     Formed,
     GroupFailed,
     GroupSpec,
@@ -178,7 +179,7 @@ class FakeGroup:
         self._commit_due()
         for fn in self.fleet.at_step.pop(self.step, []):
             out = fn(self)
-            if isinstance(out, (HostsLost, Hung)):
+            if isinstance(out, (HostsLost, Hung, Fatal)):
                 self.pending_saves.clear()  # a dead group commits nothing more
                 if isinstance(out, HostsLost) and out.step_reached is None:
                     out = replace(out, step_reached=self.step)
