@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from orchestrator.controller_config import ChaosFaultConfig
+from orchestrator.ray_group import RayClusterView
 from tests.faults.harness import (
     Action,
     alive_host_processes,
@@ -46,15 +47,27 @@ def test_notice_for_one_slice_shrinks_then_grows_back_on_a_new_slice(cluster, tm
     """Slice 1 preempted, no spare: continue on 1 slice, grow to 2 when a new slice joins."""
     chaos = [ChaosFaultConfig(at_step=6, host=1, kind="preempt", deadline_s=60)]
     added: list[str] = []
-    grow = Action(step=8, name="add_slice",
-                  fn=lambda ctl: added.append(cluster.emulated.add_slice(1)))
-    cfg = fault_config(tmp_path / "run", *TWO_SLICES, "run.total_steps=40",
+
+    def add_slice(ctl) -> None:
+        # Return once the driver's view of the cluster has the slice: a node's resources can
+        # reach ray.nodes() after Ray calls it alive, and a fast run could end before that.
+        added.append(cluster.emulated.add_slice(1))
+        deadline = time.monotonic() + 60
+        while added[0] not in {h.slice_name for h in RayClusterView().hosts()}:
+            assert time.monotonic() < deadline, f"{added[0]} never reached the driver's view"
+            time.sleep(0.1)
+
+    grow = Action(step=8, name="add_slice", fn=add_slice)
+    # 80 steps: one slice runs them in ~40 ms each, and the grow waits for a save made after
+    # the slice joined to commit (async, ~0.5-1 s here); at 40 steps a loaded machine finished
+    # the run before that commit and never grew.
+    cfg = fault_config(tmp_path / "run", *TWO_SLICES, "run.total_steps=80",
                        "controller.elastic.shrink_after_s=0", chaos=chaos)
     result = run_controller(cfg, actions=[grow])
     print_recovery("elastic", result)
 
     s = result.summary
-    assert (s.state, s.step, s.lost_steps) == ("SUCCEEDED", 40, 0)
+    assert (s.state, s.step, s.lost_steps) == ("SUCCEEDED", 80, 0)
     first, shrunk, grown = _running_slices(result)
     assert len(first) == 2 and len(shrunk) == 1 and len(grown) == 2
     assert shrunk[0] in first and added[0] in grown and first[1] not in grown
