@@ -130,7 +130,7 @@ class Driver:
                                 intake=self.intake, metrics=self.metrics, hooks=hooks)
         self._watch_ray_nodes(lambda: list(controller.plan.hosts) if controller.plan else [])
         summary = controller.run()
-        self._print_summary(summary)
+        print(summary.as_text(self.run_dir), flush=True)
         if ram is not None and (line := ram.finish(succeeded=summary.state == "SUCCEEDED")):
             print(line, flush=True)
         return EXIT_OK if summary.state == "SUCCEEDED" else EXIT_FAILED
@@ -334,28 +334,6 @@ class Driver:
             self.metrics.flush(timeout=10.0)
         return load_run(self.run_dir, now=time.time()).goodput.goodput
 
-    def _print_summary(self, summary: Any) -> None:
-        good = summary.goodput
-        lines = [
-            f"Run {summary.state}: {summary.reason}",
-            f"  steps {summary.step}/{summary.total_steps}, lost steps {summary.lost_steps}, "
-            f"restarts {summary.restarts or 'none'}",
-            f"  loss {_fmt(summary.first_loss)} -> {_fmt(summary.last_loss)}, median step "
-            f"{_fmt(summary.median_step_s, 's')}, compile {summary.compile_s} s",
-            f"  goodput {_fmt(good, '', pct=True)}, wall {summary.wall_s:.1f} s",
-            "  time per phase: " + ", ".join(f"{k} {v:.1f}s" for k, v in summary.phases_s.items()),
-        ]
-        for r in summary.restores[1:]:
-            lines.append(f"  restore: step {r.get('restored_step')} from the "
-                         f"{r.get('tier', 'durable')} tier in {r.get('restore_s')} s, lost "
-                         f"{r.get('lost_steps', 0)} step(s)")
-        for r in summary.recoveries:
-            lines.append(f"  recovery ({r.get('kind')}, {r.get('cause')}): "
-                         f"to first step {_fmt(r.get('to_first_step_s'), 's')}, lost "
-                         f"{r.get('lost_steps', 0)}, phases {r.get('phases_s')}")
-        lines.append(f"  run dir: {self.run_dir}")
-        print("\n".join(lines), flush=True)
-
     def close(self) -> None:
         for name, part in (("ray-node-watcher", self.node_watcher), ("intake", self.intake),
                            ("metrics", self.metrics)):
@@ -391,13 +369,6 @@ def _submission_id() -> str | None:
     """Ray 2.60 passes the submission id only inside the job config's metadata."""
     meta = _job_config().get("metadata") or {}
     return meta.get("job_submission_id") or os.environ.get("RAY_JOB_SUBMISSION_ID")
-
-
-
-def _fmt(v: float | None, unit: str = "", *, pct: bool = False) -> str:
-    if v is None:
-        return "n/a"
-    return f"{v * 100:.1f}%" if pct else f"{v:.4g}{unit}"
 
 
 if __name__ == "__main__":

@@ -38,6 +38,34 @@ class RunSummary:
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
 
+    def as_text(self, run_dir: object) -> str:
+        """The lines ``python -m orchestrator.main`` prints at the end."""
+        lines = [
+            f"Run {self.state}: {self.reason}",
+            f"  steps {self.step}/{self.total_steps}, lost steps {self.lost_steps}, "
+            f"restarts {self.restarts or 'none'}",
+            f"  loss {_fmt(self.first_loss)} -> {_fmt(self.last_loss)}, median step "
+            f"{_fmt(self.median_step_s, 's')}, compile {self.compile_s} s",
+            f"  goodput {_fmt(self.goodput, '', pct=True)}, wall {self.wall_s:.1f} s",
+            "  time per phase: " + ", ".join(f"{k} {v:.1f}s" for k, v in self.phases_s.items()),
+        ]
+        for r in self.restores[1:]:
+            lines.append(f"  restore: step {r.get('restored_step')} from the "
+                         f"{r.get('tier', 'durable')} tier in {r.get('restore_s')} s, lost "
+                         f"{r.get('lost_steps', 0)} step(s)")
+        for r in self.recoveries:
+            lines.append(f"  recovery ({r.get('kind')}, {r.get('cause')}): "
+                         f"to first step {_fmt(r.get('to_first_step_s'), 's')}, lost "
+                         f"{r.get('lost_steps', 0)}, phases {r.get('phases_s')}")
+        lines.append(f"  run dir: {run_dir}")
+        return "\n".join(lines)
+
+
+def _fmt(v: float | None, unit: str = "", *, pct: bool = False) -> str:
+    if v is None:
+        return "n/a"
+    return f"{v * 100:.1f}%" if pct else f"{v:.4g}{unit}"
+
 
 def write_summary(run: Run, reason: str) -> RunSummary:
     """Build the summary and write summary.json (a write failure is logged, not raised)."""
