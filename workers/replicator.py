@@ -1,6 +1,6 @@
 """A host's side of the RAM tier: after every ``every`` steps, send its copy to its holders.
 
-The step pays only for packing (its shards copied to host bytes: the next step donates the
+The step pays only for packing (its shards copied into one host buffer: the next step donates the
 device buffers, so this part cannot wait; ``replica.Packer`` works the layout out once). A
 sender thread streams the bytes to both holders over their wire (``workers.ram_wire``: one TCP
 connection each, no Ray call per step) and waits for their acknowledgements, so at most one copy
@@ -48,8 +48,7 @@ class ReplicaStats:
 class _Copy:
     step: int
     layout: dict
-    data: bytes
-    crc32: int
+    data: bytes | bytearray
     persist: dict | None
 
 
@@ -104,7 +103,7 @@ class Replicator:
             log.warning("RAM tier off on this host: %s", self.stats.disabled)
             return time.perf_counter() - t0
         layout, data = self._packer.pack(state)
-        copy = _Copy(step=step, layout=layout, data=data, crc32=checksum(data), persist=persist)
+        copy = _Copy(step=step, layout=layout, data=data, persist=persist)
         with self._cv:
             kept = [c for c in self._queue if c.persist is not None]
             self.stats.replaced += len(self._queue) - len(kept)
@@ -155,9 +154,10 @@ class Replicator:
     def _send(self, copy: _Copy) -> None:
         """Stream the copy to every holder, then read every acknowledgement."""
         data = copy.data
+        # checksummed here, not in the step: zlib releases the GIL while it reads the bytes
         header = {"writer": self.writer, "incarnation": self.incarnation, "step": copy.step,
                   "source": self.source, "sources": self.sources, "layout": copy.layout,
-                  "crc32": copy.crc32}
+                  "crc32": checksum(data)}
         sent = []
         for i, (name, address) in enumerate(self.holders):
             try:
