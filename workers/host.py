@@ -30,6 +30,8 @@ from workers.stops import StopBoard
 
 log = logging.getLogger(__name__)
 
+_SINK_TRIES = 5  # a refused notice is retried after 0.1, 0.2, 0.4, 0.8 s
+
 
 def device_env(*, platform: str, devices_per_host: int, extra: dict[str, str] | None = None
                ) -> dict[str, str]:
@@ -70,7 +72,6 @@ class HostActor(RamTierMethods):
         self._lock = threading.Lock()
         self._watcher: Any = None
         self._sink: Any = None
-        self._pending_events: list[dict] = []
         self._stops = StopBoard()
         self._step = 0
         """The host-mirrored step, readable from any thread (no device sync)."""
@@ -234,9 +235,10 @@ class HostActor(RamTierMethods):
         steps, so a drain waits at most about one step). A request for an older chunk is
         ignored. Returns the current step.
 
-        Collectives need every host to stop at the same step: pass an ``at_step`` above every
-        host's ``current_step()`` (e.g. their max + 1), and compare the ``step`` each host's
-        run_steps returns.
+        Collectives need every host to stop at the same step: pass an ``at_step`` far enough
+        above every host's ``current_step()`` that none has passed it when the request lands
+        (the driver uses their max + 2, ``ray_group.STOP_MARGIN_STEPS``: max + 1 races with a
+        host finishing its step meanwhile), and compare the ``step`` each run_steps returns.
         """
         if not self._stops.request(chunk, at_step):
             log.info("stale stop request for chunk %d ignored", chunk)
@@ -296,40 +298,39 @@ class HostActor(RamTierMethods):
 
         return instance_identity(settings)
 
-    def start_metadata_watcher(self, settings: dict, sink: Any = None) -> bool:
+    def start_metadata_watcher(self, settings: dict, sink: Any) -> bool:
         """Start the GCE metadata watcher (if this host is on GCE or it is forced).
 
         ``sink`` (a driver-owned ``ray.util.queue.Queue``) receives every notice at once, so a
-        notice survives this host dying before the driver's next poll; a notice the sink
-        refuses (full, gone) is kept for ``poll_events``.
+        notice survives this host dying before the driver's next poll.
         """
         try:
             from workers.metadata_watcher import start_watcher
         except ImportError:
             return False
         with self._lock:
-            if sink is not None:
-                self._sink = sink
+            self._sink = sink
             if self._watcher is None:
                 self._watcher = start_watcher(settings, host=self.host, sink=self._on_event)
         return self._watcher is not None
 
     def _on_event(self, event: dict) -> None:
-        sink = self._sink
-        if sink is not None:
+        """Hand a notice to the driver's queue (on the watcher's thread). A queue that refuses
+        it (full, its actor restarting) is retried with backoff for ~3 s; after that the notice
+        is logged as lost, by id, at ERROR: nothing on this host would ever read it."""
+        delay, last = 0.1, None
+        for attempt in range(_SINK_TRIES):
             try:
-                sink.put_nowait(event)
+                self._sink.put_nowait(event)
                 return
-            except Exception as exc:  # the driver's queue is full or gone: keep it for polls
-                log.warning("notice sink refused %s (%s: %s); buffered for poll_events",
-                            event.get("id"), type(exc).__name__, exc)
-        with self._lock:
-            self._pending_events.append(event)
-
-    def poll_events(self) -> list[dict]:
-        with self._lock:
-            out, self._pending_events = self._pending_events, []
-        return out
+            except Exception as exc:
+                last = exc
+                if attempt + 1 < _SINK_TRIES:
+                    time.sleep(delay)
+                    delay *= 2
+        log.error("metadata notice %s (%s) lost: the driver's queue refused it %d times "
+                  "(%s: %s)", event.get("id"), event.get("kind"), _SINK_TRIES,
+                  type(last).__name__, last)
 
     def stacks(self) -> str:
         """Python stacks of every thread (written to RUN_DIR/diagnostics on a timeout)."""

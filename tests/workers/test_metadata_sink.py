@@ -1,9 +1,11 @@
 """The host actor pushes metadata notices to the driver's sink at once; a refused notice is
-kept for poll_events. The actor class runs in this process (no Ray, no JAX needed)."""
+retried, then logged as lost by id. The actor class runs in this process (no Ray, no JAX)."""
 
 from __future__ import annotations
 
+import logging
 import queue
+import threading
 import time
 from dataclasses import asdict
 
@@ -37,8 +39,8 @@ def _wait_until(predicate, timeout_s: float = 20.0) -> None:
         time.sleep(0.02)
 
 
-def test_notice_goes_to_the_sink_not_the_poll_buffer():
-    """A preemption notice is put on the sink as it is seen; polling finds nothing twice."""
+def test_notice_goes_to_the_sink_at_once():
+    """A preemption notice is put on the sink as it is seen."""
     actor = _actor()
     sink: queue.Queue = queue.Queue()
     with fake_metadata_server() as (endpoint, server):
@@ -50,34 +52,48 @@ def test_notice_goes_to_the_sink_not_the_poll_buffer():
             actor.shutdown()
     assert event["kind"] == "preemption_notice"
     assert event["target"]["host"] == "vm-1"
-    assert actor.poll_events() == []
 
 
-def test_notice_the_sink_refuses_is_kept_for_polling():
-    """A full (or dead) sink must not lose the notice: poll_events returns it."""
+def test_a_sink_full_for_a_moment_still_gets_the_notice():
+    """The driver's queue refuses the notice (full), then frees a slot: it is delivered."""
     actor = _actor()
-    full: queue.Queue = queue.Queue(maxsize=1)
-    full.put("occupied")
+    sink: queue.Queue = queue.Queue(maxsize=1)
+    sink.put("occupied")
     with fake_metadata_server() as (endpoint, server):
         try:
-            assert actor.start_metadata_watcher(_settings(endpoint), full)
+            assert actor.start_metadata_watcher(_settings(endpoint), sink)
             server.set(PREEMPTED_KEY, "TRUE")
-            got: list[dict] = []
-            _wait_until(lambda: bool(got.extend(actor.poll_events()) or got))
+            time.sleep(0.3)  # the watcher has seen it and been refused at least once
+            assert sink.get(timeout=5) == "occupied"
+            event = sink.get(timeout=10)
         finally:
             actor.shutdown()
-    assert [e["kind"] for e in got] == ["preemption_notice"]
-    assert full.get_nowait() == "occupied"
+    assert event["kind"] == "preemption_notice"
 
 
-def test_without_a_sink_notices_wait_for_polling():
+def test_a_notice_the_sink_keeps_refusing_is_logged_as_lost(caplog):
+    """Never silently: after the bounded retries the notice's id is logged at ERROR."""
     actor = _actor()
+
+    class Gone:
+        def __init__(self) -> None:
+            self.tries = 0
+            self.lock = threading.Lock()
+
+        def put_nowait(self, item) -> None:
+            with self.lock:
+                self.tries += 1
+            raise ConnectionError("the queue actor is dead")
+
+    sink = Gone()
+    caplog.set_level(logging.ERROR, logger="workers.host")
     with fake_metadata_server() as (endpoint, server):
         try:
-            assert actor.start_metadata_watcher(_settings(endpoint))
+            assert actor.start_metadata_watcher(_settings(endpoint), sink)
             server.set(PREEMPTED_KEY, "TRUE")
-            got: list[dict] = []
-            _wait_until(lambda: bool(got.extend(actor.poll_events()) or got))
+            _wait_until(lambda: any("lost" in r.getMessage() for r in caplog.records))
         finally:
             actor.shutdown()
-    assert [e["kind"] for e in got] == ["preemption_notice"]
+    lost = [r.getMessage() for r in caplog.records if "lost" in r.getMessage()]
+    assert "preemption_notice" in lost[0] and "refused it 5 times" in lost[0]
+    assert sink.tries >= 5
