@@ -25,8 +25,11 @@ import math
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
-from policies.causes import StopCause
+from policies.causes import EVENT_KIND_CAUSES, StopCause
 from policies.health import HealthKind, HealthObservation, HealthPolicy, HealthReport
+
+# The cause of each stop comes from the one event-kind table the failure classifier uses.
+_HEALTH = EVENT_KIND_CAUSES["host_unhealthy"]
 
 
 class ReactionKind(StrEnum):
@@ -55,9 +58,10 @@ class ReactionObservation:
     """Plain facts about one event and the run at the moment it is handled.
 
     ``targets``: node ids the event names (``resolve_targets``); ``mesh_hosts``: node ids in the
-    current mesh (empty while none is formed). ``health_reports`` should include the report this
-    event carries; when it holds no unhealthy report for a target, the event counts as one
-    non-fatal unhealthy report at ``now``.
+    current mesh (empty while none is formed); ``job_hosts``: the hosts the job holds or held
+    last (the last mesh's), which a job-wide notice dooms while no mesh is formed.
+    ``health_reports`` should include the report this event carries; when it holds no unhealthy
+    report for a target, the event counts as one non-fatal unhealthy report at ``now``.
     """
 
     now: float
@@ -65,6 +69,7 @@ class ReactionObservation:
     targets: frozenset[str]
     job_wide: bool
     mesh_hosts: frozenset[str]
+    job_hosts: frozenset[str] = frozenset()
     deadline: float | None = None
     window_start: float | None = None
     window_end: float | None = None
@@ -122,7 +127,7 @@ class ReactionPolicy:
                             reason=f"{kind} names no host of this run and not the job")
         if kind == "operator_stop":
             return Reaction(kind=ReactionKind.STOP, reason="stop requested by operator",
-                            cause=StopCause.OPERATOR, deadline=obs.deadline)
+                            cause=EVENT_KIND_CAUSES[kind], deadline=obs.deadline)
         if kind in ("operator_resume", "alert_firing", "alert_resolved", "live_migration"):
             why = ("live migration keeps the VM running; nothing to drain"
                    if kind == "live_migration" else "no driver action for this kind")
@@ -130,13 +135,13 @@ class ReactionPolicy:
         if kind == "host_unhealthy":
             return self._health(obs)
         if kind == "operator_drain":
-            return self._drain(obs, StopCause.OPERATOR, "drain requested by operator",
+            return self._drain(obs, EVENT_KIND_CAUSES[kind], "drain requested by operator",
                                doomed=frozenset(obs.targets), deadline=obs.deadline)
         if kind in ("host_lost", "slice_lost"):
-            return self._drain(obs, StopCause.HOST_LOST, f"{kind} announced",
+            return self._drain(obs, EVENT_KIND_CAUSES[kind], f"{kind} announced",
                                doomed=self._doomed(obs), deadline=obs.deadline)
         if kind == "preemption_notice":
-            return self._drain(obs, StopCause.SPOT_PREEMPTION, "preemption notice",
+            return self._drain(obs, EVENT_KIND_CAUSES[kind], "preemption notice",
                                doomed=self._doomed(obs), deadline=obs.deadline)
         if kind == "maintenance_scheduled":
             return self._maintenance(obs)
@@ -159,8 +164,11 @@ class ReactionPolicy:
 
     @staticmethod
     def _doomed(obs: ReactionObservation) -> frozenset[str]:
-        """All mesh hosts for a job-wide notice, else the named hosts."""
-        return frozenset(obs.mesh_hosts) if obs.job_wide else frozenset(obs.targets)
+        """All the job's hosts for a job-wide notice (the mesh's, else the last mesh's), else
+        the named hosts."""
+        if obs.job_wide:
+            return frozenset(obs.mesh_hosts or obs.job_hosts)
+        return frozenset(obs.targets)
 
     @staticmethod
     def _drain(obs: ReactionObservation, cause: StopCause, why: str, *,
@@ -168,9 +176,11 @@ class ReactionPolicy:
                at_step: int | None = None) -> Reaction:
         """A drain, unless the named hosts are all outside a formed mesh (then only noted)."""
         if obs.job_wide and not obs.mesh_hosts and cause is not StopCause.OPERATOR:
-            return Reaction(kind=ReactionKind.NOTE, cause=cause,
+            # between meshes (backoff, waiting): the job's last hosts are the ones going
+            return Reaction(kind=ReactionKind.NOTE, cause=cause, doomed=doomed,
                             reason=f"{why} for the whole job while no mesh is formed: "
-                            "nothing to drain")
+                            + ("keep its last hosts out of the next mesh" if doomed
+                               else "nothing to drain"))
         if obs.mesh_hosts and doomed and not doomed & obs.mesh_hosts:
             return Reaction(kind=ReactionKind.NOTE, cause=cause, doomed=doomed,
                             reason=f"{why} for hosts outside the current mesh: "
@@ -186,7 +196,7 @@ class ReactionPolicy:
     def _maintenance(self, obs: ReactionObservation) -> Reaction:
         start = obs.window_start if obs.window_start is not None else obs.deadline
         doomed = self._doomed(obs)
-        cause = StopCause.MAINTENANCE
+        cause = EVENT_KIND_CAUSES["maintenance_scheduled"]
         if obs.window_end is not None and obs.now >= obs.window_end:
             return Reaction(kind=ReactionKind.NOTE, cause=cause,
                             reason="maintenance window already ended; a host it took is "
@@ -219,7 +229,7 @@ class ReactionPolicy:
 
     def _health(self, obs: ReactionObservation) -> Reaction:
         if obs.job_wide and not obs.targets:
-            return Reaction(kind=ReactionKind.NOTE, cause=StopCause.HARDWARE_HEALTH,
+            return Reaction(kind=ReactionKind.NOTE, cause=_HEALTH,
                             reason="health report names no host: cannot cordon the whole job")
         cordon: set[str] = set()
         doomed: set[str] = set()
@@ -243,10 +253,10 @@ class ReactionPolicy:
                 later.append(decision.drain_not_before)
         why = "; ".join(reasons)
         if not cordon:
-            return Reaction(kind=ReactionKind.NOTE, cause=StopCause.HARDWARE_HEALTH, reason=why)
+            return Reaction(kind=ReactionKind.NOTE, cause=_HEALTH, reason=why)
         # A host draining now carries the deferred ones with it (one re-form, not two).
         deferred = bool(later) and len(later) == len(doomed)
-        return Reaction(kind=ReactionKind.CORDON_AND_REPLACE, cause=StopCause.HARDWARE_HEALTH,
+        return Reaction(kind=ReactionKind.CORDON_AND_REPLACE, cause=_HEALTH,
                         cordon=frozenset(cordon), doomed=frozenset(doomed),
                         deadline=obs.deadline,
                         not_before=min(later) if deferred else None,

@@ -128,7 +128,9 @@ class Reactions:
         led = run.ledger
         reaction = run.policies.reaction.decide(ReactionObservation(
             now=now, kind=kind, targets=targeting.node_ids, job_wide=targeting.job_wide,
-            mesh_hosts=mesh, deadline=ev.deadline,
+            mesh_hosts=mesh,
+            job_hosts=frozenset(h.node_id for h in plan.hosts) if plan else frozenset(),
+            deadline=ev.deadline,
             window_start=getattr(ev, "window_start", None),
             window_end=getattr(ev, "window_end", None), step=led.step,
             step_time_s=led.median_step_s(), expected_save_s=led.median_save_s(),

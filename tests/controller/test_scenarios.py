@@ -57,6 +57,28 @@ def test_job_wide_notice_never_reforms_on_the_doomed_hosts(tmp_path):
     assert summary.lost_steps == 0
 
 
+def test_job_wide_notice_during_backoff_keeps_the_last_hosts_out(tmp_path):
+    """A host dies, and while the run backs off a notice naming no host arrives: the job's
+    last hosts are the ones going, so the next mesh is on the spare slice, not on them."""
+    sim = make(tmp_path, spare=("s1",))
+    sim.fleet.on_step(7, lambda g: lost())
+    sleep, sent = sim.clock.sleep, []
+
+    def sleep_and_notice(seconds: float) -> None:
+        if not sent and sim.controller.lifecycle.state.value == "BACKOFF":
+            sent.append(sim.clock.now())
+            sim.notice(host=None, id="job-wide-in-backoff")
+        sleep(seconds)
+
+    sim.clock.sleep = sleep_and_notice
+    summary = sim.run()
+    assert sent and summary.state == "SUCCEEDED"
+    first, second = sim.fleet.groups[0], sim.fleet.groups[-1]
+    assert {h.slice_name for h in first.spec.plan.hosts} == {"s0"}
+    assert {h.slice_name for h in second.spec.plan.hosts} == {"s1"}
+    assert {"s0-h0", "s0-h1"} <= sim.controller.run_state.placement.excluded
+
+
 def test_two_merged_notices_keep_the_earliest_deadline(tmp_path):
     sim = make(tmp_path, "cluster.emulate.hosts_per_slice=2", spare=("s1",))
 

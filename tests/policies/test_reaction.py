@@ -59,10 +59,34 @@ def test_job_wide_maintenance_dooms_every_mesh_host():
 
 
 def test_job_wide_notice_without_a_mesh_is_noted():
-    """No mesh formed: nothing to drain; the notice is recorded."""
+    """No mesh formed and none before: nothing to drain; the notice is recorded."""
     r = POLICY.decide(obs("preemption_notice", job_wide=True, mesh=frozenset()))
-    assert r.kind is ReactionKind.NOTE
-    assert "no mesh" in r.reason
+    assert r.kind is ReactionKind.NOTE and r.doomed == frozenset()
+    assert "no mesh" in r.reason and "nothing to drain" in r.reason
+
+
+def test_job_wide_notice_between_meshes_dooms_the_last_meshs_hosts():
+    """In backoff or waiting for capacity, a job-wide notice is about the hosts the job held:
+    they are kept out of the next mesh (it used to re-form on them)."""
+    r = POLICY.decide(obs("preemption_notice", job_wide=True, mesh=frozenset(),
+                          job_hosts=MESH))
+    assert (r.kind, r.doomed) == (ReactionKind.NOTE, MESH)
+    assert "keep its last hosts out of the next mesh" in r.reason
+    m = POLICY.decide(obs("maintenance_scheduled", job_wide=True, mesh=frozenset(),
+                          job_hosts=MESH, window_start=NOW + 60))
+    assert (m.kind, m.doomed) == (ReactionKind.NOTE, MESH)
+
+
+def test_every_reaction_cause_comes_from_the_classifier_table():
+    """One table: the cause a drain carries is the one the failure classifier gives its kind."""
+    from policies.causes import StopObservation, classify
+
+    for kind, kw in [("preemption_notice", {}), ("host_lost", {}), ("slice_lost", {}),
+                     ("operator_drain", {}), ("operator_stop", {}),
+                     ("maintenance_scheduled", {"window_start": NOW + 60}),
+                     ("host_unhealthy", {})]:
+        r = POLICY.decide(obs(kind, {"n1"}, deadline=NOW + 30, **kw))
+        assert r.cause is classify(StopObservation(event_kind=kind)).cause, kind
 
 
 def test_targets_outside_the_mesh_are_noted_and_kept_out():
