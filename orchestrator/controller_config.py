@@ -11,7 +11,7 @@ from typing import Literal
 from orchestrator.errors import ConfigError
 from policies.causes import StopCause, StopClassifier
 from policies.chaos import Fault, FaultKind, FaultSchedule
-from policies.checkpoint_interval import AnySave, FixedInterval, OnRequest, YoungDaly
+from policies.checkpoint_interval import FixedInterval, SavePolicy, YoungDaly
 from policies.health import HealthPolicy
 from policies.preemption import DeadlinePolicy, GrowPolicy, PlacementPolicy
 from policies.reaction import ReactionPolicy
@@ -167,7 +167,7 @@ class Policies:
     placement: PlacementPolicy
     grow: GrowPolicy
     deadline: DeadlinePolicy
-    save: AnySave
+    save: SavePolicy
     reaction: ReactionPolicy
     resize: ResizePolicy
     chaos: FaultSchedule
@@ -248,7 +248,7 @@ class ControllerConfig:
                 save_if_time_left_factor=self.deadline.save_if_time_left_factor,
                 on_short_deadline=self.deadline.on_short_deadline,
             ),
-            save=AnySave(policies=(OnRequest(), interval)),
+            save=interval,
             reaction=ReactionPolicy(health=health),
             resize=ResizePolicy(mode=BatchMode(self.batch_on_resize), lr_scaling=self.lr_on_scale),
             chaos=FaultSchedule(

@@ -1,8 +1,10 @@
 """One exception family for the orchestrator; every message names the fix.
 
 Errors cross actor boundaries, so they stay picklable: plain attributes, args passed through.
-``retryable`` separates what the controller may retry (a lost host, a timed-out barrier) from what
-must stop the run (a bad config, an incompatible checkpoint).
+``retryable`` separates what may be retried (an unreachable cluster: autoresume backs off) from what
+must stop the run (a bad config, an incompatible checkpoint): a host call raising a non-retryable
+error ends the run (``Fatal``), never a re-form. Lost hosts and hangs are not exceptions here: the
+worker group reports them as typed statuses (``orchestrator.controller.seam``).
 """
 
 from __future__ import annotations
@@ -47,32 +49,11 @@ class TopologyError(OrchestratorError):
 class ClusterUnreachableError(OrchestratorError):
     """Ray is not where the config says it is."""
 
+    retryable = True
+
 
 class CheckpointError(OrchestratorError):
     """A checkpoint is missing, incomplete or incompatible with the model."""
-
-
-class GroupFailure(OrchestratorError):
-    """The JAX group cannot go on (a host died, a barrier timed out). The controller re-forms."""
-
-    retryable = True
-
-    def __init__(self, message: str, *, fix: str = "", hosts: tuple[int, ...] = ()) -> None:
-        self.hosts = hosts
-        super().__init__(message, fix=fix)
-
-
-class BarrierTimeout(GroupFailure):
-    """A bounded phase (init, compile, restore, step) passed its timeout."""
-
-    def __init__(self, phase: str, seconds: float, *, hosts: tuple[int, ...] = ()) -> None:
-        self.phase = phase
-        self.seconds = seconds
-        super().__init__(
-            f"{phase} did not finish within {seconds:g}s",
-            fix=f"raise timeouts.{phase}_s if the cluster is merely slow",
-            hosts=hosts,
-        )
 
 
 class CheckpointCorrupt(CheckpointError):

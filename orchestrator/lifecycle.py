@@ -101,7 +101,6 @@ class Draining:
     event_id: str
     deadline: float | None
     doomed_hosts: tuple[str, ...] = ()
-    doomed_slices: tuple[str, ...] = ()
     cause: StopCause | None = None
 
 
@@ -273,9 +272,6 @@ class Lifecycle:
     @property
     def terminal(self) -> bool:
         return self.state.terminal
-
-    def can(self, to: RunState) -> bool:
-        return to in TRANSITIONS[self.state]
 
     def time_in_state(self, now: float | None = None) -> float:
         """Seconds since the current state was entered."""

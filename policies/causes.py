@@ -2,8 +2,8 @@
 
 Each cause has its own retry budget (``restart_budget.py``), so a crash-looping program cannot
 spend the budget meant for spot preemptions, and a stream of preemptions cannot exhaust the
-budget meant for bugs. Classification uses plain facts (event kind, exception type *name*, exit
-info), never Ray types, so it runs in tests and a fleet simulator without a cluster.
+budget meant for bugs. Classification uses plain facts (the event kind, the seam's closed set of
+failure kinds), never Ray types, so it runs in tests and a fleet simulator without a cluster.
 
 Why seven causes and not five:
 - ``TIMEOUT``: a bounded phase (distributed init, compile, restore, step) passed its bound. It is
@@ -111,41 +111,17 @@ FAILURE_KIND_CAUSES: dict[FailureKind, StopCause] = {
     FailureKind.CHECKPOINT_CORRUPT: StopCause.HOST_LOST,
 }
 
-# Exception type names (as ``type(exc).__name__`` gives them) and the cause each one means.
-ERROR_TYPE_CAUSES: dict[str, StopCause] = {
-    "NodeDiedError": StopCause.HOST_LOST,
-    "ActorUnavailableError": StopCause.HOST_LOST,
-    "ActorDiedError": StopCause.HOST_LOST,
-    "WorkerCrashedError": StopCause.HOST_LOST,
-    "RayActorError": StopCause.HOST_LOST,
-    "GroupFailure": StopCause.HOST_LOST,
-    "BarrierTimeout": StopCause.TIMEOUT,
-    "GetTimeoutError": StopCause.TIMEOUT,
-    "TimeoutError": StopCause.TIMEOUT,
-    "DeadlineExceeded": StopCause.TIMEOUT,
-    "OutOfMemoryError": StopCause.APPLICATION_ERROR,
-}
-
-SIGKILL = 9
-SIGTERM = 15
-
-
 @dataclass(frozen=True, kw_only=True)
 class StopObservation:
     """Plain facts about one stop, gathered by the controller at the boundary.
 
-    ``event_kind`` is set when an event (notice, operator command) caused the stop;
-    ``error_type`` is the exception class name when a call failed; ``exit_signal`` /
-    ``exit_code`` describe a dead process when known; ``oom`` is True when Ray or the kernel
-    reported the process was killed for memory.
+    ``event_kind`` is set when an event (notice, operator command) caused the stop; ``failure``
+    is what the worker-group seam saw go wrong (``orchestrator.ray_results.failure_kind`` is the
+    one place a Ray exception becomes a ``FailureKind``).
     """
 
     event_kind: str | None = None
     failure: FailureKind | None = None
-    error_type: str | None = None
-    exit_code: int | None = None
-    exit_signal: int | None = None
-    oom: bool = False
     message: str = ""
 
 
@@ -159,45 +135,24 @@ class Classification:
 
 @dataclass(frozen=True, kw_only=True)
 class StopClassifier:
-    """Maps a StopObservation to a StopCause. Events win over errors: a notice explains the
-    error that follows it (the doomed host's actor dies after the notice)."""
+    """Maps a StopObservation to a StopCause. Events win over failures: a notice explains the
+    failure that follows it (the doomed host's actor dies after the notice)."""
 
     event_kinds: tuple[tuple[str, StopCause], ...] = tuple(EVENT_KIND_CAUSES.items())
-    error_types: tuple[tuple[str, StopCause], ...] = tuple(ERROR_TYPE_CAUSES.items())
 
     def decide(self, observation: StopObservation) -> Classification:
         """Classify one stop; unknown facts fall back to APPLICATION_ERROR (smallest budget)."""
         kinds = dict(self.event_kinds)
-        errors = dict(self.error_types)
         obs = observation
         if obs.event_kind:
             kind = obs.event_kind.strip().lower()
             if kind in kinds:
                 return Classification(cause=kinds[kind], reason=f"event kind {obs.event_kind!r}")
-        if obs.oom:  # before the failure kind: an OOM-killed actor is a bug, not a lost host
-            return Classification(
-                cause=StopCause.APPLICATION_ERROR,
-                reason=f"{obs.error_type or 'process'} killed for memory (OOM)",
-            )
         if obs.failure is not None:
             return Classification(cause=FAILURE_KIND_CAUSES[obs.failure],
                                   reason=f"failure {obs.failure.value}")
-        if obs.error_type:
-            name = obs.error_type.rsplit(".", 1)[-1]
-            if name in errors:
-                return Classification(cause=errors[name], reason=f"error {name}")
-            return Classification(cause=StopCause.APPLICATION_ERROR, reason=f"error {name}")
-        if obs.exit_signal in (SIGKILL, SIGTERM):
-            return Classification(
-                cause=StopCause.HOST_LOST, reason=f"process ended by signal {obs.exit_signal}"
-            )
-        if obs.exit_code not in (None, 0) or obs.exit_signal is not None:
-            return Classification(
-                cause=StopCause.APPLICATION_ERROR,
-                reason=f"process exited (code={obs.exit_code}, signal={obs.exit_signal})",
-            )
         return Classification(
-            cause=StopCause.APPLICATION_ERROR, reason="no event, error or exit info: assumed a bug"
+            cause=StopCause.APPLICATION_ERROR, reason="no known event or failure: assumed a bug"
         )
 
 

@@ -1,11 +1,12 @@
-"""When to save: a fixed interval, the Young/Daly optimum from observed interruptions, on request.
+"""When to save periodically: a fixed interval, or the Young/Daly optimum from interruptions.
 
 Young/Daly: with save cost C and mean time between interruptions M, the interval that minimises
 expected lost work plus save overhead is about sqrt(2·C·M) (first-order, valid for C << M). The
 MTBI is estimated as the posterior mean of an exponential rate with a gamma prior: ``prior_weight``
 pseudo-interruptions spread over ``prior_weight * prior_mtbi_s`` seconds, plus what the run saw.
 A young run therefore follows the prior and moves toward the observed rate as evidence grows.
-Policies are combined like orbax's ``AnySavePolicy``: save if any member says so.
+The save a drain makes is not decided here: ``policies.preemption.DeadlinePolicy`` weighs it
+against the notice's deadline.
 """
 
 from __future__ import annotations
@@ -26,8 +27,6 @@ class SaveObservation:
     step: int
     last_save_step: int | None
     now: float = 0.0
-    save_requested: bool = False
-    notice_pending: bool = False
     step_time_s: float | None = None
     save_cost_s: float | None = None
     interruptions: int = 0
@@ -118,34 +117,4 @@ class YoungDaly:
         return SaveDecision(save=False, reason="not due", interval_steps=every)
 
 
-@dataclass(frozen=True, kw_only=True)
-class OnRequest:
-    """Save now when an operator asked or a notice is pending (the drain save)."""
-
-    def decide(self, observation: SaveObservation) -> SaveDecision:
-        obs = observation
-        if _already_saved(obs):
-            return SaveDecision(save=False, reason="already saved")
-        if obs.notice_pending:
-            return SaveDecision(save=True, reason="notice pending")
-        if obs.save_requested:
-            return SaveDecision(save=True, reason="save requested")
-        return SaveDecision(save=False, reason="no request")
-
-
-SavePolicy = FixedInterval | YoungDaly | OnRequest
-
-
-@dataclass(frozen=True, kw_only=True)
-class AnySave:
-    """Save if any member policy says so; the first positive member gives the reason."""
-
-    policies: tuple[SavePolicy, ...]
-
-    def decide(self, observation: SaveObservation) -> SaveDecision:
-        decisions = [policy.decide(observation) for policy in self.policies]
-        interval = next((d.interval_steps for d in decisions if d.interval_steps), None)
-        for decision in decisions:
-            if decision.save:
-                return SaveDecision(save=True, reason=decision.reason, interval_steps=interval)
-        return SaveDecision(save=False, reason="no policy due", interval_steps=interval)
+SavePolicy = FixedInterval | YoungDaly

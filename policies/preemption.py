@@ -12,30 +12,8 @@ A slice is ICI-connected: if one of its hosts is doomed, the whole slice is lost
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-
-# ---------------------------------------------------------------------------------------------
-# Shared observation pieces
-
-
-def doomed_slices(
-    doomed_hosts: Iterable[str], host_slices: Mapping[str, str], named_slices: Iterable[str] = ()
-) -> frozenset[str]:
-    """Slices lost to a notice: every slice with a doomed host, plus slices named directly."""
-    lost = {host_slices[h] for h in doomed_hosts if h in host_slices}
-    return frozenset(lost | set(named_slices))
-
-
-def complete_slices(
-    healthy_hosts_per_slice: Mapping[str, int], hosts_per_slice: int
-) -> tuple[str, ...]:
-    """Slice names with all their hosts healthy (a partial slice cannot hold the ICI axes)."""
-    return tuple(
-        sorted(name for name, n in healthy_hosts_per_slice.items() if n >= hosts_per_slice)
-    )
-
 
 # ---------------------------------------------------------------------------------------------
 # Placement: form / shrink / wait / fail
@@ -52,8 +30,9 @@ class PlacementKind(StrEnum):
 class PlacementObservation:
     """Capacity at planning time.
 
-    ``available_slices``: complete, healthy, not cordoned, not doomed slice names (see
-    ``complete_slices``). ``target_slices``: slices the run wants (its configured DCN size).
+    ``available_slices``: complete, healthy, not cordoned, not doomed slice names (the
+    controller's ``planning.complete_slices``). ``target_slices``: slices the run wants (its
+    configured DCN size).
     ``waiting_since``: when the run first lacked capacity in this episode (None if it did not).
     """
 

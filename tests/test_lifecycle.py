@@ -226,7 +226,7 @@ def test_timeline_file_contents(tmp_path):
     clock.advance(0.5)
     go(lc, S.DRAINING, step=120, slices=("slice-a", "slice-b"), hosts=4,
        payload=Draining(event_id="ev-9", deadline=1070.0, doomed_hosts=("vm-3",),
-                        doomed_slices=("slice-b",), cause=StopCause.SPOT_PREEMPTION))
+                        cause=StopCause.SPOT_PREEMPTION))
     lines = [json.loads(x) for x in (tmp_path / TIMELINE_FILE).read_text().splitlines()]
     lines = lines[:1] + lines[2:]  # read the rest as before, without the RESTORING line
     assert [x["seq"] for x in lines] == [0, 2, 3, 4, 5]
@@ -244,7 +244,7 @@ def test_timeline_file_contents(tmp_path):
     assert (lines[4]["hosts"], lines[4]["step"], lines[4]["incarnation"]) == (4, 120, 0)
     assert lines[4]["payload"] == {
         "type": "Draining", "event_id": "ev-9", "deadline": 1070.0, "doomed_hosts": ["vm-3"],
-        "doomed_slices": ["slice-b"], "cause": "spot_preemption",
+        "cause": "spot_preemption",
     }
     assert [t.to_json() for t in lc.timeline][2:] == lines[1:]
 

@@ -1,15 +1,9 @@
-"""Ray as an event source: actor death and node death of the run's hosts become HOST_LOST.
+"""Ray as an event source: the run's hosts whose Ray node died become HOST_LOST events.
 
-Two paths, both classified once here (a closed set, like levanter's TpuPreempted/TpuFailed):
-
-* ``event_from_exception(exc, host, ...)``: what a failed call on a host actor means. Died actor,
-  crashed worker, dead node -> HOST_LOST; an actor only *unavailable* (network blip, node going
-  away but not yet declared dead) -> HOST_UNHEALTHY.
-* ``RayNodeWatcher``: polls the cluster's node table (a seam, ``ray.nodes`` by default) and
-  reports mesh hosts whose node is no longer alive.
-
-Ids are stable per (host node, incarnation), so the many exceptions one death produces dedupe
-into one event.
+``RayNodeWatcher`` polls the cluster's node table (a seam, ``ray.nodes`` by default) and reports
+mesh hosts whose node is no longer alive, once per node. A failed *call* on a host actor is not
+an event: the worker group maps it to the seam's ``FailureKind`` (``orchestrator.ray_results``,
+the one place a Ray exception is classified) and the controller takes its failure path.
 """
 
 from __future__ import annotations
@@ -27,37 +21,6 @@ from orchestrator.hosts import HostRef
 log = structlog.get_logger(__name__)
 
 SOURCE = "ray"
-
-_LOST = ("ActorDiedError", "RayActorError", "WorkerCrashedError", "NodeDiedError",
-         "OwnerDiedError", "LocalRayletDiedError", "ObjectLostError")
-_UNHEALTHY = ("ActorUnavailableError", "GetTimeoutError", "RaySystemError")
-
-
-def classify_exception(exc: BaseException) -> EventKind | None:
-    """HOST_LOST / HOST_UNHEALTHY for Ray failures (by class, MRO included), None otherwise."""
-    names = [cls.__name__ for cls in type(exc).__mro__]
-    for name in names:  # most specific class first
-        if name in _UNHEALTHY:
-            return EventKind.HOST_UNHEALTHY
-        if name in _LOST:
-            return EventKind.HOST_LOST
-    return None
-
-
-def event_from_exception(exc: BaseException, host: HostRef, *, job: str | None = None,
-                         incarnation: int | None = None, now: float | None = None) -> Event:
-    """The event a failed call on ``host``'s actor stands for (HOST_UNHEALTHY if unknown)."""
-    kind = classify_exception(exc) or EventKind.HOST_UNHEALTHY
-    now = time.time() if now is None else now
-    suffix = "" if incarnation is None else f":{incarnation}"
-    return Event(
-        kind=kind,
-        target=_target(host, job),
-        source=SOURCE, id=f"ray:{kind.value}:{host.node_id}{suffix}", observed_at=now,
-        incarnation=incarnation, message=f"{type(exc).__name__}: {str(exc)[:500]}",
-        labels={"ray.error": type(exc).__name__, "ray.node_id": host.node_id,
-                "host.index": str(host.index)},
-    )
 
 
 def node_lost_event(host: HostRef, *, job: str | None = None, now: float,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from policies.causes import StopCause, StopClassifier, StopObservation, classify
+from policies.causes import FailureKind, StopCause, StopClassifier, StopObservation, classify
 
 
 @pytest.mark.parametrize(
@@ -15,16 +15,13 @@ from policies.causes import StopCause, StopClassifier, StopObservation, classify
         (StopObservation(event_kind="maintenance"), StopCause.MAINTENANCE),
         (StopObservation(event_kind="unhealthy"), StopCause.HARDWARE_HEALTH),
         (StopObservation(event_kind="drain"), StopCause.OPERATOR),
-        (StopObservation(error_type="ActorDiedError"), StopCause.HOST_LOST),
-        (StopObservation(error_type="ray.exceptions.NodeDiedError"), StopCause.HOST_LOST),
-        (StopObservation(error_type="ActorUnavailableError"), StopCause.HOST_LOST),
-        (StopObservation(error_type="BarrierTimeout"), StopCause.TIMEOUT),
-        (StopObservation(error_type="GetTimeoutError"), StopCause.TIMEOUT),
-        (StopObservation(error_type="FloatingPointError"), StopCause.APPLICATION_ERROR),
-        (StopObservation(error_type="ActorDiedError", oom=True), StopCause.APPLICATION_ERROR),
-        (StopObservation(exit_signal=9), StopCause.HOST_LOST),
-        (StopObservation(exit_code=1), StopCause.APPLICATION_ERROR),
-        (StopObservation(exit_signal=11), StopCause.APPLICATION_ERROR),
+        (StopObservation(failure=FailureKind.ACTOR_DIED), StopCause.HOST_LOST),
+        (StopObservation(failure=FailureKind.NODE_DIED), StopCause.HOST_LOST),
+        (StopObservation(failure=FailureKind.ACTOR_UNAVAILABLE), StopCause.HOST_LOST),
+        (StopObservation(failure=FailureKind.SLICE_LOST), StopCause.HOST_LOST),
+        (StopObservation(failure=FailureKind.HUNG), StopCause.TIMEOUT),
+        (StopObservation(failure=FailureKind.STEP_ERROR), StopCause.APPLICATION_ERROR),
+        (StopObservation(failure=FailureKind.CHECKPOINT_CORRUPT), StopCause.HOST_LOST),
         (StopObservation(), StopCause.APPLICATION_ERROR),
     ],
 )
@@ -33,25 +30,30 @@ def test_classify(obs, cause):
     assert classify(obs).cause is cause
 
 
-def test_event_wins_over_the_error_it_explains():
+def test_event_wins_over_the_failure_it_explains():
     """The doomed host's actor dies after its notice: still a preemption, not a lost host."""
-    obs = StopObservation(event_kind="preemption", error_type="ActorDiedError", exit_signal=9)
-    result = classify(obs)
+    result = classify(StopObservation(event_kind="preemption", failure=FailureKind.ACTOR_DIED))
     assert result.cause is StopCause.SPOT_PREEMPTION
     assert "preemption" in result.reason
 
 
-def test_unknown_event_kind_falls_through_to_error():
-    """An event kind the table does not know does not hide the error."""
-    assert classify(StopObservation(event_kind="mystery", error_type="NodeDiedError")).cause \
+def test_unknown_event_kind_falls_through_to_the_failure():
+    """An event kind the table does not know does not hide the failure."""
+    assert classify(StopObservation(event_kind="mystery", failure=FailureKind.NODE_DIED)).cause \
         is StopCause.HOST_LOST
 
 
+def test_every_failure_kind_has_a_cause():
+    """The seam's closed set is classified completely (no failure falls to the default)."""
+    for kind in FailureKind:
+        assert classify(StopObservation(failure=kind)).reason == f"failure {kind.value}"
+
+
 def test_custom_tables():
-    """The classifier's tables can be replaced (e.g. a new event source)."""
-    clf = StopClassifier(event_kinds=(("reclaim", StopCause.SPOT_PREEMPTION),), error_types=())
+    """The classifier's event table can be replaced (e.g. a new event source)."""
+    clf = StopClassifier(event_kinds=(("reclaim", StopCause.SPOT_PREEMPTION),))
     assert clf.decide(StopObservation(event_kind="reclaim")).cause is StopCause.SPOT_PREEMPTION
-    assert clf.decide(StopObservation(error_type="NodeDiedError")).cause \
+    assert clf.decide(StopObservation(event_kind="preemption")).cause \
         is StopCause.APPLICATION_ERROR
 
 

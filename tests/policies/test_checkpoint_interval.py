@@ -7,9 +7,7 @@ import math
 import pytest
 
 from policies.checkpoint_interval import (
-    AnySave,
     FixedInterval,
-    OnRequest,
     SaveObservation,
     YoungDaly,
 )
@@ -75,27 +73,6 @@ def test_young_daly_decides_on_its_interval():
     kw = dict(step_time_s=1.0, save_cost_s=0.5, interruptions=9, observed_s=100.0)
     # M = (3600 + 100) / 10 = 370 -> sqrt(2*0.5*370) = 19.2 s -> 19 steps
     assert saves(p, range(0, 60), **kw) == [19, 38, 57]
-
-
-def test_on_request_and_notice():
-    """An operator request or a pending notice saves now, unless this step is saved."""
-    p = OnRequest()
-    assert p.decide(SaveObservation(step=3, last_save_step=0, save_requested=True)).save
-    assert p.decide(SaveObservation(step=3, last_save_step=0, notice_pending=True)).reason \
-        == "notice pending"
-    assert not p.decide(SaveObservation(step=3, last_save_step=0)).save
-    assert not p.decide(SaveObservation(step=3, last_save_step=3, notice_pending=True)).save
-
-
-def test_any_save_combines():
-    """AnySave saves if any member does, and reports the interval in force."""
-    p = AnySave(policies=(OnRequest(), FixedInterval(every_steps=10)))
-    d = p.decide(SaveObservation(step=4, last_save_step=0, save_requested=True))
-    assert (d.save, d.reason, d.interval_steps) == (True, "save requested", 10)
-    d = p.decide(SaveObservation(step=10, last_save_step=0))
-    assert (d.save, d.reason) == (True, "every 10 steps")
-    d = p.decide(SaveObservation(step=5, last_save_step=0))
-    assert (d.save, d.interval_steps) == (False, 10)
 
 
 @pytest.mark.parametrize(

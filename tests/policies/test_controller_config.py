@@ -9,7 +9,7 @@ from orchestrator.controller_config import ControllerConfig
 from orchestrator.errors import ConfigError
 from policies.causes import StopCause
 from policies.chaos import FaultKind
-from policies.checkpoint_interval import FixedInterval, OnRequest, SaveObservation, YoungDaly
+from policies.checkpoint_interval import FixedInterval, SaveObservation, YoungDaly
 from policies.preemption import PlacementKind, PlacementObservation
 from policies.resize import BatchMode
 from policies.restart_budget import GiveUp, RestartObservation, RestartRecord
@@ -24,8 +24,7 @@ def test_defaults_build_policies():
     pol = ControllerConfig().build_policies()
     assert pol.budget.limits[StopCause.APPLICATION_ERROR] == 2
     assert set(pol.budget.limits) == set(StopCause)
-    assert isinstance(pol.save.policies[0], OnRequest)
-    assert isinstance(pol.save.policies[1], FixedInterval)
+    assert isinstance(pol.save, FixedInterval)
     assert pol.save.decide(SaveObservation(step=50, last_save_step=0)).save
     assert pol.resize.mode is BatchMode.KEEP
     assert pol.chaos.faults == ()
@@ -42,7 +41,7 @@ def test_yaml_shape_and_overrides():
     )
     cfg = make(data)
     pol = cfg.build_policies()
-    assert isinstance(pol.save.policies[1], YoungDaly)
+    assert isinstance(pol.save, YoungDaly)
     assert not pol.placement.elastic and not pol.grow.enabled
     assert (pol.resize.mode, pol.resize.lr_scaling) == (BatchMode.SCALE, "sqrt")
     [fault] = pol.chaos.due(5)

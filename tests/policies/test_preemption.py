@@ -14,25 +14,7 @@ from policies.preemption import (
     PlacementKind,
     PlacementObservation,
     PlacementPolicy,
-    complete_slices,
-    doomed_slices,
 )
-
-# --- helpers ---------------------------------------------------------------------------------
-
-
-def test_one_doomed_host_dooms_its_whole_slice():
-    """A notice for one host of a 2-host slice takes the whole (ICI-connected) slice."""
-    host_slices = {"vm-0": "a", "vm-1": "a", "vm-2": "b", "vm-3": "b"}
-    assert doomed_slices(["vm-1"], host_slices) == frozenset({"a"})
-    assert doomed_slices(["vm-1", "unknown"], host_slices, ["c"]) == frozenset({"a", "c"})
-    assert doomed_slices([], host_slices) == frozenset()
-
-
-def test_complete_slices_drop_partial_ones():
-    """Only slices with all their hosts healthy can hold the ICI axes."""
-    assert complete_slices({"a": 2, "b": 1, "c": 3}, hosts_per_slice=2) == ("a", "c")
-
 
 # --- placement -------------------------------------------------------------------------------
 
