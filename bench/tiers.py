@@ -9,6 +9,7 @@ its own emulated cluster of two 1-host slices (2 CPU devices each, the default t
 |---|---|---|---|
 | plain | off | none | none |
 | ram | on, every step | none | none |
+| ram-ab | on in alternate blocks of 10 steps (``checkpoint.ram.ab_block_steps``) | none | none |
 | orbax | off | Orbax, async, from the devices | none |
 | ram+copy | on, every step | written from the RAM copies by the holders (nice 19) | none |
 | kill-orbax | off | Orbax | host 1 kill -9 before step 38 |
@@ -18,8 +19,12 @@ A step's cost is ``step_time_s`` (measured on host 0 around the jitted step: slo
 competing for the cores) plus what the step waited for after it (the save's blocking part, or
 the RAM copy). "During a save" is the save step and the ``window - 1`` steps after it (an async
 save commits in the background for several steps); "without" is every other step after the
-warm-up. Output: a table on stdout and ``bench/results/tiers-<time>.json``; a measurement started
-at a 1-minute load >= 1.5 makes the whole run NOT A RESULT.
+warm-up. ``ram-ab`` compares, inside one run, the steps of its on-blocks with those of its
+off-blocks (the first step of each block left out: the previous block's last copy is still being
+sent then); its ratio is immune to the drift between runs minutes apart that the plain/ram pair
+suffers (10-14 % on these 2-core machines, more than the 5 % being measured). Output: a table
+on stdout and ``bench/results/tiers-<time>.json``; a measurement started at a 1-minute load
+>= 1.5 makes the whole run NOT A RESULT.
 """
 
 from __future__ import annotations
@@ -39,9 +44,12 @@ from bench.stats import fmt, ratio, spread
 
 SAVE_EVERY = 10
 KILL_AT = 37
+AB_BLOCK = 10
 SYSTEMS: dict[str, list[str]] = {
     "plain": ["controller.checkpoint_interval.every_steps=100000"],
     "ram": ["controller.checkpoint_interval.every_steps=100000", "checkpoint.ram.enabled=true"],
+    "ram-ab": ["controller.checkpoint_interval.every_steps=100000", "checkpoint.ram.enabled=true",
+               f"checkpoint.ram.ab_block_steps={AB_BLOCK}"],
     "orbax": [f"controller.checkpoint_interval.every_steps={SAVE_EVERY}"],
     "ram+copy": [f"controller.checkpoint_interval.every_steps={SAVE_EVERY}",
                  "checkpoint.ram.enabled=true"],
@@ -72,6 +80,21 @@ def step_costs(records: Sequence[dict], *, skip: int, save_every: int | None, wi
     return {"during_save": during, "without_save": without}
 
 
+def ab_costs(records: Sequence[dict], *, skip: int, block: int) -> dict[str, list[float]]:
+    """Per-step cost of a ``ram-ab`` run's first incarnation, split into steps of blocks with
+    the RAM tier on (1..block, 2*block+1..3*block, ...) and off; the first step of every block
+    and the first ``skip`` steps are left out."""
+    first = min((r.get("incarnation", 1) for r in records), default=1)
+    on, off = [], []
+    for r in records:
+        step = int(r["step"])
+        if r.get("incarnation", 1) != first or step <= skip or (step - 1) % block == 0:
+            continue
+        cost = float(r["step_time_s"]) + float(r.get("ram_copy_s") or 0.0)
+        (on if ((step - 1) // block) % 2 == 0 else off).append(cost)
+    return {"on": on, "off": off}
+
+
 def wait_for_idle(max_wait_s: float = 240.0) -> None:
     """The previous run's processes leave the 1-minute load up for a while: wait (bounded)
     until it is below the validity threshold, so each run starts on an idle machine."""
@@ -99,7 +122,10 @@ def summarize(system: str, code: int, rd: RunDir, *, wall_s: float, load_before,
     save_every = SAVE_EVERY if system in ("orbax", "ram+copy") else None
     costs = step_costs(rd.metrics, skip=skip, save_every=save_every, window=window)
     s = rd.summary
-    return {"system": system, "exit_code": code, "state": s.get("state"),
+    ab = ab_costs(rd.metrics, skip=skip, block=AB_BLOCK) if system == "ram-ab" else None
+    extra = {} if ab is None else {"on_s": _median(ab["on"]), "off_s": _median(ab["off"]),
+                                   "n_on": len(ab["on"]), "n_off": len(ab["off"])}
+    return {**extra, "system": system, "exit_code": code, "state": s.get("state"),
             "steps": s.get("step"), "lost_steps": s.get("lost_steps"),
             "restores": [{k: r.get(k) for k in ("restored_step", "tier", "lost_steps",
                                                 "restore_s")} for r in s.get("restores", [])],
@@ -122,11 +148,13 @@ def figures(runs: list[dict]) -> dict:
     by_repeat: dict[int, dict[str, dict]] = {}
     for r in runs:
         by_repeat.setdefault(r["repeat"], {})[r["system"]] = r
-    ram_ratio, orbax_save, copy_save, lost_orbax, lost_ram = [], [], [], [], []
+    ram_ratio, orbax_save, copy_save, lost_orbax, lost_ram, ab = [], [], [], [], [], []
     for rep in by_repeat.values():
         if "plain" in rep and "ram" in rep:
             ram_ratio.append(ratio(rep["ram"]["median_step_cost_s"],
                                    rep["plain"]["median_step_cost_s"]))
+        if "ram-ab" in rep:
+            ab.append(ratio(rep["ram-ab"].get("on_s"), rep["ram-ab"].get("off_s")))
         if "orbax" in rep:
             orbax_save.append(ratio(rep["orbax"]["during_save_s"], rep["orbax"]["without_save_s"]))
         if "ram+copy" in rep:
@@ -137,6 +165,7 @@ def figures(runs: list[dict]) -> dict:
                 out.append(rep[name]["lost_steps"])
     clean = [x for x in ram_ratio if x is not None]
     return {"ram_every_step_vs_off": spread(clean),
+            "ram_on_vs_off_in_one_run": spread([x for x in ab if x is not None]),
             "orbax_step_during_save_vs_without": spread([x for x in orbax_save if x]),
             "from_ram_step_during_save_vs_without": spread([x for x in copy_save if x]),
             "kill_lost_steps_orbax": lost_orbax, "kill_lost_steps_ram": lost_ram}
@@ -161,6 +190,7 @@ def render(result: dict) -> str:
     f = result["figures"]
     lines += ["", "| figure | median [min-max] (n) | target |", "|---|---|---|"]
     for key, target in (("ram_every_step_vs_off", "<= 1.05"),
+                        ("ram_on_vs_off_in_one_run", "<= 1.05"),
                         ("orbax_step_during_save_vs_without", "(today's saves)"),
                         ("from_ram_step_during_save_vs_without", "<= 1.10")):
         s = f[key]

@@ -27,9 +27,9 @@ class RamTierMethods:
 
     def attach_ram(self, holders: list[tuple[str, tuple[str, int]]], *, token: str,
                    incarnation: int, every: int, keep: int, max_host_bytes: int,
-                   durable_from_ram: bool = False) -> None:
+                   durable_from_ram: bool = False, ab_block_steps: int = 0) -> None:
         """Copy this host's shards to ``holders`` ((name, wire address): own node's, peer's)
-        every ``every`` steps;
+        every ``every`` steps (``ab_block_steps``: only in alternate blocks, a bench aid);
         ``durable_from_ram``: a save step's copy is saved durably by this node's holder instead
         of an Orbax save from the devices here."""
         from workers import copy_store
@@ -41,7 +41,8 @@ class RamTierMethods:
         self._replicator = Replicator(holders, token=token, writer=self.host.node_id,
                                       incarnation=incarnation, source=self.host.index,
                                       sources=self.spec.plan.num_processes, every=every,
-                                      keep=keep, max_host_bytes=max_host_bytes)
+                                      keep=keep, max_host_bytes=max_host_bytes,
+                                      ab_block_steps=ab_block_steps)
 
     def restore_from_ram(self, step: int, incarnation: int,
                          holders: dict[int, tuple[str, Any]]) -> dict:

@@ -57,7 +57,8 @@ class Replicator:
 
     def __init__(self, holders: Sequence[tuple[str, tuple[str, int]]], *, token: str,
                  writer: str, incarnation: int, source: int, sources: int, every: int,
-                 keep: int, max_host_bytes: int, deliver_timeout_s: float = 30.0) -> None:
+                 keep: int, max_host_bytes: int, deliver_timeout_s: float = 30.0,
+                 ab_block_steps: int = 0) -> None:
         self.holders = list(holders)
         self.token = token
         self._socks: dict[str, Any] = {}
@@ -70,6 +71,7 @@ class Replicator:
         self.keep = keep
         self.max_host_bytes = max_host_bytes
         self.deliver_timeout_s = deliver_timeout_s
+        self.ab_block_steps = ab_block_steps
         self.stats = ReplicaStats()
         self._cv = threading.Condition()
         self._queue: list[_Copy] = []
@@ -81,7 +83,7 @@ class Replicator:
         """Pack ``state`` (now at ``step``) if due, forced, or ``persist`` asks for it (then
         the first live holder, this node's, also saves it durably: ``RamHolder.put``) and queue
         it for the sender; returns the seconds this step was blocked (the pack)."""
-        due = step % self.every == 0 or persist is not None or force
+        due = self.periodic_due(step) or persist is not None or force
         if not due or not self.holders or self.stats.disabled:
             return 0.0
         t0 = time.perf_counter()
@@ -91,6 +93,14 @@ class Replicator:
             self.stats.disabled = f"copy failed: {type(exc).__name__}: {str(exc)[:300]}"
             log.error("RAM tier off on this host: %s", self.stats.disabled)
             return time.perf_counter() - t0
+
+    def periodic_due(self, step: int) -> bool:
+        """Every ``every`` steps; with ``ab_block_steps`` = n only in the blocks 1..n, 2n+1..3n,
+        ... (the others are the bench's side-by-side baseline)."""
+        if step % self.every:
+            return False
+        n = self.ab_block_steps
+        return n <= 0 or ((step - 1) // n) % 2 == 0
 
     def _queue_copy(self, step: int, state: Any, persist: dict | None, t0: float) -> float:
         if self._packer is None:

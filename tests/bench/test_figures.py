@@ -112,3 +112,20 @@ def test_a_figure_taken_on_a_busy_machine_is_marked_not_a_result():
     assert "NOT A RESULT" in table._validity_line(busy)
     assert "goodput_figure started at 1-minute load 3.50" in table._validity_line(busy)
     assert table._validity_line(v).startswith("validity: idle machine")
+
+
+def test_tiers_ab_split_leaves_out_warmup_and_each_blocks_first_step():
+    """ram-ab: on-blocks 1..10, 21..30; off-blocks 11..20, 31..40; the first step of every block
+    (the previous block's last copy is still in flight) and the warm-up are left out."""
+    from bench.tiers import ab_costs
+    from bench.tiers import figures as tier_figures
+
+    recs = [{"step": s, "step_time_s": 1.0 if ((s - 1) // 10) % 2 == 0 else 0.5,
+             "ram_copy_s": 0.1 if ((s - 1) // 10) % 2 == 0 else 0.0, "incarnation": 1}
+            for s in range(1, 41)]
+    recs.append({"step": 50, "step_time_s": 9.0, "incarnation": 2})  # a later incarnation
+    got = ab_costs(recs, skip=5, block=10)
+    assert len(got["on"]) == 5 + 9 and len(got["off"]) == 9 + 9
+    assert set(got["on"]) == {1.1} and set(got["off"]) == {0.5}
+    runs = [{"repeat": 0, "system": "ram-ab", "on_s": 1.1, "off_s": 1.0}]
+    assert tier_figures(runs)["ram_on_vs_off_in_one_run"]["median"] == pytest.approx(1.1)
