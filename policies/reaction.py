@@ -176,6 +176,11 @@ class ReactionPolicy:
                at_step: int | None = None) -> Reaction:
         """A drain, unless the named hosts are all outside a formed mesh (then only noted)."""
         if obs.job_wide and not obs.mesh_hosts and cause is not StopCause.OPERATOR:
+            if at_step is not None:  # a drain planned ahead (a window days away): the hosts
+                # are fine until then; decide it again on the next mesh
+                return Reaction(kind=ReactionKind.NOTE, cause=cause, deadline=deadline,
+                                reason=f"{why} for the whole job while no mesh is formed: "
+                                "decided again on the next mesh")
             # between meshes (backoff, waiting): the job's last hosts are the ones going
             return Reaction(kind=ReactionKind.NOTE, cause=cause, doomed=doomed,
                             reason=f"{why} for the whole job while no mesh is formed: "

@@ -30,7 +30,7 @@ from workers.stops import StopBoard
 
 log = logging.getLogger(__name__)
 
-_SINK_TRIES = 5  # a refused notice is retried after 0.1, 0.2, 0.4, 0.8 s
+_SINK_TRIES = 6  # a refused notice is retried after 0.1, 0.2, 0.4, 0.8, 1.6 s (3.1 s in all)
 
 
 def device_env(*, platform: str, devices_per_host: int, extra: dict[str, str] | None = None

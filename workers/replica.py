@@ -53,6 +53,9 @@ class Packer:
                 self._take.append((i, k, offset, nbytes))
                 offset += nbytes
         self.nbytes = offset
+        # Shard k of a leaf is found by position: JAX orders an Array's shards by its sharding's
+        # device assignment, so the position holds as long as the sharding is the same.
+        self._shardings = [leaf.sharding for leaf in leaves]
         self.layout = {"leaves": [[list(leaf.shape), np.dtype(leaf.dtype).str]
                                   for leaf in leaves], "pieces": pieces}
 
@@ -63,6 +66,10 @@ class Packer:
         leaves = jax.tree_util.tree_leaves(state)
         if len(leaves) != self._count:
             raise ReplicaMismatch(f"the state has {len(leaves)} arrays, packed {self._count}")
+        for i, (leaf, sharding) in enumerate(zip(leaves, self._shardings, strict=True)):
+            if leaf.sharding is not sharding and leaf.sharding != sharding:  # same object: ~5 µs
+                raise ReplicaMismatch(f"array {i} is sharded {leaf.sharding}, the Packer was made "
+                                      f"for {sharding}: make a new Packer for a new mesh")
         data = bytearray(self.nbytes)
         out = np.frombuffer(data, dtype=np.uint8)
         for i, k, offset, nbytes in self._take:

@@ -79,6 +79,28 @@ def test_job_wide_notice_during_backoff_keeps_the_last_hosts_out(tmp_path):
     assert {"s0-h0", "s0-h1"} <= sim.controller.run_state.placement.excluded
 
 
+def test_job_wide_maintenance_days_ahead_during_backoff_excludes_no_host(tmp_path):
+    """The same in backoff, but for a window two days away: the hosts are fine until then, so
+    the next mesh forms on them again (no spare is taken) and the run finishes there."""
+    sim = make(tmp_path, spare=("s1",))
+    sim.fleet.on_step(7, lambda g: lost())
+    sleep, sent = sim.clock.sleep, []
+
+    def sleep_and_notice(seconds: float) -> None:
+        if not sent and sim.controller.lifecycle.state.value == "BACKOFF":
+            start = sim.clock.now() + 2 * 86400
+            sent.append(start)
+            sim.notice("maintenance_scheduled", host=None, deadline_in=None, id="mw-2d",
+                       window_start=start, window_end=start + 3600)
+        sleep(seconds)
+
+    sim.clock.sleep = sleep_and_notice
+    summary = sim.run()
+    assert sent and summary.state == "SUCCEEDED"
+    assert {h.slice_name for h in sim.fleet.groups[-1].spec.plan.hosts} == {"s0"}
+    assert not {"s0-h0", "s0-h1"} & sim.controller.run_state.placement.excluded
+
+
 def test_two_merged_notices_keep_the_earliest_deadline(tmp_path):
     sim = make(tmp_path, "cluster.emulate.hosts_per_slice=2", spare=("s1",))
 

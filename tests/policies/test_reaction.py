@@ -77,6 +77,18 @@ def test_job_wide_notice_between_meshes_dooms_the_last_meshs_hosts():
     assert (m.kind, m.doomed) == (ReactionKind.NOTE, MESH)
 
 
+def test_job_wide_maintenance_days_ahead_between_meshes_dooms_nothing_yet():
+    """A window two days away: the hosts are fine until then. The notice is a NOTE that keeps
+    its deadline, which the controller defers and decides again on the next mesh (a NOTE with
+    doomed hosts and no deadline would exclude them for good)."""
+    for step_time in (None, 0.05):
+        r = POLICY.decide(obs("maintenance_scheduled", job_wide=True, mesh=frozenset(),
+                              job_hosts=MESH, window_start=NOW + 2 * 86400,
+                              step_time_s=step_time))
+        assert (r.kind, r.deadline) == (ReactionKind.NOTE, NOW + 2 * 86400), step_time
+        assert not r.drains
+
+
 def test_every_reaction_cause_comes_from_the_classifier_table():
     """One table: the cause a drain carries is the one the failure classifier gives its kind."""
     from policies.causes import StopObservation, classify

@@ -99,6 +99,8 @@ def run(tmp: Path) -> dict:
     out["packer_equals_pack"] = (first == (layout, data)
                                  and packer.pack(src.trainer.state) == replica.pack(
                                      src.trainer.state))
+    # a state on another mesh: refused, never packed into the wrong places
+    out["packer_other_mesh"] = _refusal(lambda: packer.pack(other.trainer.state))
     for a in (plain, src, same, other, bigger):
         a.shutdown()
     return out

@@ -66,3 +66,8 @@ def test_copies_saved_by_the_holders_complete_only_with_every_source(seen):
 
 def test_a_packer_worked_out_once_packs_later_states_like_pack(seen):
     assert seen["packer_equals_pack"] is True
+
+
+def test_a_packer_refuses_a_state_on_another_mesh(seen):
+    """The Packer finds shards by position, valid only for the sharding it was made for."""
+    assert "make a new Packer for a new mesh" in seen["packer_other_mesh"]
