@@ -31,6 +31,28 @@ from workers.stops import StopBoard
 log = logging.getLogger(__name__)
 
 _SINK_TRIES = 6  # a refused notice is retried after 0.1, 0.2, 0.4, 0.8, 1.6 s (3.1 s in all)
+_SINK_CALL_TIMEOUT_S = 2.0
+
+
+def _put_bounded(sink: Any, event: dict, timeout_s: float) -> None:
+    """``sink.put_nowait(event)``, but never longer than ``timeout_s``: Ray's queue waits for
+    its actor without a timeout, and a hung queue actor must not stop the metadata watcher.
+    A put that times out may still land later; the intake drops the duplicate by event id."""
+    done, failed = threading.Event(), []
+
+    def put() -> None:
+        try:
+            sink.put_nowait(event)
+        except Exception as exc:
+            failed.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=put, name="notice-put", daemon=True).start()
+    if not done.wait(timeout_s):
+        raise TimeoutError(f"the driver's queue did not answer within {timeout_s:g} s")
+    if failed:
+        raise failed[0]
 
 
 def device_env(*, platform: str, devices_per_host: int, extra: dict[str, str] | None = None
@@ -316,12 +338,13 @@ class HostActor(RamTierMethods):
 
     def _on_event(self, event: dict) -> None:
         """Hand a notice to the driver's queue (on the watcher's thread). A queue that refuses
-        it (full, its actor restarting) is retried with backoff for ~3 s; after that the notice
-        is logged as lost, by id, at ERROR: nothing on this host would ever read it."""
+        it (full, its actor restarting) or does not answer is retried with backoff for ~3 s;
+        after that the notice is logged as lost, by id, at ERROR: nothing on this host would
+        ever read it."""
         delay, last = 0.1, None
         for attempt in range(_SINK_TRIES):
             try:
-                self._sink.put_nowait(event)
+                _put_bounded(self._sink, event, _SINK_CALL_TIMEOUT_S)
                 return
             except Exception as exc:
                 last = exc

@@ -97,3 +97,35 @@ def test_a_notice_the_sink_keeps_refusing_is_logged_as_lost(caplog):
     lost = [r.getMessage() for r in caplog.records if "lost" in r.getMessage()]
     assert "preemption_notice" in lost[0] and "refused it 6 times" in lost[0]
     assert sink.tries >= 6
+
+
+def test_a_queue_that_hangs_does_not_stop_the_watcher(monkeypatch):
+    """Ray's queue waits for its actor without a timeout: a put that hangs is abandoned after
+    the bound and retried; the notice lands once the queue answers again."""
+    import workers.host as host_module
+
+    monkeypatch.setattr(host_module, "_SINK_CALL_TIMEOUT_S", 0.2)
+    actor = _actor()
+    never = threading.Event()
+
+    class HangsOnce:
+        def __init__(self) -> None:
+            self.calls = 0
+            self.got: list[dict] = []
+
+        def put_nowait(self, item) -> None:
+            self.calls += 1
+            if self.calls == 1:
+                never.wait()  # the queue actor does not answer this call, ever
+            self.got.append(item)
+
+    sink = HangsOnce()
+    with fake_metadata_server() as (endpoint, server):
+        try:
+            assert actor.start_metadata_watcher(_settings(endpoint), sink)
+            server.set(PREEMPTED_KEY, "TRUE")
+            _wait_until(lambda: bool(sink.got))
+        finally:
+            never.set()
+            actor.shutdown()
+    assert sink.calls >= 2 and sink.got[0]["kind"] == "preemption_notice"
