@@ -41,6 +41,7 @@ from pathlib import Path
 from bench import machine
 from bench.orchestrated import RunDir, run_main
 from bench.stats import fmt, ratio, spread
+from policies.ram_tier import copy_due
 
 SAVE_EVERY = 10
 KILL_AT = 37
@@ -67,13 +68,9 @@ def step_costs(records: Sequence[dict], *, skip: int, save_every: int | None, wi
                ) -> dict[str, list[float]]:
     """Per-step cost (see module doc) of the first incarnation's steps after ``skip``, split
     into steps during a save window and the others."""
-    first = min((r.get("incarnation", 1) for r in records), default=1)
-    recs = sorted((r for r in records if r.get("incarnation", 1) == first),
-                  key=lambda r: r["step"])[skip:]
     during, without = [], []
-    for r in recs:
-        cost = float(r["step_time_s"]) + max(float(r.get("checkpoint_blocking_s") or 0.0),
-                                             float(r.get("ram_copy_s") or 0.0))
+    for r in _first_incarnation(records)[skip:]:
+        cost = _cost(r)
         in_window = bool(save_every) and (int(r["step"]) % save_every) < window and \
             int(r["step"]) >= save_every
         (during if in_window else without).append(cost)
@@ -84,15 +81,26 @@ def ab_costs(records: Sequence[dict], *, skip: int, block: int) -> dict[str, lis
     """Per-step cost of a ``ram-ab`` run's first incarnation, split into steps of blocks with
     the RAM tier on (1..block, 2*block+1..3*block, ...) and off; the first step of every block
     and the first ``skip`` steps are left out."""
-    first = min((r.get("incarnation", 1) for r in records), default=1)
     on, off = [], []
-    for r in records:
+    for r in _first_incarnation(records):
         step = int(r["step"])
-        if r.get("incarnation", 1) != first or step <= skip or (step - 1) % block == 0:
+        if step <= skip or (step - 1) % block == 0:
             continue
-        cost = float(r["step_time_s"]) + float(r.get("ram_copy_s") or 0.0)
-        (on if ((step - 1) // block) % 2 == 0 else off).append(cost)
+        (on if copy_due(step, every=1, ab_block_steps=block) else off).append(_cost(r))
     return {"on": on, "off": off}
+
+
+def _first_incarnation(records: Sequence[dict]) -> list[dict]:
+    """The first incarnation's step records, by step (later ones restarted from a restore)."""
+    first = min((r.get("incarnation", 1) for r in records), default=1)
+    return sorted((r for r in records if r.get("incarnation", 1) == first),
+                  key=lambda r: r["step"])
+
+
+def _cost(r: dict) -> float:
+    """A step's time plus what it waited for after it: a save's blocking part or the RAM copy."""
+    return float(r["step_time_s"]) + max(float(r.get("checkpoint_blocking_s") or 0.0),
+                                         float(r.get("ram_copy_s") or 0.0))
 
 
 def wait_for_idle(max_wait_s: float = 240.0) -> None:

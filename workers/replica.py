@@ -61,7 +61,7 @@ class Packer:
 
     def pack(self, state: Any) -> tuple[dict, bytearray]:
         """Copy the shards straight into one buffer: no pytree walk per shard and no second
-        concatenating copy (0.36 ms instead of 0.93 ms per pack of the default model's 1.3 MB
+        concatenating copy (0.38 ms instead of 0.87 ms per pack of the default model's 1.3 MB
         over 2 devices here; the step waits for this part)."""
         leaves = jax.tree_util.tree_leaves(state)
         if len(leaves) != self._count:

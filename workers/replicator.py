@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from policies.ram_tier import copy_due
 from workers import ram_wire, replica
 from workers.ram_holder import checksum
 
@@ -95,12 +96,7 @@ class Replicator:
             return time.perf_counter() - t0
 
     def periodic_due(self, step: int) -> bool:
-        """Every ``every`` steps; with ``ab_block_steps`` = n only in the blocks 1..n, 2n+1..3n,
-        ... (the others are the bench's side-by-side baseline)."""
-        if step % self.every:
-            return False
-        n = self.ab_block_steps
-        return n <= 0 or ((step - 1) // n) % 2 == 0
+        return copy_due(step, every=self.every, ab_block_steps=self.ab_block_steps)
 
     def _queue_copy(self, step: int, state: Any, persist: dict | None, t0: float) -> float:
         if self._packer is None:
