@@ -149,6 +149,30 @@ class HealthConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class WarmConfig:
+    """Warm re-forms: keep host processes between groups instead of starting them cold."""
+
+    reuse_processes: Literal["auto", "on", "off"] = "auto"
+    """A drained group's processes on hosts the next mesh keeps leave the JAX runtime in
+    process and join the next one (no new process, no imports). ``auto``: on for the CPU
+    platform, off on TPU (re-initialising the TPU runtime in one process is not verified
+    there). A process that cannot be released or rejoined is replaced by a fresh one."""
+    standby_slices: int = 0
+    """Spare slices whose hosts keep a warm standby process (JAX imported, no runtime): a
+    re-form onto them skips the process start and the imports. 0 = none."""
+
+    def __post_init__(self) -> None:
+        _need(self.reuse_processes in ("auto", "on", "off"), "warm.reuse_processes",
+              f"{self.reuse_processes!r} is not auto, on or off", "use auto, on or off")
+        _need(self.standby_slices >= 0, "warm.standby_slices", f"{self.standby_slices} < 0",
+              "set the number of spare slices to keep warm, 0 = none")
+
+    def reuse(self, platform: str) -> bool:
+        return self.reuse_processes == "on" or (self.reuse_processes == "auto"
+                                                and platform == "cpu")
+
+
+@dataclass(frozen=True, kw_only=True)
 class ChaosFaultConfig:
     """One injected fault: at step ``at_step`` on mesh host index ``host``."""
 
@@ -185,6 +209,7 @@ class ControllerConfig:
     checkpoint_interval: CheckpointIntervalConfig = field(default_factory=CheckpointIntervalConfig)
     deadline: DeadlineConfig = field(default_factory=DeadlineConfig)
     health: HealthConfig = field(default_factory=HealthConfig)
+    warm: WarmConfig = field(default_factory=WarmConfig)
     chaos: tuple[ChaosFaultConfig, ...] = ()
 
     def __post_init__(self) -> None:

@@ -125,11 +125,15 @@ class Driver:
                       peak_resolver=lambda measure: self._resolve_peak(cluster, measure,
                                                                        peak_box),
                       goodput=self._goodput)
+        groups = ray_group_factory(self.cfg, cluster, ram=ram)
         controller = Controller(self.cfg, run_dir=self.run_dir, cluster=cluster,
-                                make_group=ray_group_factory(self.cfg, cluster, ram=ram),
-                                intake=self.intake, metrics=self.metrics, hooks=hooks)
+                                make_group=groups, intake=self.intake, metrics=self.metrics,
+                                hooks=hooks)
         self._watch_ray_nodes(lambda: list(controller.plan.hosts) if controller.plan else [])
-        summary = controller.run()
+        try:
+            summary = controller.run()
+        finally:
+            groups.close()  # warm processes kept between groups
         print(summary.as_text(self.run_dir), flush=True)
         if ram is not None and (line := ram.finish(succeeded=summary.state == "SUCCEEDED")):
             print(line, flush=True)

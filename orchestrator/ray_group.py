@@ -38,6 +38,7 @@ from orchestrator.hosts import HostRef
 from orchestrator.hostspec import HostSpec
 from orchestrator.ram_tier import RamTier
 from orchestrator.ray_results import combine, compiled, failure_kind, lost_kind
+from orchestrator.warm_pool import WarmPool
 from policies.causes import FailureKind
 from workers.executables import store_dir
 from workers.host import HostActor, device_env
@@ -46,6 +47,8 @@ log = structlog.get_logger(__name__)
 
 _RemoteHost = ray.remote(HostActor)
 STOP_MARGIN_STEPS = 2
+REJOIN_TIMEOUT_S = 30.0
+"""A standby still importing JAX answers its rejoin after the imports (a few seconds)."""
 
 
 class RayClusterView:
@@ -88,6 +91,17 @@ def _accepts(host: str, port: int, timeout_s: float) -> bool:
         return False
 
 
+def spawn(actor_cls: Any, h: HostRef, env: dict[str, str], spec: HostSpec | None) -> Any:
+    """A host actor pinned to ``h``'s node, holding its TPU resource (``spec`` None: a
+    standby that ``rejoin`` gives a host later)."""
+    return actor_cls.options(
+        name=None, num_cpus=0, resources={"TPU": h.devices}, max_concurrency=4,
+        max_restarts=0, scheduling_strategy=NodeAffinitySchedulingStrategy(
+            node_id=h.node_id, soft=False),
+        runtime_env={"env_vars": env},
+    ).remote(spec, env)
+
+
 class RayWorkerGroup:
     """One incarnation of the JAX group: one host actor per mesh host, pinned to its node."""
 
@@ -97,9 +111,15 @@ class RayWorkerGroup:
     def __init__(self, spec: GroupSpec, *, metadata_settings: dict | None = None,
                  notice_queue: Any = None,
                  unreachable: Callable[[Collection[str]], set[str]] | None = None,
-                 ram: RamTier | None = None) -> None:
+                 ram: RamTier | None = None, pool: WarmPool | None = None,
+                 reuse: bool = False) -> None:
+        """``pool``: warm processes shared by the run's groups (standbys, and with ``reuse``
+        this group's own processes parked for the next one)."""
         self.spec = spec
         self.ram = ram
+        self.pool = pool
+        self.reuse = reuse and pool is not None
+        self.origins: list[str] = []
         self.timeouts = spec.cfg.timeouts
         self.metadata_settings = metadata_settings
         self.queue = notice_queue
@@ -128,8 +148,11 @@ class RayWorkerGroup:
             found = self._get([a.instance_identity.remote(self.metadata_settings)
                                for a in self.actors], "init", 30.0)
             ids = {str(i): str(n) for i, n in (f for f in found if f)}
+        if self.pool is not None:
+            self.pool.ensure_standby(self.spec.standby)
+        processes = {k: self.origins.count(k) for k in ("fresh", "parked", "standby")}
         return Formed(hosts=len(self.spec.plan.hosts), metadata_watchers=watching,
-                      instance_ids=ids)
+                      instance_ids=ids, processes=processes)
 
     def restore(self, *, skip_steps: Collection[int] = ()) -> Restored:
         """From the RAM tier when it holds a complete set at least as new as the newest durable
@@ -256,7 +279,15 @@ class RayWorkerGroup:
         """The gathered parameters (a collective: every host takes part; host 0's copy)."""
         return self._get([a.params.remote() for a in self.actors], "save", 120.0)[0]
 
-    def shutdown(self, *, graceful: bool) -> None:
+    def shutdown(self, *, graceful: bool, keep_processes: bool = False) -> None:
+        if graceful and keep_processes and self.reuse and self.actors:
+            assert self.pool is not None
+            # release finishes pending saves, then leaves the runtime: all hosts together
+            kept = self.pool.park([(h.node_id, a) for h, a in
+                                   zip(self.spec.plan.hosts, self.actors, strict=True)])
+            log.info("processes_parked", kept=kept, of=len(self.actors))
+            self.actors, self._refs = [], []
+            return
         if graceful and self.actors:
             try:
                 self._get([a.shutdown.remote() for a in self.actors], "save",
@@ -279,18 +310,42 @@ class RayWorkerGroup:
         ckpt = f"{self.spec.run_dir}/checkpoints"
         # unused when compile.cache=off
         executables = store_dir(self.spec.cfg.compile.dir, self.spec.run_dir, os.environ)
+        specs = []
         for h in plan.hosts:
             env = device_env(platform=plan.platform, devices_per_host=h.devices,
                              extra=plan.megascale_env(h, coordinator_ip=coordinator_ip))
-            spec = HostSpec.for_host(self.spec.cfg, plan, h, checkpoint_dir=ckpt,
-                                     accum_steps=self.spec.accum_steps,
-                                     executables_dir=executables)
-            self.actors.append(self.actor_cls.options(
-                name=None, num_cpus=0, resources={"TPU": h.devices}, max_concurrency=4,
-                max_restarts=0, scheduling_strategy=NodeAffinitySchedulingStrategy(
-                    node_id=h.node_id, soft=False),
-                runtime_env={"env_vars": env},
-            ).remote(spec, env))
+            specs.append((h, env, HostSpec.for_host(self.spec.cfg, plan, h, checkpoint_dir=ckpt,
+                                                    accum_steps=self.spec.accum_steps,
+                                                    executables_dir=executables)))
+        warm = [self.pool.take(h.node_id) if self.pool is not None else None for h, _, _ in specs]
+        if self.pool is not None:
+            self.pool.drop_parked()  # processes on hosts this mesh left out
+        rejoins = {i: w[0].rejoin.remote(spec, env)
+                   for i, (w, (_, env, spec)) in enumerate(zip(warm, specs, strict=True)) if w}
+        ready, _ = ray.wait(list(rejoins.values()), num_returns=len(rejoins),
+                            timeout=REJOIN_TIMEOUT_S) if rejoins else ([], [])
+        for i, (h, env, spec) in enumerate(specs):
+            w = warm[i]
+            if w is not None and self._rejoined(rejoins[i], ready, h):
+                self.actors.append(w[0])
+                self.origins.append(w[1])
+                continue
+            if w is not None:
+                ray.kill(w[0], no_restart=True)  # frees the node's TPU resource for a fresh one
+            self.actors.append(spawn(self.actor_cls, h, env, spec))
+            self.origins.append("fresh")
+
+    @staticmethod
+    def _rejoined(ref: Any, ready: list[Any], h: HostRef) -> bool:
+        try:
+            if ref not in ready:
+                raise TimeoutError(f"no answer within {REJOIN_TIMEOUT_S:g} s")
+            ray.get(ref)
+            return True
+        except Exception as exc:  # a warm process is an optimisation: start a fresh one
+            log.warning("rejoin_failed", host=h.index, node=h.node_id[:12],
+                        error=str(exc)[:300])
+            return False
 
     def _initialize(self) -> None:
         """Join one JAX distributed runtime, coordinator on host 0; bounded by init_s."""
@@ -377,24 +432,50 @@ class RayWorkerGroup:
         return tuple(dead)
 
 
-def ray_group_factory(cfg: Any, cluster: RayClusterView, *,
-                      group_cls: type[RayWorkerGroup] | None = None,
-                      ram: RamTier | None = None) -> Callable[[GroupSpec], RayWorkerGroup]:
-    """Groups for one driver: they share one driver-owned notice queue (created only when the
-    hosts' metadata watchers can run), so a notice outlives the host that sent it, and the
-    run's RAM tier (``RamTier.for_config``; None: off)."""
-    settings = dataclasses.asdict(cfg.events.metadata)
-    mode = cfg.events.metadata.enabled
-    state: dict[str, Any] = {}
+class RayGroups:
+    """The run's group factory: groups share one driver-owned notice queue (created only when
+    the hosts' metadata watchers can run), so a notice outlives the host that sent it, the
+    run's RAM tier (``RamTier.for_config``; None: off) and one ``WarmPool`` (processes kept
+    warm between groups, per ``controller.warm``). ``close`` when the run is over."""
 
-    def make(spec: GroupSpec) -> RayWorkerGroup:
+    def __init__(self, cfg: Any, cluster: RayClusterView, *,
+                 group_cls: type[RayWorkerGroup] | None = None,
+                 ram: RamTier | None = None) -> None:
+        self.cfg = cfg
+        self.cluster = cluster
+        self.group_cls = group_cls or RayWorkerGroup
+        self.ram = ram
+        self.settings = dataclasses.asdict(cfg.events.metadata)
+        self.queue: Any = None
+        warm = cfg.controller.warm
+        self.pool: WarmPool | None = None
+        if warm.reuse_processes != "off" or warm.standby_slices > 0:
+            self.pool = WarmPool(start_standby=self._start_standby)
+
+    def __call__(self, spec: GroupSpec) -> RayWorkerGroup:
+        mode = self.cfg.events.metadata.enabled
         watch = mode == "on" or (mode == "auto" and spec.plan.platform == "tpu")
-        if watch and "queue" not in state:
+        if watch and self.queue is None:
             from ray.util.queue import Queue
 
-            state["queue"] = Queue(maxsize=10_000, actor_options={"num_cpus": 0})
-        return (group_cls or RayWorkerGroup)(spec, metadata_settings=settings if watch else None,
-                              notice_queue=state.get("queue"), unreachable=cluster.unreachable,
-                              ram=ram)
+            self.queue = Queue(maxsize=10_000, actor_options={"num_cpus": 0})
+        return self.group_cls(spec, metadata_settings=self.settings if watch else None,
+                              notice_queue=self.queue, unreachable=self.cluster.unreachable,
+                              ram=self.ram, pool=self.pool,
+                              reuse=self.cfg.controller.warm.reuse(spec.plan.platform))
 
-    return make
+    def _start_standby(self, h: HostRef) -> Any:
+        env = device_env(platform=self.cluster.platform(), devices_per_host=h.devices)
+        return spawn(self.group_cls.actor_cls, h, env, None)
+
+    def close(self) -> None:
+        """Kill the processes kept warm (the run is over; groups kill their own)."""
+        if self.pool is not None:
+            self.pool.close()
+
+
+def ray_group_factory(cfg: Any, cluster: RayClusterView, *,
+                      group_cls: type[RayWorkerGroup] | None = None,
+                      ram: RamTier | None = None) -> RayGroups:
+    """The run's ``RayGroups`` (kept as a function: callers and tests build factories so)."""
+    return RayGroups(cfg, cluster, group_cls=group_cls, ram=ram)

@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 
 _SINK_TRIES = 6  # a refused notice is retried after 0.1, 0.2, 0.4, 0.8, 1.6 s (3.1 s in all)
 _SINK_CALL_TIMEOUT_S = 2.0
+RELEASE_BARRIER_S = 10
+"""How long ``release`` waits for the other processes at the runtime's shutdown barrier."""
 
 
 def _put_bounded(sink: Any, event: dict, timeout_s: float) -> None:
@@ -53,6 +55,15 @@ def _put_bounded(sink: Any, event: dict, timeout_s: float) -> None:
         raise TimeoutError(f"the driver's queue did not answer within {timeout_s:g} s")
     if failed:
         raise failed[0]
+
+
+def _clear_orbax_caches() -> None:
+    """Orbax caches its signaling client, which holds the JAX distributed client of the group
+    just left (its saves would then talk to a coordinator that is gone). Semi-internal: if
+    this moves in another Orbax, release fails and the driver starts a fresh process."""
+    from orbax.checkpoint._src.futures import signaling_client
+
+    signaling_client.get_signaling_client.cache_clear()
 
 
 def device_env(*, platform: str, devices_per_host: int, extra: dict[str, str] | None = None
@@ -79,16 +90,18 @@ class HostActor(RamTierMethods):
     Constructed as ``HostActor(spec, env)``: the spec is everything this host needs.
     """
 
-    def __init__(self, spec: HostSpec, env: dict[str, str], *,
+    def __init__(self, spec: HostSpec | None, env: dict[str, str], *,
                  before_commit: Callable[[], None] | None = None) -> None:
-        """``before_commit``: in-process tests only (see ``CheckpointStore``)."""
+        """``spec`` None makes a standby: a process with nothing to do until ``rejoin`` gives
+        it a host (``warm`` imports JAX meanwhile). ``before_commit``: in-process tests only
+        (see ``CheckpointStore``)."""
         os.environ.update(env)
         self._before_commit = before_commit
-        if not isinstance(spec, HostSpec):
+        if spec is not None and not isinstance(spec, HostSpec):
             raise TypeError(f"HostActor needs a HostSpec, got {type(spec).__name__}: build one "
                             "with HostSpec.for_host(cfg, plan, host, checkpoint_dir=...)")
-        self.spec = spec
-        self.host = spec.host
+        self.spec: Any = spec
+        self.host: Any = spec.host if spec is not None else None
         self.trainer: Any = None
         self._fault: dict | None = None
         self._lock = threading.Lock()
@@ -103,7 +116,8 @@ class HostActor(RamTierMethods):
     # ---- identity and wiring ------------------------------------------------------------
 
     def info(self) -> dict:
-        return {"pid": os.getpid(), "ip": self.host.node_ip, "index": self.host.index,
+        return {"pid": os.getpid(), "ip": self.host.node_ip if self.host else None,
+                "index": self.host.index if self.host else None,
                 "hostname": socket.gethostname()}
 
     def coordinator_address(self) -> str:
@@ -118,9 +132,67 @@ class HostActor(RamTierMethods):
         jax.distributed.initialize(
             coordinator_address=coordinator, num_processes=num_processes, process_id=process_id,
             initialization_timeout=max(1, int(self.spec.init_timeout_s)),
-            heartbeat_timeout_seconds=max(2, int(self.spec.heartbeat_s)))
+            heartbeat_timeout_seconds=max(2, int(self.spec.heartbeat_s)),
+            # ``release`` shuts the runtime down with a barrier: bounded, never JAX's 300 s
+            shutdown_timeout_seconds=RELEASE_BARRIER_S)
         return {"process_index": jax.process_index(), "local_devices": jax.local_device_count(),
                 "global_devices": jax.device_count(), "platform": jax.devices()[0].platform}
+
+    # ---- warm processes: standby and in-process re-init -----------------------------------
+
+    def warm(self) -> dict:
+        """Import what a host needs (JAX, Flax, Optax, Orbax, the step's module) without
+        starting a backend, so that ``rejoin`` + ``initialize`` pay no imports."""
+        t0 = time.perf_counter()
+        import jax  # noqa: F401
+        import orbax.checkpoint  # noqa: F401
+
+        import workers.trainer  # noqa: F401
+        return {"pid": os.getpid(), "warm_s": time.perf_counter() - t0}
+
+    def release(self) -> dict:
+        """Leave this group and keep the process: finish and drop the trainer (every array),
+        stop the RAM copies and the metadata watcher, shut the distributed runtime down (a
+        barrier: every process of the group calls it together) and clear JAX's backends and
+        caches, so ``rejoin`` can join another group. Raises if the runtime cannot be shut down
+        cleanly; the driver then kills this process and starts a fresh one."""
+        t0 = time.perf_counter()
+        with self._lock:
+            if self._watcher is not None:
+                self._watcher.stop()
+                self._watcher = None
+        if self._replicator is not None:
+            self._replicator.close()
+            self._replicator, self._persist = None, None
+        if self.trainer is not None:
+            self.trainer.close()
+            self.trainer = None
+        import gc
+
+        import jax
+        from jax.extend import backend
+
+        gc.collect()  # arrays must be gone before the backends are cleared
+        jax.distributed.shutdown()
+        backend.clear_backends()
+        jax.clear_caches()
+        _clear_orbax_caches()
+        self._stops, self._step, self._fault = StopBoard(), 0, None
+        return {"pid": os.getpid(), "release_s": time.perf_counter() - t0}
+
+    def rejoin(self, spec: HostSpec, env: dict[str, str]) -> dict:
+        """Take ``spec``'s host in the next group (after ``release``, or as a standby): the
+        same physical host, so the same devices; ``initialize`` follows."""
+        if not isinstance(spec, HostSpec):
+            raise TypeError(f"rejoin needs a HostSpec, got {type(spec).__name__}")
+        if self.trainer is not None:
+            raise RuntimeError("rejoin needs release() first: this process still has a trainer")
+        if self.host is not None and spec.host.node_id != self.host.node_id:
+            raise ValueError(f"this process runs on node {self.host.node_id}, not on "
+                             f"{spec.host.node_id}: a process cannot change hosts")
+        os.environ.update(env)
+        self.spec, self.host = spec, spec.host
+        return {"pid": os.getpid()}
 
     def _need_trainer(self, what: str) -> Any:
         if self.trainer is None:

@@ -77,6 +77,7 @@ class Replicator:
         self._cv = threading.Condition()
         self._queue: list[_Copy] = []
         self._busy = False
+        self._closed = False
         self._thread: threading.Thread | None = None
 
     def after_step(self, step: int, state: Any, *, persist: dict | None = None,
@@ -139,13 +140,29 @@ class Replicator:
                 self._cv.wait(timeout=left)
         return True
 
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Deliver what is queued (bounded), then stop the sender and close the sockets: the
+        process goes on in another group (``HostActor.release``) and must hold no state of
+        this one."""
+        self.settle(timeout_s)
+        with self._cv:
+            self._closed = True
+            self._queue = []
+            self._cv.notify_all()
+        for sock in self._socks.values():
+            sock.close()
+        self._socks = {}
+        self._packer = None
+
     # ---- the sender thread -------------------------------------------------------------------
 
     def _send_loop(self) -> None:
         while True:
             with self._cv:
-                while not self._queue:
+                while not self._queue and not self._closed:
                     self._cv.wait()
+                if self._closed:
+                    return
                 copy = self._queue.pop(0)
                 self._busy = True
             try:

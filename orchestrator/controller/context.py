@@ -18,6 +18,7 @@ from orchestrator.config import RunConfig
 from orchestrator.controller.ledger import RecoveryLedger
 from orchestrator.controller.seam import Clock, ClusterView, GroupFactory, WorkerGroup
 from orchestrator.controller_config import ControllerConfig, Policies
+from orchestrator.hosts import HostRef
 from orchestrator.lifecycle import Lifecycle, Payload, RunState
 from orchestrator.plan import MeshPlan
 from policies.causes import StopCause
@@ -49,6 +50,7 @@ class Placement:
     last_resize_at: float | None = None
     batch_plan: BatchPlan | None = None
     skip_steps: set[int] = field(default_factory=set)  # corrupt checkpoints never to restore
+    standby: tuple[HostRef, ...] = ()  # spare hosts to keep a warm process on
 
 
 @dataclass
@@ -114,12 +116,13 @@ class Run:
     def now(self) -> float:
         return self.clock.now()
 
-    def teardown(self, *, graceful: bool) -> None:
-        """Stop the current group, if any (idempotent)."""
+    def teardown(self, *, graceful: bool, keep_processes: bool = False) -> None:
+        """Stop the current group, if any (idempotent); ``keep_processes``: a re-form follows,
+        the seam may keep its processes warm for it."""
         group, self.group = self.group, None
         if group is not None:
             try:
-                group.shutdown(graceful=graceful)
+                group.shutdown(graceful=graceful, keep_processes=keep_processes)
             except Exception as exc:  # teardown must never mask what caused it
                 log.error("group_shutdown_failed", error=str(exc))
 

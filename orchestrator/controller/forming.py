@@ -26,13 +26,15 @@ def forming(run: Run) -> Next:
     spec = GroupSpec(plan=p.plan, cfg=p.mesh_cfg, incarnation=run.ledger.incarnation,
                      run_dir=str(run.run_dir),
                      accum_steps=p.batch_plan.accum_steps if p.batch_plan else 1,
-                     init_faults=tuple(init_faults))
+                     init_faults=tuple(init_faults), standby=p.standby)
     run.group = run.make_group(spec)
     try:
         formed = run.group.form()
     except GroupFailed as exc:
         return recovering.after_failure(run, exc.status)
-    log.info("group_formed", hosts=formed.hosts, metadata_watchers=formed.metadata_watchers)
+    log.info("group_formed", hosts=formed.hosts, metadata_watchers=formed.metadata_watchers,
+             processes=formed.processes)
+    run.ledger.formed(formed.processes)
     if formed.instance_ids and run.intake is not None and hasattr(run.intake,
                                                                   "set_instance_ids"):
         run.intake.set_instance_ids(formed.instance_ids)

@@ -38,6 +38,8 @@ class Recovery:
     first_step_at: float | None = None
     to_first_step_s: float | None = None
     phases_s: dict[str, float] = field(default_factory=dict)
+    processes: dict[str, int] = field(default_factory=dict)
+    """How the group after it got its processes: fresh, parked (kept warm), standby."""
 
     def to_json(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if v not in (None, [], {})}
@@ -60,6 +62,8 @@ class RecoveryLedger:
     compile_times: list[float] = field(default_factory=list)
     compiles: list[dict] = field(default_factory=list)
     """Per COMPILING phase: {incarnation, compile_s, source (loaded|compiled|mixed), key}."""
+    forms: list[dict] = field(default_factory=list)
+    """Per FORMING phase: {incarnation, processes: {fresh, parked, standby}}."""
     restarts: list[RestartRecord] = field(default_factory=list)
     restores: list[dict] = field(default_factory=list)
     recoveries: list[Recovery] = field(default_factory=list)
@@ -149,6 +153,11 @@ class RecoveryLedger:
         self.open_recovery = Recovery(kind="unannounced", cause=cause.value, started_at=now,
                                       step=self.step, error=error[:500])
         return self.open_recovery
+
+    def formed(self, processes: dict[str, int]) -> None:
+        self.forms.append({"incarnation": self.incarnation, "processes": dict(processes)})
+        if self.open_recovery is not None:
+            self.open_recovery.processes = dict(processes)
 
     def close_recovery(self, *, now: float, phases_s: dict[str, float]) -> Recovery | None:
         r = self.open_recovery

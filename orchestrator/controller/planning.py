@@ -74,6 +74,7 @@ def planning(run: Run) -> Next:
         if p.plan is not None and plan.num_slices != p.plan.num_slices:
             p.last_resize_at = now
         p.plan, p.mesh_cfg, p.hosts_per_slice, p.waiting_since = plan, cfg, hps, None
+        p.standby = standby_hosts(run, hosts, complete_slices(hosts, hps), wanted)
         return Next(S.FORMING, decision.reason)
     if decision.kind is PlacementKind.WAIT_FOR_REPLACEMENT:
         if p.waiting_since is None:
@@ -83,6 +84,14 @@ def planning(run: Run) -> Next:
                                         needed_slices=decision.needed))
     cause = run.pending.cause if run.pending else None
     return Next(S.FAILED, decision.reason, Failed(reason=decision.reason, cause=cause))
+
+
+def standby_hosts(run: Run, hosts: Sequence[HostRef], complete: Sequence[str],
+                  used: set[str]) -> tuple[HostRef, ...]:
+    """The hosts of the first ``controller.warm.standby_slices`` complete spare slices."""
+    n = run.ctl.warm.standby_slices
+    spare = [s for s in complete if s not in used][:n]
+    return tuple(h for h in hosts if h.slice_name in set(spare))
 
 
 def cfg_for(run: Run, slices: int, hps: int) -> RunConfig:

@@ -73,7 +73,8 @@ def after_failure(run: Run, status: Failure) -> Next:
 def releasing(run: Run) -> Next:
     pending = run.pending
     announced = pending is not None and pending.announced
-    run.teardown(graceful=announced)
+    # a drained group is re-formed next (unless stopping): its processes may stay warm
+    run.teardown(graceful=announced, keep_processes=announced and not (pending and pending.stop))
     if pending is None:  # defensive: RELEASING is entered only with a reason
         pending = Pending(cause=StopCause.HOST_LOST, reason="group released", announced=False)
     run.placement.excluded |= set(pending.doomed)

@@ -113,6 +113,9 @@ class Formed:
     hosts: int
     metadata_watchers: int = 0
     instance_ids: dict[str, str] = field(default_factory=dict)
+    processes: dict[str, int] = field(default_factory=dict)
+    """How many host processes were "fresh", "parked" (kept from the drained group and
+    re-initialised in process) or "standby" (warm on a spare host)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -162,6 +165,8 @@ class GroupSpec:
     run_dir: str
     accum_steps: int = 1
     init_faults: tuple[tuple[int, dict], ...] = ()  # (host, fault) armed before distributed init
+    standby: tuple[HostRef, ...] = ()
+    """Spare hosts (not in the plan) to keep a warm standby process on."""
 
 
 class WorkerGroup(Protocol):
@@ -203,8 +208,10 @@ class WorkerGroup(Protocol):
 
     def stacks(self) -> dict[int, str]: ...
 
-    def shutdown(self, *, graceful: bool) -> None:
-        """Stop every actor (graceful: let pending saves finish first). Idempotent."""
+    def shutdown(self, *, graceful: bool, keep_processes: bool = False) -> None:
+        """Stop every actor (graceful: let pending saves finish first). ``keep_processes``: a
+        drained group about to be re-formed; its processes may be kept warm for the next
+        group (the seam decides whether it can). Idempotent."""
 
 
 GroupFactory = Callable[[GroupSpec], WorkerGroup]

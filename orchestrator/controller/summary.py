@@ -31,6 +31,7 @@ class RunSummary:
     recoveries: list[dict]
     compiles: list[dict]
     restores: list[dict]
+    forms: list[dict] = dataclasses.field(default_factory=list)
     last_committed_step: int | None = None
     goodput: float | None = None
     exit_code: int = 0
@@ -87,6 +88,7 @@ def write_summary(run: Run, reason: str) -> RunSummary:
         median_step_s=statistics.median(led.step_times) if led.step_times else None,
         compile_s=[round(c, 3) for c in led.compile_times], compiles=list(led.compiles),
         recoveries=[r.to_json() for r in led.recoveries], restores=list(led.restores),
+        forms=list(led.forms),
         last_committed_step=led.last_committed, goodput=goodput,
         exit_code=0 if state is RunState.SUCCEEDED else 1)
     try:

@@ -286,7 +286,7 @@ class SimGroup:
     def stacks(self) -> dict[int, str]:
         return {}
 
-    def shutdown(self, *, graceful: bool) -> None:
+    def shutdown(self, *, graceful: bool, keep_processes: bool = False) -> None:
         self._call(self._shutdown, graceful)
 
     def _shutdown(self, graceful: bool) -> None:

@@ -120,6 +120,7 @@ class FakeGroup:
         self.queue: list[dict] = []
         self.injected: list[tuple[int, dict]] = list(spec.init_faults)
         self.shutdowns: list[bool] = []
+        self.kept_processes: list[bool] = []
         self.hang = False
 
     # -- phases --
@@ -127,7 +128,8 @@ class FakeGroup:
         if self.fleet.form_failures:
             raise self.fleet.form_failures.pop(0)
         return Formed(hosts=len(self.spec.plan.hosts),
-                      instance_ids=dict(self.fleet.formed_instance_ids))
+                      instance_ids=dict(self.fleet.formed_instance_ids),
+                      processes={"fresh": len(self.spec.plan.hosts), "parked": 0, "standby": 0})
 
     def restore(self, *, skip_steps: Collection[int] = ()) -> Restored:
         disk = self.fleet.disk
@@ -226,8 +228,9 @@ class FakeGroup:
     def stacks(self) -> dict[int, str]:
         return {i: "stack" for i in range(len(self.spec.plan.hosts))}
 
-    def shutdown(self, *, graceful: bool) -> None:
+    def shutdown(self, *, graceful: bool, keep_processes: bool = False) -> None:
         self.shutdowns.append(graceful)
+        self.kept_processes.append(keep_processes)
 
 
 def lost(hosts: tuple[int, ...] = (1,), kind: FailureKind = FailureKind.ACTOR_DIED,

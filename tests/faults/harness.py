@@ -151,8 +151,8 @@ def run_controller(cfg: RunConfig, *, actions: Sequence[Action] = (), intake: An
     pids: list[int] = []
     group_cls = type("RecordingGroup", (RecordingGroup,), {"pids": pids})
     ram = RamTier.for_config(cfg)
-    ctl = Controller(cfg, run_dir=Path(cfg.run.run_dir), cluster=cluster,
-                     make_group=ray_group_factory(cfg, cluster, group_cls=group_cls, ram=ram),
+    groups = ray_group_factory(cfg, cluster, group_cls=group_cls, ram=ram)
+    ctl = Controller(cfg, run_dir=Path(cfg.run.run_dir), cluster=cluster, make_group=groups,
                      intake=intake, hooks=Hooks(on_final_group=on_final))
     todo = sorted(actions, key=lambda a: a.step)
     box_out: dict[str, Any] = {}
@@ -178,6 +178,7 @@ def run_controller(cfg: RunConfig, *, actions: Sequence[Action] = (), intake: An
         runner.join(0.05)
     if runner.is_alive():
         raise AssertionError(f"the run did not end within {timeout_s:.0f}s")
+    groups.close()  # warm processes kept between groups
     ram_stats = ram.stats() if ram is not None else {}
     if ram is not None and release_ram:
         ram.release()  # the next test of the module's cluster starts with none

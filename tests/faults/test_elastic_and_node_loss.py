@@ -74,6 +74,12 @@ def test_notice_for_one_slice_shrinks_then_grows_back_on_a_new_slice(cluster, tm
     restored = [r["restored_step"] for r in result.restores]
     assert restored[0] is None and restored[1] == 6 and restored[2] % 5 == 0
     assert restored[2] >= 10, "the grow waits for the next checkpoint after the slice joined"
+    # both drains kept slice 0's process and re-initialised it in process (controller.warm
+    # .reuse_processes=auto is on for CPU); the new slice's host got a fresh one
+    assert [f["processes"] for f in s.forms] == [
+        {"fresh": 2, "parked": 0, "standby": 0}, {"fresh": 0, "parked": 1, "standby": 0},
+        {"fresh": 1, "parked": 1, "standby": 0}]
+    assert len(set(result.host_pids)) == 3, f"pids {result.host_pids}: slice 0's is reused"
 
 
 def test_node_removed_without_notice_restores_last_checkpoint(cluster, tmp_path):

@@ -48,8 +48,13 @@ def test_notice_for_one_host_reforms_on_spare_with_bit_identical_params(cluster,
     assert plain.summary.step == 20
 
     chaos = [ChaosFaultConfig(at_step=8, host=1, kind="preempt", deadline_s=60)]
-    hit = run_controller(fault_config(tmp_path / "hit", chaos=chaos), collect_params=True)
+    hit = run_controller(fault_config(tmp_path / "hit", "controller.warm.standby_slices=1",
+                                      chaos=chaos), collect_params=True)
     print_recovery("announced", hit)
+    # the spare slice's hosts were kept warm and the new group took them: no new process
+    assert [f["processes"] for f in hit.summary.forms] == [
+        {"fresh": 2, "parked": 0, "standby": 0}, {"fresh": 0, "parked": 0, "standby": 2}]
+    assert hit.summary.recoveries[0]["processes"]["standby"] == 2
 
     s = hit.summary
     assert (s.state, s.step, s.lost_steps) == ("SUCCEEDED", 20, 0)

@@ -46,10 +46,12 @@ class Group:
         # before loads its step, as the driver's groups do
         store = store_dir(cfg.compile.dir, run_dir, os.environ)
         self.actors: list[Any] = []
+        self.specs: list[HostSpec] = []
         for h in self.plan.hosts:
             env = device_env(platform="cpu", devices_per_host=h.devices)
             spec = HostSpec.for_host(cfg, self.plan, h, checkpoint_dir=ckpt,
                                      executables_dir=store)
+            self.specs.append(spec)
             self.actors.append(_RemoteHost.options(
                 num_cpus=0, resources={"TPU": h.devices}, max_concurrency=4, max_restarts=0,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=h.node_id,

@@ -1,7 +1,9 @@
 """The host contract where it needs several processes: 2 host actors on an emulated Ray cluster.
 
 - a stop requested mid-chunk stops both hosts at the same step;
-- metadata notices go straight into the driver's ``ray.util.queue.Queue``.
+- metadata notices go straight into the driver's ``ray.util.queue.Queue``;
+- warm processes: a released process and a standby join the next runtime in process, and the
+  pool's fallbacks (a failed release or rejoin) end in a killed process and a fresh one.
 
 A shard of the latest checkpoint unreadable on ONE host is proven end to end, through the
 controller, in tests/faults/test_group_faults.py (the corrupt newest checkpoint).
@@ -9,17 +11,26 @@ controller, in tests/faults/test_group_faults.py (the corrupt newest checkpoint)
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import asdict
+from typing import Any
 
 import pytest
+import ray
 from ray.util.queue import Queue
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from orchestrator.config import load_config
+from orchestrator.controller.seam import GroupSpec
 from orchestrator.events.config import MetadataConfig
+from orchestrator.plan import plan_mesh
+from orchestrator.ray_group import RayWorkerGroup
+from orchestrator.warm_pool import WarmPool
 from tests.events.fake_metadata import fake_metadata_server
-from tests.integration.groups import Group
+from tests.integration.groups import Group, _RemoteHost
 from tests.support.ray_cluster import cluster_fixture
+from workers.host import device_env
 from workers.metadata_watcher import ID_KEY, NAME_KEY, PREEMPTED_KEY
 
 pytestmark = pytest.mark.cluster
@@ -94,3 +105,136 @@ def test_metadata_notices_go_to_the_driver_queue(cluster, cfg, tmp_path):
         queue.shutdown()
     assert {e["kind"] for e in events} == {"preemption_notice"}
     assert sorted(e["target"]["host"] for e in events) == instances
+
+
+# ---- warm processes: in-process re-init and standbys ----------------------------------------
+
+
+def test_a_released_process_and_a_standby_form_the_next_group(cluster, cfg, tmp_path):
+    """Train 4 steps and save; ``release`` both processes (runtime shut down in process); kill
+    host 1's and put a standby (``HostActor(None, env)``, JAX imported) there; ``rejoin`` both
+    into a new runtime: the step is loaded (not compiled), step 4 restored, training goes on,
+    and host 0 is the same process throughout."""
+    g = _group(cluster, cfg, tmp_path)
+    try:
+        g.form()
+        g.call("compile")
+        g.get([a.run_steps.remote(4, chunk=1, save_steps=[4]) for a in g.actors])
+        g.call("save", wait=True)
+        pid0 = g.call("info")[0]["pid"]
+        released = g.call("release")
+        assert all(r["pid"] for r in released)
+        ray.kill(g.actors[1], no_restart=True)
+        h1 = g.plan.hosts[1]
+        env = device_env(platform="cpu", devices_per_host=h1.devices)
+        g.actors[1] = _RemoteHost.options(
+            num_cpus=0, resources={"TPU": h1.devices}, max_concurrency=4,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=h1.node_id, soft=False),
+            runtime_env={"env_vars": env}).remote(None, env)
+        assert g.call("info")[1]["index"] is None  # a standby has no host yet
+        g.call("warm")
+        for a, spec in zip(g.actors, g.specs, strict=True):
+            ray.get(a.rejoin.remote(spec, device_env(platform="cpu",
+                                                      devices_per_host=spec.host.devices)))
+        _, restored = g.form()
+        compiled = g.call("compile")
+        out = g.get([a.run_steps.remote(6, chunk=2) for a in g.actors])
+        assert g.call("info")[0]["pid"] == pid0
+    finally:
+        g.kill()
+    assert [r["restored_step"] for r in restored] == [4, 4]
+    assert [c["source"] for c in compiled] == ["loaded", "loaded"]
+    assert [o["step"] for o in out] == [6, 6]
+
+
+def test_rejoin_refuses_a_process_that_still_trains_or_another_node(cluster, cfg, tmp_path):
+    g = _group(cluster, cfg, tmp_path)
+    try:
+        g.form()
+        with pytest.raises(ray.exceptions.RayTaskError, match="release"):
+            ray.get(g.actors[0].rejoin.remote(g.specs[0], {}), timeout=60)
+        g.call("release")
+        with pytest.raises(ray.exceptions.RayTaskError, match="cannot change hosts"):
+            ray.get(g.actors[0].rejoin.remote(g.specs[1], {}), timeout=60)
+    finally:
+        g.kill()
+
+
+@ray.remote(num_cpus=0)
+class _Warmable:
+    """A host process stand-in for the pool's own logic: answers release/rejoin as told."""
+
+    def __init__(self, spec: Any, env: dict) -> None:
+        self.spec, self.fail = spec, set()
+
+    def fail_on(self, *methods: str) -> None:
+        self.fail = set(methods)
+
+    def _answer(self, method: str) -> dict:
+        if method in self.fail:
+            raise RuntimeError(f"{method} refused")
+        return {"pid": os.getpid(), "release_s": 0.01}
+
+    def release(self) -> dict:
+        return self._answer("release")
+
+    def rejoin(self, spec: Any, env: dict) -> dict:
+        return self._answer("rejoin")
+
+    def warm(self) -> dict:
+        return self._answer("warm")
+
+    def info(self) -> dict:
+        return {"pid": os.getpid()}
+
+
+def _dead(actor: Any) -> bool:
+    try:
+        ray.get(actor.info.remote(), timeout=30)
+        return False
+    except ray.exceptions.RayActorError:
+        return True
+
+
+def test_the_pool_keeps_what_released_and_kills_the_rest(cluster):
+    hosts = cluster.hosts("pod")
+    a, b = _Warmable.remote(None, {}), _Warmable.remote(None, {})
+    ray.get(b.fail_on.remote("release"))
+    pool = WarmPool(start_standby=lambda h: _Warmable.remote(None, {}))
+    try:
+        assert pool.park([(hosts[0].node_id, a), (hosts[1].node_id, b)]) == 1
+        assert pool.stats.release_failed == 1 and _dead(b)
+        assert pool.ensure_standby([hosts[1]]) == 1
+        assert pool.ensure_standby([hosts[1]]) == 0  # one per host, kept
+        assert pool.take(hosts[0].node_id)[1] == "parked"
+        assert pool.take(hosts[1].node_id)[1] == "standby"
+        assert pool.take(hosts[1].node_id) is None
+    finally:
+        pool.close()
+        for x in (a, b):
+            ray.kill(x, no_restart=True)
+
+
+def test_a_group_starts_a_fresh_process_where_a_warm_one_fails_to_rejoin(cluster, cfg,
+                                                                          tmp_path):
+    """Host 0's parked process refuses to rejoin: it is killed and a fresh process takes its
+    place (its TPU resource freed first); host 1's standby is taken."""
+    hosts = cluster.hosts("pod")
+    plan = plan_mesh(cfg, hosts, platform="cpu", hosts_per_slice=2)
+    pool = WarmPool(start_standby=lambda h: _Warmable.remote(None, {}))
+    parked = _Warmable.options(resources={"TPU": hosts[0].devices}).remote(None, {})
+    ray.get(parked.fail_on.remote("rejoin"))
+    pool.parked[hosts[0].node_id] = parked
+    pool.standby[hosts[1].node_id] = _Warmable.options(
+        resources={"TPU": hosts[1].devices}).remote(None, {})
+    group_cls = type("G", (RayWorkerGroup,), {"actor_cls": _Warmable})
+    group = group_cls(GroupSpec(plan=plan, cfg=cfg, incarnation=1, run_dir=str(tmp_path)),
+                      pool=pool, reuse=True)
+    try:
+        group._start()
+        assert group.origins == ["fresh", "standby"]
+        assert _dead(parked)
+        assert not _dead(group.actors[0])
+    finally:
+        group.shutdown(graceful=False)
+        pool.close()

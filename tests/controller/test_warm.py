@@ -1,0 +1,64 @@
+"""What the controller tells the seam about warm processes (``controller.warm``): which spare
+hosts to keep a standby on, and when a drained group's processes may be kept for the next."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.config import load_config
+from orchestrator.errors import ConfigError
+from tests.controller.fakes import lost
+from tests.controller.harness import make
+
+
+def test_standby_hosts_are_the_first_spare_slices_and_never_the_mesh(tmp_path):
+    sim = make(tmp_path, "controller.warm.standby_slices=1", spare=("s1", "s2"))
+    sim.fleet.on_step(7, lambda g: sim.notice(host=None))  # the whole mesh is doomed
+    assert sim.run().state == "SUCCEEDED"
+    first, second = sim.fleet.groups
+    assert {h.slice_name for h in first.spec.standby} == {"s1"}
+    assert len(first.spec.standby) == 2  # both hosts of the spare slice
+    # the re-form took s1; the next spare not doomed is s2 (s0 is excluded for good)
+    assert {h.slice_name for h in second.spec.plan.hosts} == {"s1"}
+    assert {h.slice_name for h in second.spec.standby} == {"s2"}
+
+
+def test_no_standby_unless_asked(tmp_path):
+    sim = make(tmp_path, spare=("s1",))
+    assert sim.run().state == "SUCCEEDED"
+    assert sim.fleet.groups[0].spec.standby == ()
+
+
+def test_a_drained_group_may_keep_its_processes_a_failed_one_may_not(tmp_path):
+    """Announced drain → re-form: keep_processes; a host lost: every process goes (a peer's
+    death leaves the survivors' runtime unusable); the run's end: nothing is kept."""
+    sim = make(tmp_path, "run.total_steps=30", spare=("s1",))
+    sim.fleet.on_step(7, lambda g: sim.notice(host="vm-s0-1"))
+    sim.fleet.on_step(17, lambda g: lost())
+    assert sim.run().state == "SUCCEEDED"
+    kept = [g.kept_processes for g in sim.fleet.groups]
+    assert kept == [[True], [False], [False]]
+
+
+def test_an_operator_stop_keeps_no_process(tmp_path):
+    sim = make(tmp_path, "run.total_steps=100")
+    sim.fleet.on_step(12, lambda g: sim.notice("operator_stop", deadline_in=None))
+    assert sim.run().state == "FAILED"
+    assert sim.fleet.groups[0].kept_processes == [False]
+
+
+def test_recoveries_say_how_the_next_group_got_its_processes(tmp_path):
+    sim = make(tmp_path, spare=("s1",))
+    sim.fleet.on_step(7, lambda g: sim.notice(host="vm-s0-1"))
+    summary = sim.run()
+    assert [f["incarnation"] for f in summary.forms] == [1, 2]
+    assert summary.recoveries[0]["processes"] == summary.forms[1]["processes"]
+
+
+@pytest.mark.parametrize("override, fix", [
+    ("controller.warm.standby_slices=-1", "spare slices"),
+    ("controller.warm.reuse_processes=maybe", "one of"),
+])
+def test_bad_warm_settings_name_the_fix(override, fix):
+    with pytest.raises(ConfigError, match=fix):
+        load_config(None, [override])
