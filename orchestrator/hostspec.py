@@ -34,6 +34,10 @@ class HostSpec:
     """Digest of the driver's RunConfig, written into every checkpoint's run metadata."""
     executables_dir: str | None = None
     """RUN_DIR/executables: compiled steps stored and loaded there; None compiles every time."""
+    survive_peers: bool = False
+    """Start the JAX runtime with ``jax_enable_recoverability``: a peer's death fails this
+    process's collectives instead of aborting it, so it can be re-initialised in process
+    (``controller.warm.reuse_processes``)."""
 
     def __post_init__(self) -> None:
         if self.accum_steps < 1:
@@ -66,4 +70,5 @@ class HostSpec:
                    seed=cfg.run.seed, total_steps=cfg.run.total_steps, accum_steps=accum_steps,
                    init_timeout_s=cfg.timeouts.init_s, heartbeat_s=cfg.timeouts.heartbeat_s,
                    config_digest=cfg.digest(),
-                   executables_dir=str(executables_dir) if use_store else None)
+                   executables_dir=str(executables_dir) if use_store else None,
+                   survive_peers=cfg.controller.warm.reuse(plan.platform))

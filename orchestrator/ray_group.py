@@ -48,6 +48,9 @@ log = structlog.get_logger(__name__)
 _RemoteHost = ray.remote(HostActor)
 STOP_MARGIN_STEPS = 2
 REJOIN_TIMEOUT_S = 30.0
+FAILED_RELEASE_S = 5.0
+"""After a failure a survivor's release is short or not worth waiting for (a save stuck on a
+dead peer): a fresh process costs a few seconds."""
 """A standby still importing JAX answers its rejoin after the imports (a few seconds)."""
 
 
@@ -280,13 +283,8 @@ class RayWorkerGroup:
         return self._get([a.params.remote() for a in self.actors], "save", 120.0)[0]
 
     def shutdown(self, *, graceful: bool, keep_processes: bool = False) -> None:
-        if graceful and keep_processes and self.reuse and self.actors:
-            assert self.pool is not None
-            # release finishes pending saves, then leaves the runtime: all hosts together
-            kept = self.pool.park([(h.node_id, a) for h, a in
-                                   zip(self.spec.plan.hosts, self.actors, strict=True)])
-            log.info("processes_parked", kept=kept, of=len(self.actors))
-            self.actors, self._refs = [], []
+        if keep_processes and self.reuse and self.actors:
+            self._park(graceful)
             return
         if graceful and self.actors:
             try:
@@ -303,6 +301,25 @@ class RayWorkerGroup:
         self._refs = []
 
     # ---- internals ------------------------------------------------------------------------
+
+    def _park(self, graceful: bool) -> None:
+        """Keep the processes for the next group: release them all together (a drained group
+        finishes its saves first). After a failure only hosts whose last chunk returned are
+        released (a dead one's release fails at once; one still inside a step is hung) and
+        within a short bound; every other process is killed."""
+        assert self.pool is not None
+        busy: set[int] = set()
+        if not graceful and self._refs:
+            ready, _ = ray.wait(self._refs, num_returns=len(self._refs), timeout=0.5)
+            busy = {i for i, r in enumerate(self._refs) if r not in ready}
+        pairs = [(h.node_id, a) for i, (h, a) in
+                 enumerate(zip(self.spec.plan.hosts, self.actors, strict=True))
+                 if i not in busy]
+        for i in busy:
+            ray.kill(self.actors[i], no_restart=True)
+        kept = self.pool.park(pairs, timeout_s=None if graceful else FAILED_RELEASE_S)
+        log.info("processes_parked", kept=kept, of=len(self.actors), after_failure=not graceful)
+        self.actors, self._refs = [], []
 
     def _start(self) -> None:
         plan = self.spec.plan

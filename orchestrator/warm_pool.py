@@ -44,16 +44,18 @@ class WarmPool:
         self.standby: dict[str, Any] = {}
         self.stats = PoolStats()
 
-    def park(self, actors: Sequence[tuple[str, Any]]) -> int:
+    def park(self, actors: Sequence[tuple[str, Any]], *, timeout_s: float | None = None) -> int:
         """Release every (node id, actor) of one group together (the runtime's shutdown is a
-        barrier) and keep those that answered; kill the rest. Returns how many were kept."""
+        barrier) and keep those that answered within ``timeout_s`` (default: the pool's);
+        kill the rest. Returns how many were kept."""
+        bound = self.release_timeout_s if timeout_s is None else timeout_s
         refs = [a.release.remote() for _, a in actors]
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=self.release_timeout_s)
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=bound) if refs else ([], [])
         kept = 0
         for (node_id, actor), ref in zip(actors, refs, strict=True):
             try:
                 if ref not in ready:
-                    raise TimeoutError(f"release took over {self.release_timeout_s:g} s")
+                    raise TimeoutError(f"release took over {bound:g} s")
                 out = ray.get(ref)
             except Exception as exc:
                 self.stats.release_failed += 1

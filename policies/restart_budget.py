@@ -33,6 +33,9 @@ class RestartObservation:
     now: float
     history: tuple[RestartRecord, ...] = ()
     jitter_draw: float = 0.5
+    hot_spare: bool = False
+    """A warm standby takes the failed hosts' place: the first attempt goes at once (backoff
+    protects a cluster from a crash loop; a standby re-form is not that)."""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.jitter_draw < 1.0:
@@ -126,5 +129,6 @@ class RestartBudgetPolicy:
                 setting=setting,
             )
         attempt = used + 1
-        delay = self.backoff_s(obs.cause, attempt, obs.jitter_draw)
+        delay = (0.0 if obs.hot_spare and attempt == 1 else
+                 self.backoff_s(obs.cause, attempt, obs.jitter_draw))
         return Restart(cause=obs.cause, attempt=attempt, delay_s=delay, until=obs.now + delay)

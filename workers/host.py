@@ -129,6 +129,9 @@ class HostActor(RamTierMethods):
         import jax
 
         self._maybe_init_fault()
+        # a peer's death then fails our collectives instead of aborting this process (the
+        # default), so ``release`` can keep it for the next group
+        jax.config.update("jax_enable_recoverability", bool(self.spec.survive_peers))
         jax.distributed.initialize(
             coordinator_address=coordinator, num_processes=num_processes, process_id=process_id,
             initialization_timeout=max(1, int(self.spec.init_timeout_s)),

@@ -51,6 +51,7 @@ class Placement:
     batch_plan: BatchPlan | None = None
     skip_steps: set[int] = field(default_factory=set)  # corrupt checkpoints never to restore
     standby: tuple[HostRef, ...] = ()  # spare hosts to keep a warm process on
+    suspect: set[str] = field(default_factory=set)  # slices whose host just failed
 
 
 @dataclass

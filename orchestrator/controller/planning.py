@@ -60,8 +60,9 @@ def planning(run: Run) -> Next:
     hosts = usable_hosts(run)
     hps = p.hosts_per_slice or hosts_per_slice(run, hosts)
     now = run.now()
+    available = hot_swap(run, complete_slices(hosts, hps))
     decision = run.policies.placement.decide(PlacementObservation(
-        now=now, available_slices=tuple(complete_slices(hosts, hps)),
+        now=now, available_slices=tuple(available),
         target_slices=p.target_slices, waiting_since=p.waiting_since))
     if decision.kind in (PlacementKind.FORM, PlacementKind.SHRINK):
         wanted = set(decision.slices)  # a set: hosts x slices comparisons at pod scale
@@ -84,6 +85,23 @@ def planning(run: Run) -> Next:
                                         needed_slices=decision.needed))
     cause = run.pending.cause if run.pending else None
     return Next(S.FAILED, decision.reason, Failed(reason=decision.reason, cause=cause))
+
+
+def hot_swap(run: Run, complete: list[str]) -> list[str]:
+    """A slice whose host just failed is left out when a warm standby slice can take its place
+    and the run still gets its target: the standby is ready now, the failed slice (its node
+    may still be up) becomes a spare and gets a standby itself. Without a standby nothing
+    changes: the failed slice is re-formed as before."""
+    p = run.placement
+    suspect, p.suspect = p.suspect, set()
+    warm = {h.slice_name for h in p.standby} & set(complete)
+    if not suspect or not warm:
+        return complete
+    kept = [s for s in complete if s not in suspect]
+    if len(kept) < p.target_slices:
+        return complete
+    log.info("hot_swap", failed=sorted(suspect), standby=sorted(warm))
+    return kept
 
 
 def standby_hosts(run: Run, hosts: Sequence[HostRef], complete: Sequence[str],

@@ -52,6 +52,9 @@ def after_failure(run: Run, status: Failure) -> Next:
         if status.step_reached is not None:
             run.ledger.reached(status.step_reached)
         run.placement.excluded |= set(status.nodes_gone)
+        if run.plan is not None:
+            run.placement.suspect = {run.plan.hosts[i].slice_name for i in status.hosts
+                                     if 0 <= i < len(run.plan.hosts)}
     _record_losses(run, status)
     if run.reactions is not None:
         run.reactions.collect_notices()
@@ -73,8 +76,8 @@ def after_failure(run: Run, status: Failure) -> Next:
 def releasing(run: Run) -> Next:
     pending = run.pending
     announced = pending is not None and pending.announced
-    # a drained group is re-formed next (unless stopping): its processes may stay warm
-    run.teardown(graceful=announced, keep_processes=announced and not (pending and pending.stop))
+    # a re-form follows (unless stopping): the seam may keep the processes it can warm
+    run.teardown(graceful=announced, keep_processes=not (pending and pending.stop))
     if pending is None:  # defensive: RELEASING is entered only with a reason
         pending = Pending(cause=StopCause.HOST_LOST, reason="group released", announced=False)
     run.placement.excluded |= set(pending.doomed)
@@ -86,7 +89,8 @@ def releasing(run: Run) -> Next:
         return Next(S.PLANNING, "re-forming on more slices")
     now = run.now()
     decision = run.policies.budget.decide(RestartObservation(
-        cause=pending.cause, now=now, history=tuple(run.ledger.restarts)))
+        cause=pending.cause, now=now, history=tuple(run.ledger.restarts),
+        hot_spare=bool(run.placement.suspect and run.placement.standby)))
     if isinstance(decision, GiveUp):
         return Next(S.FAILED, decision.reason, Failed(reason=decision.reason,
                                                       cause=pending.cause))

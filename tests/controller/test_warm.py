@@ -29,15 +29,15 @@ def test_no_standby_unless_asked(tmp_path):
     assert sim.fleet.groups[0].spec.standby == ()
 
 
-def test_a_drained_group_may_keep_its_processes_a_failed_one_may_not(tmp_path):
-    """Announced drain → re-form: keep_processes; a host lost: every process goes (a peer's
-    death leaves the survivors' runtime unusable); the run's end: nothing is kept."""
+def test_processes_may_be_kept_whenever_a_re_form_follows(tmp_path):
+    """Announced drain → re-form and a host lost → re-form: keep_processes (the seam keeps what
+    it can warm: survivors); the run's end: nothing is kept."""
     sim = make(tmp_path, "run.total_steps=30", spare=("s1",))
     sim.fleet.on_step(7, lambda g: sim.notice(host="vm-s0-1"))
     sim.fleet.on_step(17, lambda g: lost())
     assert sim.run().state == "SUCCEEDED"
     kept = [g.kept_processes for g in sim.fleet.groups]
-    assert kept == [[True], [False], [False]]
+    assert kept == [[True], [True], [False]]
 
 
 def test_an_operator_stop_keeps_no_process(tmp_path):
@@ -62,3 +62,25 @@ def test_recoveries_say_how_the_next_group_got_its_processes(tmp_path):
 def test_bad_warm_settings_name_the_fix(override, fix):
     with pytest.raises(ConfigError, match=fix):
         load_config(None, [override])
+
+
+def test_a_failed_host_is_replaced_by_the_warm_standby_at_once(tmp_path):
+    """Host 2 (slice s1) dies with a standby warm on s2: no backoff, the next mesh is s0 + s2,
+    and s1 (its node still up) becomes the spare that gets the next standby."""
+    sim = make(tmp_path, "cluster.emulate.slices=2", "controller.warm.standby_slices=1",
+               slices=("s0", "s1"), spare=("s2",))
+    sim.fleet.on_step(7, lambda g: lost(hosts=(2,)))
+    assert sim.run().state == "SUCCEEDED"
+    first, second = sim.fleet.groups
+    assert {h.slice_name for h in first.spec.standby} == {"s2"}
+    assert {h.slice_name for h in second.spec.plan.hosts} == {"s0", "s2"}
+    assert {h.slice_name for h in second.spec.standby} == {"s1"}
+    assert "BACKOFF" not in sim.states()
+
+
+def test_without_a_standby_the_failed_slice_is_re_formed_after_backoff(tmp_path):
+    sim = make(tmp_path, "cluster.emulate.slices=2", slices=("s0", "s1"), spare=("s2",))
+    sim.fleet.on_step(7, lambda g: lost(hosts=(2,)))
+    assert sim.run().state == "SUCCEEDED"
+    assert {h.slice_name for h in sim.fleet.groups[1].spec.plan.hosts} == {"s0", "s1"}
+    assert "BACKOFF" in sim.states()

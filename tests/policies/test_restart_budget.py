@@ -129,3 +129,12 @@ def test_jitter_draw_validated():
     """A draw outside [0, 1) is a caller bug."""
     with pytest.raises(ValueError):
         RestartObservation(cause=LOST, now=0.0, jitter_draw=1.0)
+
+
+def test_a_hot_spare_skips_the_first_backoff_but_not_the_budget_or_later_ones():
+    p = policy()
+    first = p.decide(RestartObservation(cause=StopCause.HOST_LOST, now=100.0, hot_spare=True))
+    assert isinstance(first, Restart) and first.delay_s == 0.0
+    again = p.decide(RestartObservation(cause=StopCause.HOST_LOST, now=101.0, hot_spare=True,
+                                        history=history((StopCause.HOST_LOST, 100.0))))
+    assert isinstance(again, Restart) and again.delay_s > 0
