@@ -240,14 +240,15 @@ class RayWorkerGroup:
         return Saved(step=int(outs[0]["step"]), committed_step=agreed,
                      save_s=time.perf_counter() - t0)
 
-    def copy_to_ram(self) -> Saved:
+    def copy_to_ram(self, *, persist: bool = False) -> Saved:
         t0 = time.perf_counter()
-        outs = self._get([a.copy_now.remote() for a in self.actors], "save", self.timeouts.save_s)
+        outs = self._get([a.copy_now.remote(persist) for a in self.actors], "save",
+                         self.timeouts.save_s)
         # a refusal: the restore finds no complete set in RAM and reads the durable tier
         if refused := [f"host {i}: {o['reason']}" for i, o in enumerate(outs) if not o["ok"]]:
             log.warning("ram_copy_incomplete", hosts=refused)
         return Saved(step=int(outs[0]["step"]), committed_step=None,
-                     save_s=time.perf_counter() - t0)
+                     save_s=time.perf_counter() - t0, complete=not refused)
 
     def notices(self) -> list[dict]:
         if self.queue is None:
@@ -317,7 +318,8 @@ class RayWorkerGroup:
                  if i not in busy]
         for i in busy:
             ray.kill(self.actors[i], no_restart=True)
-        kept = self.pool.park(pairs, timeout_s=None if graceful else FAILED_RELEASE_S)
+        kept = self.pool.park(pairs, coordinator=self.spec.plan.hosts[0].node_id,
+                              timeout_s=None if graceful else FAILED_RELEASE_S)
         log.info("processes_parked", kept=kept, of=len(self.actors), after_failure=not graceful)
         self.actors, self._refs = [], []
 

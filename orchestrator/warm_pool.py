@@ -10,6 +10,7 @@ cannot be released or rejoined is killed and its group starts a fresh one on tha
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,15 +45,23 @@ class WarmPool:
         self.standby: dict[str, Any] = {}
         self.stats = PoolStats()
 
-    def park(self, actors: Sequence[tuple[str, Any]], *, timeout_s: float | None = None) -> int:
-        """Release every (node id, actor) of one group together (the runtime's shutdown is a
-        barrier) and keep those that answered within ``timeout_s`` (default: the pool's);
-        kill the rest. Returns how many were kept."""
+    def park(self, actors: Sequence[tuple[str, Any]], *, coordinator: str | None = None,
+             timeout_s: float | None = None) -> int:
+        """Release every (node id, actor) of one group and keep those that answered within
+        ``timeout_s`` (default: the pool's); kill the rest. Returns how many were kept.
+
+        The process on ``coordinator`` (process 0: it runs the runtime's coordination service)
+        is released last: with ``jax_enable_recoverability`` the runtime's shutdown does not
+        wait for the others, and a process whose shutdown finds the service gone aborts."""
         bound = self.release_timeout_s if timeout_s is None else timeout_s
-        refs = [a.release.remote() for _, a in actors]
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=bound) if refs else ([], [])
+        deadline = time.monotonic() + bound
+        # saves in flight may need every host: all finish them first, then leave in order
+        self._call("quiesce", actors, deadline)
+        first = [(n, a) for n, a in actors if n != coordinator]
+        last = [(n, a) for n, a in actors if n == coordinator]
+        answers = self._call("release", first, deadline) + self._call("release", last, deadline)
         kept = 0
-        for (node_id, actor), ref in zip(actors, refs, strict=True):
+        for (node_id, actor), (ref, ready) in zip([*first, *last], answers, strict=True):
             try:
                 if ref not in ready:
                     raise TimeoutError(f"release took over {bound:g} s")
@@ -68,6 +77,17 @@ class WarmPool:
             kept += 1
         self.stats.parked += kept
         return kept
+
+    @staticmethod
+    def _call(method: str, actors: Sequence[tuple[str, Any]], deadline: float
+              ) -> list[tuple[Any, list]]:
+        """``method`` on every actor at once, waited for until ``deadline``: (ref, ready)."""
+        refs = [getattr(a, method).remote() for _, a in actors]
+        if not refs:
+            return []
+        ready, _ = ray.wait(refs, num_returns=len(refs),
+                            timeout=max(0.0, deadline - time.monotonic()))
+        return [(ref, ready) for ref in refs]
 
     def take(self, node_id: str) -> tuple[Any, str] | None:
         """The warm process on ``node_id`` and its kind ("parked" or "standby"), or None."""

@@ -153,12 +153,10 @@ class HostActor(RamTierMethods):
         import workers.trainer  # noqa: F401
         return {"pid": os.getpid(), "warm_s": time.perf_counter() - t0}
 
-    def release(self) -> dict:
-        """Leave this group and keep the process: finish and drop the trainer (every array),
-        stop the RAM copies and the metadata watcher, shut the distributed runtime down (a
-        barrier: every process of the group calls it together) and clear JAX's backends and
-        caches, so ``rejoin`` can join another group. Raises if the runtime cannot be shut down
-        cleanly; the driver then kills this process and starts a fresh one."""
+    def quiesce(self) -> dict:
+        """The first half of ``release``, run on every host at once: stop the metadata watcher
+        and the RAM copies, finish pending saves (they may need every host) and drop the
+        trainer. Idempotent."""
         t0 = time.perf_counter()
         with self._lock:
             if self._watcher is not None:
@@ -170,6 +168,16 @@ class HostActor(RamTierMethods):
         if self.trainer is not None:
             self.trainer.close()
             self.trainer = None
+        return {"pid": os.getpid(), "quiesce_s": time.perf_counter() - t0}
+
+    def release(self) -> dict:
+        """Leave this group and keep the process: ``quiesce``, then shut the distributed
+        runtime down and clear JAX's (and Orbax's) backends and caches, so ``rejoin`` can join
+        another group. Process 0 runs the coordination service: release it last. Raises if
+        the runtime cannot be shut down cleanly; the driver then kills this process and
+        starts a fresh one."""
+        t0 = time.perf_counter()
+        self.quiesce()
         import gc
 
         import jax

@@ -102,9 +102,11 @@ class RamTierMethods:
     def ram_stats(self) -> dict | None:
         return self._replicator.stats.as_dict() if self._replicator is not None else None
 
-    def copy_now(self) -> dict:
+    def copy_now(self, persist: bool = False) -> dict:
         """Copy the current step to the holders and wait until they have it (a notice too
-        short for a durable save); ``ok`` False with the reason when this host cannot."""
+        short for a durable save); ``ok`` False with the reason when this host cannot.
+        ``persist`` (with ``durable_from_ram``): this node's holder also saves it durably, after
+        this returns."""
         t0 = time.perf_counter()
         tr = self._need_trainer("copy_now")
         r = self._replicator
@@ -112,7 +114,8 @@ class RamTierMethods:
             why = "RAM tier not attached" if r is None else (r.stats.disabled or "no holder left")
             return {"ok": False, "step": tr.step, "reason": why,
                     "seconds": time.perf_counter() - t0}
-        r.after_step(tr.step, tr.state, force=True)
+        r.after_step(tr.step, tr.state, force=True,
+                     persist=self._persist if persist and self._persist is not None else None)
         delivered = r.settle()
         ok = delivered and bool(r.holders)
         why = ("" if ok else "the copy was not delivered in time" if not delivered

@@ -30,6 +30,10 @@ def draining(run: Run) -> Next:
              event_id=p.event_id)
     run.reactions.record(p.event or p.event_id, f"drain:{decision.kind.value}",
                          reason=decision.reason, step=led.step)
+    ram = run.cfg.checkpoint.ram
+    if decision.kind is DrainKind.SAVE and not p.final and ram.enabled and ram.durable_from_ram:
+        return Next(S.CHECKPOINTING, f"{decision.reason}; handing over in RAM, the durable "
+                    "copy is written from it after the switch", Checkpointing(purpose=RAM_FIRST))
     if decision.kind in (DrainKind.SAVE, DrainKind.SAVE_ANYWAY):
         return Next(S.CHECKPOINTING, decision.reason, Checkpointing(
             purpose="drain", save_anyway=decision.kind is DrainKind.SAVE_ANYWAY))
@@ -40,6 +44,7 @@ def draining(run: Run) -> Next:
 
 
 RAM_ONLY = "drain-ram-only"
+RAM_FIRST = "drain-ram-then-durable"
 
 
 def checkpointing(run: Run) -> Next:
@@ -48,6 +53,11 @@ def checkpointing(run: Run) -> Next:
     payload = run.lifecycle.payload
     if isinstance(payload, Checkpointing) and payload.purpose == RAM_ONLY:
         return _copy_to_ram(run)
+    if isinstance(payload, Checkpointing) and payload.purpose == RAM_FIRST:
+        out = _copy_to_ram(run, persist=True)
+        if out is not None:
+            return out
+        log.warning("drain_ram_copy_incomplete", fallback="durable save from the devices")
     try:
         saved = group.save()
     except GroupFailed as exc:
@@ -67,19 +77,28 @@ def checkpointing(run: Run) -> Next:
                 Releasing(cause=p.cause, lost_steps=0))
 
 
-def _copy_to_ram(run: Run) -> Next:
+def _copy_to_ram(run: Run, *, persist: bool = False) -> Next | None:
     """A short notice: every host copies the stopped step to its holders and waits for them;
-    the durable tier is not written (the reason says so), the restore will read RAM."""
+    the durable tier is not written (the reason says so), the restore will read RAM.
+    ``persist``: the holders write it durably after the switch; None if a copy is incomplete
+    (the caller saves from the devices instead)."""
     group, p = run.group, run.pending
     assert group is not None and p is not None
     try:
-        copied = group.copy_to_ram()
+        copied = group.copy_to_ram(persist=persist)
     except GroupFailed as exc:
         return recovering.after_failure(run, exc.status)
+    if persist and not copied.complete:
+        return None
     run.ledger.copy_costs.append(copied.save_s)
     r = run.ledger.open_recovery
     if r is not None:
         r.save_s = round(copied.save_s, 3)
+    if persist:
+        log.info("drain_ram_then_durable", step=copied.step, copy_s=round(copied.save_s, 3))
+        return Next(S.RELEASING, f"step {copied.step} copied to the peer hosts' RAM; their "
+                                 "holders write it durably in the background",
+                    Releasing(cause=p.cause, lost_steps=0))
     log.warning("drain_ram_only", step=copied.step, copy_s=round(copied.save_s, 3),
                 durable_step=run.ledger.last_committed)
     return Next(S.RELEASING, f"step {copied.step} copied to the peer hosts' RAM only (no "

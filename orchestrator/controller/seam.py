@@ -149,6 +149,8 @@ class Saved:
     step: int
     committed_step: int | None
     save_s: float
+    complete: bool = True
+    """``copy_to_ram``: every host's copy reached its holders."""
 
 
 # ---- the protocols ----------------------------------------------------------------------------
@@ -193,9 +195,11 @@ class WorkerGroup(Protocol):
     def save(self) -> Saved:
         """Save the current step and wait until it is committed."""
 
-    def copy_to_ram(self) -> Saved:
+    def copy_to_ram(self, *, persist: bool = False) -> Saved:
         """Copy the current step to the RAM tier's holders and wait until they have it
-        (``committed_step`` None: nothing durable); for notices too short for ``save``."""
+        (``committed_step`` None: nothing durable yet); for notices too short for ``save``.
+        ``persist``: the holders also write it durably, in the background (a drain that hands
+        the state over in RAM and persists after the switch)."""
 
     def notices(self) -> list[dict]:
         """Notices the hosts' metadata watchers pushed since the last call (driver-owned queue,

@@ -57,7 +57,8 @@ class RunSummary:
         for r in self.recoveries:
             lines.append(f"  recovery ({r.get('kind')}, {r.get('cause')}): "
                          f"to first step {_fmt(r.get('to_first_step_s'), 's')}, lost "
-                         f"{r.get('lost_steps', 0)}, phases {r.get('phases_s')}")
+                         f"{r.get('lost_steps', 0)}, phases {r.get('phases_s')}"
+                         + (f", processes {r['processes']}" if r.get("processes") else ""))
         lines.append(f"  run dir: {run_dir}")
         return "\n".join(lines)
 

@@ -169,7 +169,7 @@ class SimGroup:
     def save(self) -> Saved:
         return self._call(self._save)
 
-    def copy_to_ram(self) -> Saved:
+    def copy_to_ram(self, *, persist: bool = False) -> Saved:
         raise NotImplementedError("the simulator models no RAM tier: run it with "
                                   "checkpoint.ram.enabled=false")
 

@@ -95,6 +95,7 @@ class FakeFleet:
         self.formed_instance_ids: dict[str, str] = {}
         self.copy_s = 0.05
         self.ram_copies: list[int] = []  # steps copied to the RAM tier (copy_to_ram)
+        self.persisted: list[int] = []  # of those, steps the holders were asked to persist
 
     def on_step(self, step: int, fn: Callable[[FakeGroup], object]) -> None:
         """Run ``fn(group)`` when a group reaches ``step``; a returned failure status ends the
@@ -210,9 +211,10 @@ class FakeGroup:
             self.fleet.disk.committed.append(self.step)
         return Saved(step=self.step, committed_step=self.step, save_s=self.fleet.save_s)
 
-    def copy_to_ram(self) -> Saved:
+    def copy_to_ram(self, *, persist: bool = False) -> Saved:
         self.fleet.clock.sleep(self.fleet.copy_s)
         self.fleet.ram_copies.append(self.step)
+        self.fleet.persisted.extend([self.step] if persist else [])
         return Saved(step=self.step, committed_step=None, save_s=self.fleet.copy_s)
 
     def notices(self) -> list[dict]:

@@ -84,3 +84,23 @@ def test_without_a_standby_the_failed_slice_is_re_formed_after_backoff(tmp_path)
     assert sim.run().state == "SUCCEEDED"
     assert {h.slice_name for h in sim.fleet.groups[1].spec.plan.hosts} == {"s0", "s1"}
     assert "BACKOFF" in sim.states()
+
+
+def test_a_drain_with_the_ram_tier_hands_over_in_ram_and_persists_after(tmp_path):
+    """Time for a durable save, the RAM tier on with durable_from_ram: the drain copies the
+    step to the holders and asks them to persist it (no device save in the downtime); the
+    final save at the end is still a device save."""
+    sim = make(tmp_path, "checkpoint.ram.enabled=true", spare=("s1",))
+    sim.fleet.on_step(7, lambda g: sim.notice(host="vm-s0-1"))
+    summary = sim.run()
+    assert summary.state == "SUCCEEDED" and summary.lost_steps == 0
+    assert sim.fleet.persisted == sim.fleet.ram_copies == [8]  # the step the drain stopped at
+    assert summary.restores[1]["restored_step"] == 8
+
+
+def test_without_durable_from_ram_a_drain_saves_from_the_devices(tmp_path):
+    sim = make(tmp_path, "checkpoint.ram.enabled=true", "checkpoint.ram.durable_from_ram=false",
+               spare=("s1",))
+    sim.fleet.on_step(7, lambda g: sim.notice(host="vm-s0-1"))
+    assert sim.run().state == "SUCCEEDED"
+    assert sim.fleet.persisted == [] and sim.fleet.ram_copies == []

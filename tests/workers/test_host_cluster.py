@@ -122,7 +122,9 @@ def test_a_released_process_and_a_standby_form_the_next_group(cluster, cfg, tmp_
         g.get([a.run_steps.remote(4, chunk=1, save_steps=[4]) for a in g.actors])
         g.call("save", wait=True)
         pid0 = g.call("info")[0]["pid"]
-        released = g.call("release")
+        g.call("quiesce")
+        # process 0 runs the coordination service: it leaves last (WarmPool.park's order)
+        released = [ray.get(g.actors[i].release.remote(), timeout=60) for i in (1, 0)]
         assert all(r["pid"] for r in released)
         ray.kill(g.actors[1], no_restart=True)
         h1 = g.plan.hosts[1]
@@ -153,7 +155,9 @@ def test_rejoin_refuses_a_process_that_still_trains_or_another_node(cluster, cfg
         g.form()
         with pytest.raises(ray.exceptions.RayTaskError, match="release"):
             ray.get(g.actors[0].rejoin.remote(g.specs[0], {}), timeout=60)
-        g.call("release")
+        g.call("quiesce")
+        for i in (1, 0):
+            ray.get(g.actors[i].release.remote(), timeout=60)
         with pytest.raises(ray.exceptions.RayTaskError, match="cannot change hosts"):
             ray.get(g.actors[0].rejoin.remote(g.specs[1], {}), timeout=60)
     finally:
@@ -175,6 +179,9 @@ class _Warmable:
             raise RuntimeError(f"{method} refused")
         return {"pid": os.getpid(), "release_s": 0.01}
 
+    def quiesce(self) -> dict:
+        return self._answer("quiesce")
+
     def release(self) -> dict:
         return self._answer("release")
 
@@ -186,6 +193,12 @@ class _Warmable:
 
     def info(self) -> dict:
         return {"pid": os.getpid()}
+
+
+def _pinned(h: Any) -> Any:
+    """A stand-in holding ``h``'s TPU resource on ``h``'s node, as a host process does."""
+    return _Warmable.options(resources={"TPU": h.devices}, scheduling_strategy=(
+        NodeAffinitySchedulingStrategy(node_id=h.node_id, soft=False))).remote(None, {})
 
 
 def _dead(actor: Any) -> bool:
@@ -222,11 +235,10 @@ def test_a_group_starts_a_fresh_process_where_a_warm_one_fails_to_rejoin(cluster
     hosts = cluster.hosts("pod")
     plan = plan_mesh(cfg, hosts, platform="cpu", hosts_per_slice=2)
     pool = WarmPool(start_standby=lambda h: _Warmable.remote(None, {}))
-    parked = _Warmable.options(resources={"TPU": hosts[0].devices}).remote(None, {})
+    parked = _pinned(hosts[0])
     ray.get(parked.fail_on.remote("rejoin"))
     pool.parked[hosts[0].node_id] = parked
-    pool.standby[hosts[1].node_id] = _Warmable.options(
-        resources={"TPU": hosts[1].devices}).remote(None, {})
+    pool.standby[hosts[1].node_id] = _pinned(hosts[1])
     group_cls = type("G", (RayWorkerGroup,), {"actor_cls": _Warmable})
     group = group_cls(GroupSpec(plan=plan, cfg=cfg, incarnation=1, run_dir=str(tmp_path)),
                       pool=pool, reuse=True)

@@ -1,0 +1,145 @@
+"""Warm re-forms, side by side in one run: what an announced preemption and a kill -9 cost with
+cold processes (every re-form starts new ones) and with warm ones (survivors re-initialised in
+process, a standby on the spare slice).
+
+``python -m bench.warm [--repeats N]``. Each repeat runs, one after another (interleaved, so
+load drift hits every system), ``python -m orchestrator.main`` on its own emulated cluster of
+two 1-host slices plus one spare slice (2 CPU devices each, the default tiny model), the RAM
+tier on (restores read it), a durable save every 10 steps:
+
+| system | ``controller.warm`` | event at step 25 on host 1 |
+|---|---|---|
+| notice-cold | reuse_processes=off, standby_slices=0 | preemption notice, 30 s deadline |
+| notice-warm | reuse_processes=on, standby_slices=1 | the same |
+| kill-cold | reuse_processes=off, standby_slices=0 | kill -9 before the step after 25 |
+| kill-warm | reuse_processes=on, standby_slices=1 | the same |
+
+Per run, from ``summary.json``'s recovery: *to first step* (notice or failure seen → first
+productive step on the new mesh), *downtime* (announced: the drain's step boundary, the old
+mesh's last productive step, → the first productive step on the new mesh), the phases, steps
+lost and how the new group got its processes. Output: a table on stdout and
+``bench/results/warm-<time>.json``; a run started at a 1-minute load >= 1.5 makes the whole
+run NOT A RESULT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench import machine
+from bench.orchestrated import run_main
+from bench.tiers import wait_for_idle
+
+TOPOLOGY = ["cluster.emulate.slices=2", "cluster.emulate.hosts_per_slice=1",
+            "cluster.emulate.devices_per_host=2", "cluster.emulate.spare_slices=1",
+            "checkpoint.ram.enabled=true", "controller.checkpoint_interval.every_steps=10",
+            "metrics.console_every_steps=0", "run.total_steps=60"]
+COLD = ["controller.warm.reuse_processes=off", "controller.warm.standby_slices=0"]
+WARM = ["controller.warm.reuse_processes=on", "controller.warm.standby_slices=1"]
+NOTICE = "controller.chaos=[{at_step: 25, host: 1, kind: preempt, deadline_s: 30}]"
+KILL = "controller.chaos=[{at_step: 25, host: 1, kind: kill}]"
+SYSTEMS = {"notice-cold": [*COLD, NOTICE], "notice-warm": [*WARM, NOTICE],
+           "kill-cold": [*COLD, KILL], "kill-warm": [*WARM, KILL]}
+
+
+def measure(system: str, run_dir: Path, *, timeout_s: float) -> dict:
+    before = machine.load_average()
+    t0 = time.time()
+    code, rd = run_main(run_dir, [*TOPOLOGY, f"run.name=warm-{system}", *SYSTEMS[system]],
+                        timeout_s=timeout_s)
+    s = rd.summary
+    rec = (s.get("recoveries") or [{}])[0]
+    first, boundary = rec.get("first_step_at"), rec.get("boundary_at")
+    return {"system": system, "exit_code": code, "state": s.get("state"),
+            "to_first_step_s": rec.get("to_first_step_s"),
+            "downtime_s": round(first - boundary, 3) if first and boundary else None,
+            "phases_s": rec.get("phases_s", {}), "processes": rec.get("processes", {}),
+            "lost_steps": s.get("lost_steps"), "wall_s": round(time.time() - t0, 1),
+            "load_before": before, "load_after": machine.load_average(), "run_dir": str(run_dir)}
+
+
+def _stats(xs: list[float]) -> dict:
+    xs = [x for x in xs if x is not None]
+    if not xs:
+        return {"n": 0}
+    return {"median": round(statistics.median(xs), 3), "min": round(min(xs), 3),
+            "max": round(max(xs), 3), "n": len(xs)}
+
+
+def figures(runs: list[dict]) -> dict:
+    out: dict = {}
+    for system in SYSTEMS:
+        mine = [r for r in runs if r["system"] == system and r["state"] == "SUCCEEDED"]
+        phases = sorted({k for r in mine for k in r["phases_s"]})
+        out[system] = {"to_first_step_s": _stats([r["to_first_step_s"] for r in mine]),
+                       "downtime_s": _stats([r["downtime_s"] for r in mine]),
+                       "phases_s": {k: _stats([r["phases_s"].get(k) for r in mine])
+                                    for k in phases},
+                       "lost_steps": [r["lost_steps"] for r in mine],
+                       "processes": [r["processes"] for r in mine],
+                       "failed_runs": sum(r["state"] != "SUCCEEDED" for r in runs
+                                          if r["system"] == system)}
+    return out
+
+
+def render(result: dict) -> str:
+    f, v = result["figures"], result["validity"]
+    lines = [f"warm re-forms ({'VALID' if v['valid'] else 'NOT A RESULT'}: max 1-minute load "
+             f"before a run {v['max_load_1min_before']}, threshold {v['threshold']})", "",
+             "| system | to first step (s) | downtime (s) | FORMING (s) | lost | processes |",
+             "|---|---|---|---|---|---|"]
+
+    def cell(s: dict) -> str:
+        return f"{s['median']} [{s['min']}-{s['max']}] ({s['n']})" if s.get("n") else "-"
+
+    for system, x in f.items():
+        lines.append(f"| {system} | {cell(x['to_first_step_s'])} | {cell(x['downtime_s'])} | "
+                     f"{cell(x['phases_s'].get('FORMING', {}))} | {x['lost_steps']} | "
+                     f"{x['processes'][0] if x['processes'] else '-'} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--systems", default=",".join(SYSTEMS))
+    p.add_argument("--timeout-s", type=float, default=600.0)
+    p.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    args = p.parse_args(argv)
+    systems = [s for s in args.systems.split(",") if s]
+    if unknown := sorted(set(systems) - set(SYSTEMS)):
+        p.error(f"unknown systems {unknown}; choose from {', '.join(SYSTEMS)}")
+    scratch = Path(tempfile.mkdtemp(prefix="bench-warm-"))
+    print(f"scratch: {scratch}", flush=True)
+    runs, loads = [], []
+    started = time.time()
+    for repeat in range(args.repeats):
+        for system in systems:
+            wait_for_idle()
+            out = measure(system, scratch / f"{repeat}-{system}", timeout_s=args.timeout_s)
+            out["repeat"] = repeat
+            runs.append(out)
+            loads.append({"measurement": f"{repeat}/{system}", "before": out["load_before"],
+                          "after": out["load_after"]})
+            print(f"  {repeat}/{system}: {out['state']} to first step {out['to_first_step_s']} s "
+                  f"downtime {out['downtime_s']} s (load {out['load_before']})", flush=True)
+    result = {"machine": machine.describe(), "settings": vars(args), "runs": runs,
+              "figures": figures(runs), "validity": machine.validity(loads),
+              "seconds": round(time.time() - started, 1)}
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"warm-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json"
+    path.write_text(json.dumps(result, indent=1, default=str))
+    print(render(result))
+    print(f"\nwritten: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
