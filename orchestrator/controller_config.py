@@ -160,12 +160,18 @@ class WarmConfig:
     standby_slices: int = 0
     """Spare slices whose hosts keep a warm standby process (JAX imported, no runtime): a
     re-form onto them skips the process start and the imports. 0 = none."""
+    handover_max_s: float = 20.0
+    """On a notice that leaves time, training goes on (HANDING_OVER) for at most this long
+    while the replacement hosts warm up, then drains; 0 = drain at once."""
 
     def __post_init__(self) -> None:
         _need(self.reuse_processes in ("auto", "on", "off"), "warm.reuse_processes",
               f"{self.reuse_processes!r} is not auto, on or off", "use auto, on or off")
         _need(self.standby_slices >= 0, "warm.standby_slices", f"{self.standby_slices} < 0",
               "set the number of spare slices to keep warm, 0 = none")
+        _need(_finite(self.handover_max_s) and self.handover_max_s >= 0,
+              "warm.handover_max_s", f"{self.handover_max_s} is not >= 0",
+              "set seconds to train on while the replacement warms up, 0 = drain at once")
 
     def reuse(self, platform: str) -> bool:
         return self.reuse_processes == "on" or (self.reuse_processes == "auto"

@@ -34,6 +34,7 @@ class RunState(StrEnum):
     RESTORING = "RESTORING"
     COMPILING = "COMPILING"
     RUNNING = "RUNNING"
+    HANDING_OVER = "HANDING_OVER"
     DRAINING = "DRAINING"
     CHECKPOINTING = "CHECKPOINTING"
     RELEASING = "RELEASING"
@@ -48,7 +49,8 @@ class RunState(StrEnum):
 
 
 S = RunState
-_ACTIVE = frozenset({S.FORMING, S.RESTORING, S.COMPILING, S.RUNNING, S.DRAINING, S.CHECKPOINTING})
+_ACTIVE = frozenset({S.FORMING, S.RESTORING, S.COMPILING, S.RUNNING, S.HANDING_OVER, S.DRAINING,
+                     S.CHECKPOINTING})
 
 # The only allowed moves. Read a row as "from this state the controller may go to ...".
 # FAILED is reachable from every non-terminal state (a budget or a fatal error can end the run
@@ -62,7 +64,10 @@ TRANSITIONS: dict[RunState, frozenset[RunState]] = {
     S.RESTORING: frozenset({S.COMPILING, S.RELEASING, S.FAILED}),
     S.COMPILING: frozenset({S.RUNNING, S.RELEASING, S.FAILED}),
     # notice / grow / operator -> DRAINING; lost host or timeout -> RELEASING; target -> final save
-    S.RUNNING: frozenset({S.DRAINING, S.CHECKPOINTING, S.RELEASING, S.FAILED}),
+    S.RUNNING: frozenset({S.HANDING_OVER, S.DRAINING, S.CHECKPOINTING, S.RELEASING, S.FAILED}),
+    # a notice with time to spare: training goes on while the replacement hosts warm up; drain
+    # when they are warm or at the last safe moment (then the re-form starts cold)
+    S.HANDING_OVER: frozenset({S.DRAINING, S.CHECKPOINTING, S.RELEASING, S.FAILED}),
     # all hosts stopped at one step boundary: save, or skip the save (short deadline)
     S.DRAINING: frozenset({S.CHECKPOINTING, S.RELEASING, S.FAILED}),
     # synchronous save: then tear down (re-form, stop) or finish
@@ -105,6 +110,15 @@ class Draining:
 
 
 @dataclass(frozen=True, kw_only=True)
+class HandingOver:
+    """The replacement hosts warming while the old group trains, and the latest drain time."""
+
+    event_id: str
+    hosts: tuple[str, ...]
+    until: float
+
+
+@dataclass(frozen=True, kw_only=True)
 class Backoff:
     until: float
     cause: StopCause
@@ -142,13 +156,14 @@ class Compiling:
     nbytes: int = 0
 
 
-Payload = (Failed | WaitingForCapacity | Draining | Backoff | Checkpointing | Releasing
-           | Restoring | Compiling)
+Payload = (Failed | WaitingForCapacity | HandingOver | Draining | Backoff | Checkpointing
+           | Releasing | Restoring | Compiling)
 
 # States whose payload must be given, and states whose payload may be given.
 REQUIRED_PAYLOAD: dict[RunState, type] = {
     S.FAILED: Failed,
     S.WAITING_FOR_CAPACITY: WaitingForCapacity,
+    S.HANDING_OVER: HandingOver,
     S.DRAINING: Draining,
     S.BACKOFF: Backoff,
 }

@@ -84,6 +84,16 @@ class RayClusterView:
         return gone
 
 
+def _wait_listening(host: str, port: int, *, timeout_s: float) -> bool:
+    """Whether ``host:port`` accepts a TCP connection within ``timeout_s`` (polled)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if _accepts(host, port, 0.2):
+            return True
+        time.sleep(0.01)
+    return False
+
+
 def _accepts(host: str, port: int, timeout_s: float) -> bool:
     if not host or port <= 0:
         return True  # nothing to probe: trust the GCS
@@ -123,6 +133,7 @@ class RayWorkerGroup:
         self.pool = pool
         self.reuse = reuse and pool is not None
         self.origins: list[str] = []
+        self._warming: list[str] = []
         self.timeouts = spec.cfg.timeouts
         self.metadata_settings = metadata_settings
         self.queue = notice_queue
@@ -134,14 +145,19 @@ class RayWorkerGroup:
     # ---- phases ---------------------------------------------------------------------------
 
     def form(self) -> Formed:
+        marks = [("start", time.perf_counter())]
         self._start()
         for host, fault in self.spec.init_faults:
             self._get([self.actors[host].inject_fault.remote(fault)], "init", 30.0)
+        marks.append(("actors", time.perf_counter()))
         self._initialize()
+        marks.append(("init", time.perf_counter()))
         self._get([a.build.remote() for a in self.actors], "restore", self.timeouts.restore_s)
+        marks.append(("build", time.perf_counter()))
         if self.ram is not None:
             self._get(self.ram.attach_calls(self.actors, self.spec.plan,
                                             incarnation=self.spec.incarnation), "init", 60.0)
+            marks.append(("ram_attach", time.perf_counter()))
         watching, ids = 0, {}
         if self.metadata_settings is not None:
             out = self._get([a.start_metadata_watcher.remote(self.metadata_settings, self.queue)
@@ -153,7 +169,10 @@ class RayWorkerGroup:
             ids = {str(i): str(n) for i, n in (f for f in found if f)}
         if self.pool is not None:
             self.pool.ensure_standby(self.spec.standby)
+        marks.append(("watchers_standby", time.perf_counter()))
         processes = {k: self.origins.count(k) for k in ("fresh", "parked", "standby")}
+        log.info("form_timing", **{name: round(t - prev, 3) for (name, t), (_, prev)
+                                   in zip(marks[1:], marks[:-1], strict=True)})
         return Formed(hosts=len(self.spec.plan.hosts), metadata_watchers=watching,
                       instance_ids=ids, processes=processes)
 
@@ -249,6 +268,16 @@ class RayWorkerGroup:
             log.warning("ram_copy_incomplete", hosts=refused)
         return Saved(step=int(outs[0]["step"]), committed_step=None,
                      save_s=time.perf_counter() - t0, complete=not refused)
+
+    def warm_up(self, hosts: Sequence[HostRef]) -> bool:
+        if self.pool is None:
+            return False
+        self._warming = [h.node_id for h in hosts]
+        self.pool.ensure_standby([*self.spec.standby, *hosts])
+        return True
+
+    def warm_ready(self) -> bool:
+        return self.pool is not None and self.pool.ready(self._warming)
 
     def notices(self) -> list[dict]:
         if self.queue is None:
@@ -370,9 +399,14 @@ class RayWorkerGroup:
         """Join one JAX distributed runtime, coordinator on host 0; bounded by init_s."""
         t = self.timeouts
         coord = self._get([self.actors[0].coordinator_address.remote()], "init", t.init_s)[0]
-        refs = [a.initialize.remote(coord, len(self.actors), i)
-                for i, a in enumerate(self.actors)]
         started = time.monotonic()
+        refs = [self.actors[0].initialize.remote(coord, len(self.actors), 0)]
+        # A client that finds no service retries after ~1 s: ask the others once process 0's
+        # coordination service listens (bounded: they would still connect, only later).
+        host, port = coord.rsplit(":", 1)
+        _wait_listening(host, int(port), timeout_s=min(5.0, t.init_s))
+        refs += [a.initialize.remote(coord, len(self.actors), i)
+                 for i, a in enumerate(self.actors) if i > 0]
         try:
             self._wait(refs, "init", t.init_s + 15)
         except GroupFailed as exc:
@@ -485,6 +519,9 @@ class RayGroups:
 
     def _start_standby(self, h: HostRef) -> Any:
         env = device_env(platform=self.cluster.platform(), devices_per_host=h.devices)
+        if self.ram is not None:  # its holder too, so a re-form there starts no holder either
+            _, holder = self.ram.holder(h.node_id)
+            holder.serve.remote(self.ram.token)
         return spawn(self.group_cls.actor_cls, h, env, None)
 
     def close(self) -> None:

@@ -43,6 +43,7 @@ class WarmPool:
         self.release_timeout_s = release_timeout_s
         self.parked: dict[str, Any] = {}
         self.standby: dict[str, Any] = {}
+        self.warming: dict[str, Any] = {}  # node id -> the standby's ``warm`` call
         self.stats = PoolStats()
 
     def park(self, actors: Sequence[tuple[str, Any]], *, coordinator: str | None = None,
@@ -95,6 +96,7 @@ class WarmPool:
             self.stats.taken_parked += 1
             return actor, "parked"
         if (actor := self.standby.pop(node_id, None)) is not None:
+            self.warming.pop(node_id, None)
             self.stats.taken_standby += 1
             return actor, "standby"
         return None
@@ -111,13 +113,15 @@ class WarmPool:
         wanted = {h.node_id: h for h in hosts}
         for node_id in [n for n in self.standby if n not in wanted]:
             _kill(self.standby.pop(node_id))
+            self.warming.pop(node_id, None)
         started = 0
         for node_id, h in wanted.items():
             if node_id in self.standby:
                 continue
             try:
                 actor = self.start_standby(h)
-                actor.warm.remote()  # not awaited: a rejoin queued behind it just waits
+                # not awaited: a rejoin queued behind it just waits
+                self.warming[node_id] = actor.warm.remote()
             except Exception as exc:  # a standby is an optimisation
                 log.warning("standby_start_failed", node=node_id[:12], error=str(exc)[:300])
                 continue
@@ -126,12 +130,23 @@ class WarmPool:
         self.stats.standbys_started += started
         return started
 
+    def ready(self, node_ids: Sequence[str]) -> bool:
+        """Whether the standbys on ``node_ids`` finished warming (a failed warm counts as
+        finished: its rejoin fails and a fresh process replaces it)."""
+        refs = [self.warming[n] for n in node_ids if n in self.warming]
+        if len(refs) < len([n for n in node_ids if n in self.standby]):
+            return False
+        if not refs:
+            return all(n in self.standby for n in node_ids)
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        return len(done) == len(refs)
+
     def close(self) -> None:
         """Kill every process kept here (the run is over)."""
         self.drop_parked()
         for actor in self.standby.values():
             _kill(actor)
-        self.standby = {}
+        self.standby, self.warming = {}, {}
 
 
 def _kill(actor: Any) -> None:

@@ -40,6 +40,8 @@ class PlacementObservation:
     available_slices: tuple[str, ...]
     target_slices: int
     waiting_since: float | None = None
+    warm_slices: tuple[str, ...] = ()
+    """Slices with warm processes (the last mesh's, standbys): chosen before cold ones."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,7 +69,9 @@ class PlacementPolicy:
         obs = observation
         have = len(obs.available_slices)
         if have >= obs.target_slices:
-            chosen = tuple(sorted(obs.available_slices))[: obs.target_slices]
+            warm = set(obs.warm_slices)
+            chosen = tuple(sorted(sorted(obs.available_slices, key=lambda s: (s not in warm, s))
+                                  [: obs.target_slices]))
             return PlacementDecision(
                 kind=PlacementKind.FORM,
                 slices=chosen,

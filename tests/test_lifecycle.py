@@ -22,6 +22,7 @@ from orchestrator.lifecycle import (
     Compiling,
     Draining,
     Failed,
+    HandingOver,
     IllegalTransition,
     Lifecycle,
     LifecycleError,
@@ -56,6 +57,7 @@ def payload_for(state: RunState):
     return {
         S.FAILED: Failed(reason="budget exhausted", cause=StopCause.HOST_LOST),
         S.WAITING_FOR_CAPACITY: WaitingForCapacity(deadline=2000.0, needed_slices=1),
+        S.HANDING_OVER: HandingOver(event_id="ev-1", hosts=("vm-2",), until=1020.0),
         S.DRAINING: Draining(event_id="ev-1", deadline=1030.0, doomed_hosts=("h1",)),
         S.BACKOFF: Backoff(until=1010.0, cause=StopCause.HOST_LOST),
     }.get(state)

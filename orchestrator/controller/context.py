@@ -72,6 +72,9 @@ class Pending:
     noticed_at: float | None = None
     event: Any = None
     reaction: Any = None  # the merged policies.reaction.Reaction behind an event-driven drain
+    handover_started: float | None = None  # when HANDING_OVER began
+    handover_until: float | None = None  # HANDING_OVER: drain by then even if not warm
+    handover: str = ""  # how the handover ended: "ready" or "not ready: ..." (empty: none)
 
 
 @dataclass

@@ -31,6 +31,7 @@ HANDLERS: dict[RunState, Callable[[Run], Next]] = {
     S.RESTORING: forming.restoring,
     S.COMPILING: forming.compiling,
     S.RUNNING: running.running,
+    S.HANDING_OVER: running.running,  # the same loop; the drain waits for the warm-up
     S.DRAINING: draining.draining,
     S.CHECKPOINTING: draining.checkpointing,
     S.RELEASING: recovering.releasing,

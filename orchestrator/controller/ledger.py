@@ -40,6 +40,10 @@ class Recovery:
     phases_s: dict[str, float] = field(default_factory=dict)
     processes: dict[str, int] = field(default_factory=dict)
     """How the group after it got its processes: fresh, parked (kept warm), standby."""
+    handover: str | None = None
+    """Announced: how HANDING_OVER ended ("ready", or why not); None without one."""
+    handover_s: float | None = None
+    """Seconds the old group trained on while the replacement warmed (productive)."""
 
     def to_json(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if v not in (None, [], {})}

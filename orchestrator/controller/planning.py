@@ -61,9 +61,12 @@ def planning(run: Run) -> Next:
     hps = p.hosts_per_slice or hosts_per_slice(run, hosts)
     now = run.now()
     available = hot_swap(run, complete_slices(hosts, hps))
+    warm = {h.slice_name for h in p.standby} | (
+        {h.slice_name for h in p.plan.hosts} if p.plan is not None else set())
     decision = run.policies.placement.decide(PlacementObservation(
         now=now, available_slices=tuple(available),
-        target_slices=p.target_slices, waiting_since=p.waiting_since))
+        target_slices=p.target_slices, waiting_since=p.waiting_since,
+        warm_slices=tuple(sorted(warm))))
     if decision.kind in (PlacementKind.FORM, PlacementKind.SHRINK):
         wanted = set(decision.slices)  # a set: hosts x slices comparisons at pod scale
         chosen = [h for h in hosts if h.slice_name in wanted]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from orchestrator.controller import recovering
+from orchestrator.controller import handover, recovering
 from orchestrator.controller.context import Next, Pending, Run, log
 from orchestrator.controller.planning import complete_slices, usable_hosts
 from orchestrator.controller.seam import Hung, Progress, Running
@@ -33,7 +33,7 @@ def running(run: Run) -> Next:
                         Checkpointing(purpose="final"))
         run.reactions.poll(in_mesh=True)
         if _drain_due(run):
-            return _enter_drain(run)
+            return _drain_or_handover(run)
         every = save_interval(run)
         until = chunk_end(run, every)
         save_steps = [s for s in range(step + 1, until + 1) if s % every == 0]
@@ -41,7 +41,7 @@ def running(run: Run) -> Next:
             plugin.before_chunk(run, step, until)
         run.reactions.poll(in_mesh=True)  # what the plug-ins just sent acts at this boundary
         if _drain_due(run):
-            return _enter_drain(run)
+            return _drain_or_handover(run)
         run.chunk += 1
         assert run.group is not None
         run.group.start_chunk(until, chunk=run.chunk, save_steps=save_steps)
@@ -49,7 +49,7 @@ def running(run: Run) -> Next:
         if not isinstance(status, Progress):
             return recovering.after_failure(run, status)
         _absorb(run, status)
-        _finish_recovery(run)
+        _finish_recovery(run, status)
         _check_grow(run)
 
 
@@ -99,7 +99,16 @@ def revise_drain_step(run: Run) -> None:
 
 def _drain_due(run: Run) -> bool:
     p = run.pending
-    return p is not None and (p.at_step is None or run.ledger.step >= p.at_step)
+    return (p is not None and (p.at_step is None or run.ledger.step >= p.at_step)
+            and (p.handover_until is None or handover.drain_now(run)))
+
+
+def _drain_or_handover(run: Run) -> Next:
+    if run.lifecycle.state is S.RUNNING:
+        nxt = handover.begin(run)
+        if nxt is not None:
+            return nxt
+    return _enter_drain(run)
 
 
 def _wait_chunk(run: Run, *, steps: int):
@@ -140,16 +149,22 @@ def step_context(run: Run) -> dict:
             "tokens": cfg.train.global_batch * (cfg.model.seq_len - 1)}
 
 
-def _finish_recovery(run: Run) -> None:
+def _finish_recovery(run: Run, status: Progress) -> None:
+    """Close the open recovery at its first productive step: host 0's record of the chunk's
+    first step says when it ended (the driver hears of it only at the chunk's end)."""
     r = run.ledger.open_recovery
     if r is None:
         return
     t0 = r.boundary_at or r.started_at
+    ends = [float(x["wall_time"]) for x in status.records if x.get("wall_time") is not None]
+    first = min(ends) if ends else None
     phases: dict[str, float] = {}
     for t in run.lifecycle.timeline:
-        if t.at >= t0 and t.prev is not None and t.prev is not S.RUNNING:
+        if t.at >= t0 and t.prev is not None and t.prev not in (S.RUNNING, S.HANDING_OVER):
             phases[t.prev.value] = round(phases.get(t.prev.value, 0.0) + t.prev_duration_s, 3)
-    done = run.ledger.close_recovery(now=run.now(), phases_s=phases)
+    now = run.now()
+    done = run.ledger.close_recovery(
+        now=first if first is not None and t0 <= first <= now else now, phases_s=phases)
     if done is not None:
         log.info("recovered", **{k: v for k, v in done.to_json().items() if k != "phases_s"},
                  phases=phases)
@@ -180,8 +195,11 @@ def _enter_drain(run: Run) -> Next:
     p = run.pending
     assert p is not None
     if not p.regrow and not p.final:
-        run.ledger.open_announced(cause=p.cause, event_id=p.event_id,
-                                  noticed_at=p.noticed_at or run.now(), now=run.now())
-    return Next(S.DRAINING, p.reason, Draining(
+        r = run.ledger.open_announced(cause=p.cause, event_id=p.event_id,
+                                      noticed_at=p.noticed_at or run.now(), now=run.now())
+        if p.handover_started is not None:
+            r.handover, r.handover_s = p.handover, round(run.now() - p.handover_started, 3)
+    reason = f"{p.reason} (handover: {p.handover})" if p.handover else p.reason
+    return Next(S.DRAINING, reason, Draining(
         event_id=p.event_id, deadline=p.deadline, doomed_hosts=tuple(sorted(p.doomed)),
         cause=p.cause))

@@ -201,6 +201,13 @@ class WorkerGroup(Protocol):
         ``persist``: the holders also write it durably, in the background (a drain that hands
         the state over in RAM and persists after the switch)."""
 
+    def warm_up(self, hosts: Sequence[HostRef]) -> bool:
+        """Start warm standby processes on ``hosts`` (the next mesh's new hosts) while this
+        group trains; False if this seam keeps no warm processes."""
+
+    def warm_ready(self) -> bool:
+        """Whether every host ``warm_up`` was asked for has its process warm."""
+
     def notices(self) -> list[dict]:
         """Notices the hosts' metadata watchers pushed since the last call (driver-owned queue,
         so a notice survives its host)."""

@@ -169,6 +169,12 @@ class SimGroup:
     def save(self) -> Saved:
         return self._call(self._save)
 
+    def warm_up(self, hosts) -> bool:
+        return False  # the simulator models no warm processes: a drain is immediate
+
+    def warm_ready(self) -> bool:
+        return True
+
     def copy_to_ram(self, *, persist: bool = False) -> Saved:
         raise NotImplementedError("the simulator models no RAM tier: run it with "
                                   "checkpoint.ram.enabled=false")

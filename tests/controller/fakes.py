@@ -96,6 +96,8 @@ class FakeFleet:
         self.copy_s = 0.05
         self.ram_copies: list[int] = []  # steps copied to the RAM tier (copy_to_ram)
         self.persisted: list[int] = []  # of those, steps the holders were asked to persist
+        self.warmed: list[list[str]] = []  # hosts each warm_up was asked for
+        self.warm_after_polls: int | None = 3  # warm_ready after this many probes (None: no pool)
 
     def on_step(self, step: int, fn: Callable[[FakeGroup], object]) -> None:
         """Run ``fn(group)`` when a group reaches ``step``; a returned failure status ends the
@@ -122,6 +124,7 @@ class FakeGroup:
         self.injected: list[tuple[int, dict]] = list(spec.init_faults)
         self.shutdowns: list[bool] = []
         self.kept_processes: list[bool] = []
+        self._warm_polls = 0
         self.hang = False
 
     # -- phases --
@@ -210,6 +213,16 @@ class FakeGroup:
         if self.step not in self.fleet.disk.committed:
             self.fleet.disk.committed.append(self.step)
         return Saved(step=self.step, committed_step=self.step, save_s=self.fleet.save_s)
+
+    def warm_up(self, hosts) -> bool:
+        self.fleet.warmed.append([h.instance for h in hosts])
+        self._warm_polls = 0
+        return self.fleet.warm_after_polls is not None
+
+    def warm_ready(self) -> bool:
+        self._warm_polls += 1
+        return (self.fleet.warm_after_polls is not None
+                and self._warm_polls >= self.fleet.warm_after_polls)
 
     def copy_to_ram(self, *, persist: bool = False) -> Saved:
         self.fleet.clock.sleep(self.fleet.copy_s)

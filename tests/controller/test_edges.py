@@ -24,6 +24,23 @@ def announced(tmp) -> Sim:
     return sim
 
 
+def handover_interrupted(tmp) -> Sim:
+    """A notice starts a handover that never gets warm; a host dies meanwhile."""
+    sim = make(tmp, spare=("s1",))
+    sim.fleet.warm_after_polls = 10**9
+    sim.fleet.on_step(6, lambda g: sim.notice(host="vm-s0-0"))
+    sim.fleet.on_step(9, lambda g: lost())
+    return sim
+
+
+def handover_to_the_end(tmp) -> Sim:
+    """The target is reached while the replacement still warms: the final save wins."""
+    sim = make(tmp, spare=("s1",))
+    sim.fleet.warm_after_polls = 10**9
+    sim.fleet.on_step(17, lambda g: sim.notice(host="vm-s0-0"))
+    return sim
+
+
 def short_deadline(tmp) -> Sim:
     sim = make(tmp, spare=("s1",))
     sim.fleet.on_step(7, lambda g: sim.notice(host="vm-s0-0", deadline_in=0.05))
@@ -81,8 +98,8 @@ def budget_spent(tmp) -> Sim:
     return sim
 
 
-SCENARIOS = [happy, announced, short_deadline, phase_failures, capacity_wait, stop_in_backoff,
-             stop_in_wait, budget_spent]
+SCENARIOS = [happy, announced, handover_interrupted, handover_to_the_end, short_deadline,
+             phase_failures, capacity_wait, stop_in_backoff, stop_in_wait, budget_spent]
 
 
 def _interrupted(tmp, state: RunState, monkeypatch) -> Sim:
@@ -97,7 +114,8 @@ def _interrupted(tmp, state: RunState, monkeypatch) -> Sim:
         return real(run)
 
     monkeypatch.setitem(core.HANDLERS, state, boom)
-    builder = {S.DRAINING: announced, S.CHECKPOINTING: happy, S.RELEASING: budget_spent,
+    builder = {S.DRAINING: announced, S.HANDING_OVER: announced, S.CHECKPOINTING: happy,
+               S.RELEASING: budget_spent,
                S.WAITING_FOR_CAPACITY: capacity_wait, S.BACKOFF: stop_in_backoff}.get(state, happy)
     sim = builder(tmp)
     sim.run()

@@ -122,6 +122,7 @@ def test_two_merged_notices_keep_the_earliest_deadline(tmp_path):
 def test_drain_waits_about_one_step_not_the_rest_of_the_chunk(tmp_path):
     """A notice mid-chunk raises the hosts' stop flag: the group stops at the next step."""
     sim = make(tmp_path, "run.steps_per_call=10", "controller.checkpoint_interval.every_steps=10",
+               "controller.warm.handover_max_s=0",
                spare=("s1",))
     sim.fleet.on_step(3, lambda g: sim.notice(host="vm-s0-0"))
     sim.run()

@@ -90,12 +90,14 @@ def test_a_drain_with_the_ram_tier_hands_over_in_ram_and_persists_after(tmp_path
     """Time for a durable save, the RAM tier on with durable_from_ram: the drain copies the
     step to the holders and asks them to persist it (no device save in the downtime); the
     final save at the end is still a device save."""
-    sim = make(tmp_path, "checkpoint.ram.enabled=true", spare=("s1",))
+    sim = make(tmp_path, "checkpoint.ram.enabled=true",
+               "controller.checkpoint_interval.every_steps=100", spare=("s1",))
     sim.fleet.on_step(7, lambda g: sim.notice(host="vm-s0-1"))
     summary = sim.run()
     assert summary.state == "SUCCEEDED" and summary.lost_steps == 0
-    assert sim.fleet.persisted == sim.fleet.ram_copies == [8]  # the step the drain stopped at
-    assert summary.restores[1]["restored_step"] == 8
+    drained = sim.fleet.ram_copies
+    assert len(drained) == 1 and sim.fleet.persisted == drained  # the step the drain stopped at
+    assert summary.restores[1]["restored_step"] == drained[0]
 
 
 def test_without_durable_from_ram_a_drain_saves_from_the_devices(tmp_path):
@@ -104,3 +106,73 @@ def test_without_durable_from_ram_a_drain_saves_from_the_devices(tmp_path):
     sim.fleet.on_step(7, lambda g: sim.notice(host="vm-s0-1"))
     assert sim.run().state == "SUCCEEDED"
     assert sim.fleet.persisted == [] and sim.fleet.ram_copies == []
+
+
+# ---- HANDING_OVER --------------------------------------------------------------------------
+
+
+def test_a_notice_with_time_trains_on_while_the_replacement_warms_then_drains(tmp_path):
+    """Slice s1's host is doomed 60 s ahead; the spare s2 has no standby: the run goes
+    HANDING_OVER (steps go on), asks the seam to warm s2's hosts, drains once they are warm,
+    and the next mesh is s0 + s2. The recovery records the handover."""
+    sim = make(tmp_path, "cluster.emulate.slices=2", slices=("s0", "s1"), spare=("s2",))
+    sim.fleet.on_step(7, lambda g: sim.notice(host="vm-s1-0"))
+    summary = sim.run()
+    assert summary.state == "SUCCEEDED" and summary.lost_steps == 0
+    states = sim.states()
+    assert states[states.index("HANDING_OVER") + 1] == "DRAINING"
+    assert sim.fleet.warmed == [["vm-s2-0", "vm-s2-1"]]
+    first, second = sim.fleet.groups
+    assert first.chunks[-1]["until"] > 7 + 1, "training went on while the replacement warmed"
+    assert {h.slice_name for h in second.spec.plan.hosts} == {"s0", "s2"}
+    rec = summary.recoveries[0]
+    assert rec["handover"] == "ready" and rec["handover_s"] > 0
+    drain = next(t for t in sim.controller.lifecycle.timeline if t.state.value == "DRAINING")
+    assert "handover: ready" in drain.reason
+
+
+def test_a_replacement_not_warm_by_the_last_safe_moment_drains_anyway_and_says_so(tmp_path):
+    sim = make(tmp_path, "cluster.emulate.slices=2", "controller.warm.handover_max_s=3",
+               "run.total_steps=100", slices=("s0", "s1"), spare=("s2",))
+    sim.fleet.warm_after_polls = 10**9  # never warm
+    sim.fleet.on_step(7, lambda g: sim.notice(host="vm-s1-0"))
+    summary = sim.run()
+    assert summary.state == "SUCCEEDED" and summary.lost_steps == 0
+    rec = summary.recoveries[0]
+    assert rec["handover"].startswith("not ready") and 2.9 <= rec["handover_s"] <= 4.0
+    drain = next(t for t in sim.controller.lifecycle.timeline if t.state.value == "DRAINING")
+    assert "not ready" in drain.reason and "cold" in drain.reason
+
+
+@pytest.mark.parametrize("why, overrides, notice", [
+    ("handover off", ("controller.warm.handover_max_s=0",), {}),
+    ("deadline too close", (), {"deadline_in": 3.0}),
+    ("no deadline", (), {"deadline_in": None}),
+])
+def test_no_handover_when_it_cannot_help(tmp_path, why, overrides, notice):
+    sim = make(tmp_path, "cluster.emulate.slices=2", *overrides, slices=("s0", "s1"),
+               spare=("s2",))
+    sim.fleet.on_step(7, lambda g: sim.notice(host="vm-s1-0", **notice))
+    assert sim.run().state == "SUCCEEDED", why
+    assert "HANDING_OVER" not in sim.states() and sim.fleet.warmed == []
+
+
+def test_no_handover_when_the_replacement_is_a_standby_already_or_the_run_shrinks(tmp_path):
+    sim = make(tmp_path, "cluster.emulate.slices=2", "controller.warm.standby_slices=1",
+               slices=("s0", "s1"), spare=("s2",))
+    sim.fleet.on_step(7, lambda g: sim.notice(host="vm-s1-0"))
+    assert sim.run().state == "SUCCEEDED"
+    assert "HANDING_OVER" not in sim.states()
+    shrink = make(tmp_path / "shrink", "cluster.emulate.slices=2", slices=("s0", "s1"))
+    shrink.fleet.on_step(7, lambda g: shrink.notice(host="vm-s1-0"))
+    assert shrink.run().state == "SUCCEEDED"
+    assert "HANDING_OVER" not in shrink.states()
+
+
+def test_a_failure_during_the_handover_is_an_ordinary_failure(tmp_path):
+    sim = make(tmp_path, "cluster.emulate.slices=2", slices=("s0", "s1"), spare=("s2",))
+    sim.fleet.warm_after_polls = 10**9
+    sim.fleet.on_step(7, lambda g: sim.notice(host="vm-s1-0"))
+    sim.fleet.on_step(9, lambda g: lost(hosts=(0,)))
+    assert sim.run().state == "SUCCEEDED"
+    assert ("HANDING_OVER", "RELEASING") in sim.edges()

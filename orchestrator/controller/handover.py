@@ -1,0 +1,87 @@
+"""HANDING_OVER: a notice that leaves time — train on while the next mesh's new hosts warm up,
+then drain. The re-form then takes warm processes (``controller.warm``) instead of starting
+cold ones; if they are not warm by the last safe moment, the drain goes ahead anyway and the
+re-form starts what is missing cold (the reason says so).
+"""
+
+from __future__ import annotations
+
+from orchestrator.controller.context import Next, Run, log
+from orchestrator.controller.planning import complete_slices, usable_hosts
+from orchestrator.hosts import HostRef
+from orchestrator.lifecycle import HandingOver, RunState
+
+S = RunState
+
+DRAIN_MARGIN_S = 2.0
+"""Kept free before a notice's deadline on top of the expected save, for the drain itself."""
+
+
+def begin(run: Run) -> Next | None:
+    """A drain is due: warm the replacement first when a notice leaves time for it, else None
+    (drain now)."""
+    p, group = run.pending, run.group
+    max_s = run.ctl.warm.handover_max_s
+    if (p is None or group is None or max_s <= 0 or p.stop or p.final or p.regrow
+            or p.handover or p.deadline is None or not p.doomed):
+        return None
+    now = run.now()
+    save_s = run.ledger.median_save_s() or 2.0
+    until = min(now + max_s, p.deadline - DRAIN_MARGIN_S - 2 * save_s)
+    if until <= now + 0.5:
+        return None
+    hosts = replacement_hosts(run)
+    if not hosts:
+        return None  # a shrink, or the replacement is warm already
+    try:
+        started = group.warm_up(hosts)
+    except Exception as exc:  # warming is an optimisation: drain as before
+        log.warning("handover_warm_up_failed", error=str(exc))
+        return None
+    if not started:
+        return None
+    p.handover_started, p.handover_until = now, until
+    log.info("handover_started", event_id=p.event_id, hosts=[h.instance for h in hosts],
+             until_s=round(until - now, 2))
+    return Next(S.HANDING_OVER, f"training on while {len(hosts)} replacement host(s) warm up "
+                f"(drain within {until - now:.1f}s)",
+                HandingOver(event_id=p.event_id, hosts=tuple(h.instance for h in hosts),
+                            until=until))
+
+
+def drain_now(run: Run) -> bool:
+    """During HANDING_OVER: whether to drain now (the replacement is warm, or time is up)."""
+    p, group = run.pending, run.group
+    if p is None or p.handover_until is None or p.handover:
+        return True
+    try:
+        ready = group is not None and group.warm_ready()
+    except Exception as exc:
+        log.warning("handover_probe_failed", error=str(exc))
+        ready = False
+    if ready:
+        p.handover = "ready"
+    elif run.now() >= p.handover_until:
+        p.handover = ("not ready: the replacement was not warm at the last safe moment; the "
+                      "re-form starts cold processes for it")
+        log.warning("handover_fallback", event_id=p.event_id, reason=p.handover)
+    return bool(p.handover)
+
+
+def replacement_hosts(run: Run) -> list[HostRef]:
+    """Hosts the next mesh would add: the first complete slices that are not doomed, not in
+    the current mesh and have no standby yet, as many as the doomed slices leave missing."""
+    p, plan, pending = run.placement, run.plan, run.pending
+    if plan is None or pending is None:
+        return []
+    doomed = set(pending.doomed)
+    mesh_slices = {h.slice_name for h in plan.hosts}
+    lost = {h.slice_name for h in plan.hosts if h.node_id in doomed}
+    missing = len(lost)
+    if not missing:
+        return []
+    hosts = [h for h in usable_hosts(run) if h.node_id not in doomed]
+    hps = p.hosts_per_slice or 1
+    spare = [s for s in complete_slices(hosts, hps) if s not in mesh_slices][:missing]
+    warm = {h.node_id for h in p.standby}
+    return [h for h in hosts if h.slice_name in set(spare) and h.node_id not in warm]
