@@ -38,6 +38,9 @@ class BenchConfig:
     """Comma-separated systems figure 4's scheduled mode runs."""
     only_goodput: bool = False
     """Run figure 4's scheduled mode alone (needs goodput_minutes > 0); other figures empty."""
+    standby_slices: int = 1
+    """Figure 4's orchestrator keeps a warm standby on this many spare slices
+    (``controller.warm.standby_slices``); 0 measures cold re-forms."""
 
     def __post_init__(self) -> None:
         for name in ("hosts", "devices", "repeats", "overhead_steps", "checkpoint_every",

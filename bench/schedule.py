@@ -83,6 +83,7 @@ def orchestrator_schedule(cfg: BenchConfig, workdir: Path, topology: list[str]) 
     run_dir = workdir / "orchestrator"
     overrides = [*topology, "run.name=bench-goodput", "run.total_steps=1000000",
                  f"cluster.emulate.spare_slices={n_preempt}",
+                 f"controller.warm.standby_slices={cfg.standby_slices}",
                  f"controller.checkpoint_interval.every_steps={cfg.checkpoint_every}"]
     t0 = time.time()
     proc = procs.start(main_cmd(run_dir, overrides), log_path=workdir / "orchestrator.log")

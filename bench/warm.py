@@ -13,13 +13,17 @@ tier on (restores read it), a durable save every 10 steps:
 | notice-warm | reuse_processes=on, standby_slices=1 | the same |
 | kill-cold | reuse_processes=off, standby_slices=0 | kill -9 before the step after 25 |
 | kill-warm | reuse_processes=on, standby_slices=1 | the same |
+| steady | reuse_processes=off, standby_slices=0 | none |
+| steady-standby | reuse_processes=on, standby_slices=1 | none (a standby idles on the spare) |
 
 Per run, from ``summary.json``'s recovery: *to first step* (notice or failure seen → first
 productive step on the new mesh), *downtime* (announced: the drain's step boundary, the old
 mesh's last productive step, → the first productive step on the new mesh), the phases, steps
-lost and how the new group got its processes. Output: a table on stdout and
-``bench/results/warm-<time>.json``; a run started at a 1-minute load >= 1.5 makes the whole
-run NOT A RESULT.
+lost and how the new group got its processes; for every run the median step time after the
+first 5 steps (60 for ``steady-standby`` / ``steady``, 160-step runs: what an idle standby
+costs a step, once its own start-up is over). Output: a
+table on stdout and ``bench/results/warm-<time>.json``; a run started at a 1-minute load >= 1.5
+makes the whole run NOT A RESULT.
 """
 
 from __future__ import annotations
@@ -45,7 +49,12 @@ WARM = ["controller.warm.reuse_processes=on", "controller.warm.standby_slices=1"
 NOTICE = "controller.chaos=[{at_step: 25, host: 1, kind: preempt, deadline_s: 30}]"
 KILL = "controller.chaos=[{at_step: 25, host: 1, kind: kill}]"
 SYSTEMS = {"notice-cold": [*COLD, NOTICE], "notice-warm": [*WARM, NOTICE],
-           "kill-cold": [*COLD, KILL], "kill-warm": [*WARM, KILL]}
+           "kill-cold": [*COLD, KILL], "kill-warm": [*WARM, KILL],
+           "steady": [*COLD, "run.total_steps=160"],
+           "steady-standby": [*WARM, "run.total_steps=160"]}
+STEADY_FROM = 60
+"""Steady systems' median step time counts steps after this one: the standby's own start-up
+(imports, ~3 s of CPU) overlaps the first steps and is not what an idle standby costs."""
 
 
 def measure(system: str, run_dir: Path, *, timeout_s: float) -> dict:
@@ -55,12 +64,16 @@ def measure(system: str, run_dir: Path, *, timeout_s: float) -> dict:
                         timeout_s=timeout_s)
     s = rd.summary
     rec = (s.get("recoveries") or [{}])[0]
+    skip = STEADY_FROM if system.startswith("steady") else 5
+    times = [float(m["step_time_s"]) for m in rd.metrics if m.get("step", 0) > skip
+             and m.get("step_time_s") is not None]
     first, boundary = rec.get("first_step_at"), rec.get("boundary_at")
     return {"system": system, "exit_code": code, "state": s.get("state"),
             "to_first_step_s": rec.get("to_first_step_s"),
             "downtime_s": round(first - boundary, 3) if first and boundary else None,
             "phases_s": rec.get("phases_s", {}), "processes": rec.get("processes", {}),
             "lost_steps": s.get("lost_steps"), "wall_s": round(time.time() - t0, 1),
+            "median_step_s": round(statistics.median(times), 5) if times else None,
             "load_before": before, "load_after": machine.load_average(), "run_dir": str(run_dir)}
 
 
@@ -82,9 +95,14 @@ def figures(runs: list[dict]) -> dict:
                        "phases_s": {k: _stats([r["phases_s"].get(k) for r in mine])
                                     for k in phases},
                        "lost_steps": [r["lost_steps"] for r in mine],
+                       "median_step_s": _stats([r["median_step_s"] for r in mine]),
                        "processes": [r["processes"] for r in mine],
                        "failed_runs": sum(r["state"] != "SUCCEEDED" for r in runs
                                           if r["system"] == system)}
+    pairs = [(a["median_step_s"], b["median_step_s"]) for a in runs for b in runs
+             if a["system"] == "steady-standby" and b["system"] == "steady"
+             and a["repeat"] == b["repeat"] and a["median_step_s"] and b["median_step_s"]]
+    out["step_ratio_standby_vs_none"] = _stats([a / b for a, b in pairs])
     return out
 
 
@@ -99,9 +117,13 @@ def render(result: dict) -> str:
         return f"{s['median']} [{s['min']}-{s['max']}] ({s['n']})" if s.get("n") else "-"
 
     for system, x in f.items():
+        if system not in SYSTEMS:
+            continue
         lines.append(f"| {system} | {cell(x['to_first_step_s'])} | {cell(x['downtime_s'])} | "
                      f"{cell(x['phases_s'].get('FORMING', {}))} | {x['lost_steps']} | "
                      f"{x['processes'][0] if x['processes'] else '-'} |")
+    lines.append(f"\nmedian step, standby alive / none (per repeat): "
+                 f"{cell(f['step_ratio_standby_vs_none'])}")
     return "\n".join(lines)
 
 
