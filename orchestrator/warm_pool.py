@@ -73,6 +73,7 @@ class WarmPool:
                 _kill(actor)
                 continue
             self.stats.release_s.append(round(float(out["release_s"]), 3))
+            log.debug("released", node=node_id[:12], release_s=round(float(out["release_s"]), 3))
             _kill(self.parked.pop(node_id, None))
             self.parked[node_id] = actor
             kept += 1

@@ -168,6 +168,9 @@ class HostActor(RamTierMethods):
         if self.trainer is not None:
             self.trainer.close()
             self.trainer = None
+            import gc
+
+            gc.collect()  # arrays in reference cycles must be gone before the backends are
         return {"pid": os.getpid(), "quiesce_s": time.perf_counter() - t0}
 
     def release(self) -> dict:
@@ -177,13 +180,10 @@ class HostActor(RamTierMethods):
         the runtime cannot be shut down cleanly; the driver then kills this process and
         starts a fresh one."""
         t0 = time.perf_counter()
-        self.quiesce()
-        import gc
-
+        self.quiesce()  # a no-op when the driver quiesced every host first (WarmPool.park)
         import jax
         from jax.extend import backend
 
-        gc.collect()  # arrays must be gone before the backends are cleared
         jax.distributed.shutdown()
         backend.clear_backends()
         jax.clear_caches()
