@@ -60,10 +60,14 @@ class HostSpec:
 
     @classmethod
     def for_host(cls, cfg: RunConfig, plan: MeshPlan, host: HostRef, *, checkpoint_dir: str,
-                 accum_steps: int = 1, executables_dir: str | None = None) -> HostSpec:
+                 accum_steps: int = 1, executables_dir: str | None = None,
+                 survive_peers: bool = False) -> HostSpec:
         """The spec for ``host`` (one of ``plan.hosts``) from the driver's config.
 
-        ``executables_dir`` is dropped when ``compile.cache`` is off."""
+        ``executables_dir`` is dropped when ``compile.cache`` is off. ``survive_peers``: only
+        for groups whose processes are released in order or killed (the driver's, with
+        ``controller.warm`` reuse on): processes that exit on their own with it on can abort
+        at exit when process 0's service went first."""
         use_store = executables_dir and cfg.compile.cache == "on"
         return cls(host=host, plan=plan, model=cfg.model, train=cfg.train,
                    checkpoint=cfg.checkpoint, checkpoint_dir=str(checkpoint_dir),
@@ -71,4 +75,4 @@ class HostSpec:
                    init_timeout_s=cfg.timeouts.init_s, heartbeat_s=cfg.timeouts.heartbeat_s,
                    config_digest=cfg.digest(),
                    executables_dir=str(executables_dir) if use_store else None,
-                   survive_peers=cfg.controller.warm.reuse(plan.platform))
+                   survive_peers=survive_peers)

@@ -313,7 +313,9 @@ class RayWorkerGroup:
         return self._get([a.params.remote() for a in self.actors], "save", 120.0)[0]
 
     def shutdown(self, *, graceful: bool, keep_processes: bool = False) -> None:
-        if keep_processes and self.reuse and self.actors:
+        # after a failure only a chunk's survivors are kept: a phase that failed (a host that
+        # never joined the runtime, a hung restore) leaves processes in no known state
+        if keep_processes and self.reuse and self.actors and (graceful or self._refs):
             self._park(graceful)
             return
         if graceful and self.actors:
@@ -333,10 +335,10 @@ class RayWorkerGroup:
     # ---- internals ------------------------------------------------------------------------
 
     def _park(self, graceful: bool) -> None:
-        """Keep the processes for the next group: release them all together (a drained group
-        finishes its saves first). After a failure only hosts whose last chunk returned are
-        released (a dead one's release fails at once; one still inside a step is hung) and
-        within a short bound; every other process is killed."""
+        """Keep the processes for the next group: quiesce them all, then release them (a
+        drained group finishes its saves first). After a failure in a chunk only hosts whose
+        chunk returned are released (a dead one's release fails at once; one still inside a
+        step is hung) and within a short bound; every other process is killed."""
         assert self.pool is not None
         busy: set[int] = set()
         if not graceful and self._refs:
@@ -364,7 +366,8 @@ class RayWorkerGroup:
                              extra=plan.megascale_env(h, coordinator_ip=coordinator_ip))
             specs.append((h, env, HostSpec.for_host(self.spec.cfg, plan, h, checkpoint_dir=ckpt,
                                                     accum_steps=self.spec.accum_steps,
-                                                    executables_dir=executables)))
+                                                    executables_dir=executables,
+                                                    survive_peers=self.reuse)))
         warm = [self.pool.take(h.node_id) if self.pool is not None else None for h, _, _ in specs]
         if self.pool is not None:
             self.pool.drop_parked()  # processes on hosts this mesh left out

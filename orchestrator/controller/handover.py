@@ -59,9 +59,12 @@ def drain_now(run: Run) -> bool:
     except Exception as exc:
         log.warning("handover_probe_failed", error=str(exc))
         ready = False
+    latest = p.handover_until
+    if p.deadline is not None:  # a notice merged in meanwhile may have brought it forward
+        latest = min(latest, p.deadline - DRAIN_MARGIN_S - 2 * (run.ledger.median_save_s() or 2.0))
     if ready:
         p.handover = "ready"
-    elif run.now() >= p.handover_until:
+    elif run.now() >= latest:
         p.handover = ("not ready: the replacement was not warm at the last safe moment; the "
                       "re-form starts cold processes for it")
         log.warning("handover_fallback", event_id=p.event_id, reason=p.handover)

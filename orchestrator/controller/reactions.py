@@ -180,7 +180,11 @@ class Reactions:
             deadline=r.deadline, at_step=at_step, doomed=r.doomed,
             stop=r.kind is ReactionKind.STOP,
             noticed_at=prev.noticed_at if prev and prev.noticed_at else run.now(),
-            event=prev.event if prev and prev.event is not None else ev, reaction=r)
+            event=prev.event if prev and prev.event is not None else ev, reaction=r,
+            # a handover under way goes on (its bound is checked against the merged deadline)
+            handover_started=prev.handover_started if prev else None,
+            handover_until=prev.handover_until if prev else None,
+            handover=prev.handover if prev else "")
 
     def carry_over(self, pending: Pending) -> None:
         """A failure came before this event's drain: a drain due now keeps its hosts out of

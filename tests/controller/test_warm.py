@@ -176,3 +176,26 @@ def test_a_failure_during_the_handover_is_an_ordinary_failure(tmp_path):
     sim.fleet.on_step(9, lambda g: lost(hosts=(0,)))
     assert sim.run().state == "SUCCEEDED"
     assert ("HANDING_OVER", "RELEASING") in sim.edges()
+
+
+def test_a_notice_with_an_earlier_deadline_during_the_handover_brings_the_drain_forward(
+        tmp_path):
+    """The handover may last 20 s, but a second notice due in 5 s arrives during it: the drain
+    comes within that notice's bound (deadline − 2 s − 2 × the expected save), not 20 s later,
+    and the recovery still records the handover."""
+    sim = make(tmp_path, "cluster.emulate.slices=2", "run.total_steps=400",
+               slices=("s0", "s1"), spare=("s2", "s3"))
+    sim.fleet.warm_after_polls = 10**9
+    sent: list[float] = []
+    sim.fleet.on_step(7, lambda g: sim.notice(host="vm-s1-0"))
+
+    def second(g):
+        sent.append(sim.clock.now())
+        sim.notice(host="vm-s1-1", deadline_in=5.0)
+
+    sim.fleet.on_step(12, second)
+    summary = sim.run()
+    assert summary.state == "SUCCEEDED" and sent
+    drain = next(t for t in sim.controller.lifecycle.timeline if t.state.value == "DRAINING")
+    assert drain.at - sent[0] <= 3.5, drain.at - sent[0]
+    assert summary.recoveries[0]["handover"].startswith("not ready")

@@ -38,7 +38,8 @@ class Group:
     """One JAX group: an actor per host of ``plan``, pinned to its node, built from specs."""
 
     def __init__(self, cfg: RunConfig, hosts: Sequence[HostRef], run_dir: Path, *,
-                 hosts_per_slice: int, timeout_s: float = 300.0) -> None:
+                 hosts_per_slice: int, timeout_s: float = 300.0,
+                 survive_peers: bool = False) -> None:
         self.plan = plan_mesh(cfg, hosts, platform="cpu", hosts_per_slice=hosts_per_slice)
         self.timeout_s = timeout_s
         ckpt = str(run_dir / "checkpoints")
@@ -50,7 +51,7 @@ class Group:
         for h in self.plan.hosts:
             env = device_env(platform="cpu", devices_per_host=h.devices)
             spec = HostSpec.for_host(cfg, self.plan, h, checkpoint_dir=ckpt,
-                                     executables_dir=store)
+                                     executables_dir=store, survive_peers=survive_peers)
             self.specs.append(spec)
             self.actors.append(_RemoteHost.options(
                 num_cpus=0, resources={"TPU": h.devices}, max_concurrency=4, max_restarts=0,

@@ -47,8 +47,9 @@ def cfg():
     return load_config(None, OVERRIDES)
 
 
-def _group(cluster, cfg, run_dir) -> Group:
-    return Group(cfg, cluster.hosts("pod"), run_dir, hosts_per_slice=2, timeout_s=180)
+def _group(cluster, cfg, run_dir, *, survive_peers: bool = False) -> Group:
+    return Group(cfg, cluster.hosts("pod"), run_dir, hosts_per_slice=2, timeout_s=180,
+                 survive_peers=survive_peers)
 
 
 def test_stop_mid_chunk_stops_both_hosts_at_one_step(cluster, cfg, tmp_path):
@@ -115,7 +116,7 @@ def test_a_released_process_and_a_standby_form_the_next_group(cluster, cfg, tmp_
     host 1's and put a standby (``HostActor(None, env)``, JAX imported) there; ``rejoin`` both
     into a new runtime: the step is loaded (not compiled), step 4 restored, training goes on,
     and host 0 is the same process throughout."""
-    g = _group(cluster, cfg, tmp_path)
+    g = _group(cluster, cfg, tmp_path, survive_peers=True)
     try:
         g.form()
         g.call("compile")
@@ -150,7 +151,7 @@ def test_a_released_process_and_a_standby_form_the_next_group(cluster, cfg, tmp_
 
 
 def test_rejoin_refuses_a_process_that_still_trains_or_another_node(cluster, cfg, tmp_path):
-    g = _group(cluster, cfg, tmp_path)
+    g = _group(cluster, cfg, tmp_path, survive_peers=True)
     try:
         g.form()
         with pytest.raises(ray.exceptions.RayTaskError, match="release"):
@@ -232,8 +233,8 @@ def test_a_group_starts_a_fresh_process_where_a_warm_one_fails_to_rejoin(cluster
                                                                           tmp_path):
     """Host 0's parked process refuses to rejoin: it is killed and a fresh process takes its
     place (its TPU resource freed first); host 1's standby is taken."""
-    hosts = cluster.hosts("pod")
-    plan = plan_mesh(cfg, hosts, platform="cpu", hosts_per_slice=2)
+    plan = plan_mesh(cfg, cluster.hosts("pod"), platform="cpu", hosts_per_slice=2)
+    hosts = plan.hosts  # the group's order
     pool = WarmPool(start_standby=lambda h: _Warmable.remote(None, {}))
     parked = _pinned(hosts[0])
     ray.get(parked.fail_on.remote("rejoin"))
