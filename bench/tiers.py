@@ -30,16 +30,15 @@ on stdout and ``bench/results/tiers-<time>.json``; a measurement started at a 1-
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from bench import machine
 from bench.orchestrated import RunDir, run_main
+from bench.sidebyside import interleave, write_result
 from bench.stats import fmt, ratio, spread
 from policies.ram_tier import copy_due
 
@@ -101,17 +100,6 @@ def _cost(r: dict) -> float:
     """A step's time plus what it waited for after it: a save's blocking part or the RAM copy."""
     return float(r["step_time_s"]) + max(float(r.get("checkpoint_blocking_s") or 0.0),
                                          float(r.get("ram_copy_s") or 0.0))
-
-
-def wait_for_idle(max_wait_s: float = 240.0) -> None:
-    """The previous run's processes leave the 1-minute load up for a while: wait (bounded)
-    until it is below the validity threshold, so each run starts on an idle machine."""
-    deadline = time.monotonic() + max_wait_s
-    while time.monotonic() < deadline:
-        load = machine.load_average()
-        if load is None or load[0] < machine.IDLE_LOAD_1MIN - 0.3:
-            return
-        time.sleep(5)
 
 
 def measure(system: str, run_dir: Path, *, steps: int, timeout_s: float) -> dict:
@@ -224,29 +212,16 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown systems {unknown}; choose from {', '.join(SYSTEMS)}")
     if args.steps <= KILL_AT + 5:
         p.error(f"--steps must exceed {KILL_AT + 5} (the kill lands before step {KILL_AT + 1})")
-    scratch = Path(tempfile.mkdtemp(prefix="bench-tiers-"))
-    print(f"scratch: {scratch}", flush=True)
-    runs, loads = [], []
-    started = time.time()
-    for repeat in range(args.repeats):
-        for system in systems:
-            run_dir = scratch / f"{repeat}-{system.replace('+', '-')}"
-            wait_for_idle()
-            out = measure(system, run_dir, steps=args.steps, timeout_s=args.timeout_s)
-            out["repeat"] = repeat
-            runs.append(out)
-            loads.append({"measurement": f"{repeat}/{system}", "before": out["load_before"],
-                          "after": out["load_after"]})
-            print(f"  {repeat}/{system}: {out['state']} lost {out['lost_steps']} "
-                  f"cost {fmt(out['median_step_cost_s'], 4)} s (load {out['load_before']})",
-                  flush=True)
+    runs, loads, started = interleave(
+        "tiers", systems, args.repeats,
+        lambda system, run_dir: measure(system, run_dir, steps=args.steps,
+                                        timeout_s=args.timeout_s),
+        lambda out: (f"{out['state']} lost {out['lost_steps']} "
+                     f"cost {fmt(out['median_step_cost_s'], 4)} s"))
     result = {"machine": machine.describe(), "settings": vars(args), "runs": runs,
               "figures": figures(runs), "validity": machine.validity(loads),
               "seconds": round(time.time() - started, 1)}
-    out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"tiers-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json"
-    path.write_text(json.dumps(result, indent=1, default=str))
+    path = write_result("tiers", args.out, result)
     print(render(result))
     print(f"\nwritten: {path}")
     return 0

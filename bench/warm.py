@@ -29,16 +29,15 @@ makes the whole run NOT A RESULT.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from bench import machine
 from bench.orchestrated import run_main
-from bench.tiers import wait_for_idle
+from bench.sidebyside import interleave, write_result
+from bench.stats import fmt_spread, spread
 
 TOPOLOGY = ["cluster.emulate.slices=2", "cluster.emulate.hosts_per_slice=1",
             "cluster.emulate.devices_per_host=2", "cluster.emulate.spare_slices=1",
@@ -77,12 +76,8 @@ def measure(system: str, run_dir: Path, *, timeout_s: float) -> dict:
             "load_before": before, "load_after": machine.load_average(), "run_dir": str(run_dir)}
 
 
-def _stats(xs: list[float]) -> dict:
-    xs = [x for x in xs if x is not None]
-    if not xs:
-        return {"n": 0}
-    return {"median": round(statistics.median(xs), 3), "min": round(min(xs), 3),
-            "max": round(max(xs), 3), "n": len(xs)}
+def _stats(xs: list[float | None]) -> dict:
+    return spread([x for x in xs if x is not None])
 
 
 def figures(runs: list[dict]) -> dict:
@@ -113,9 +108,7 @@ def render(result: dict) -> str:
              "| system | to first step (s) | downtime (s) | FORMING (s) | lost | processes |",
              "|---|---|---|---|---|---|"]
 
-    def cell(s: dict) -> str:
-        return f"{s['median']} [{s['min']}-{s['max']}] ({s['n']})" if s.get("n") else "-"
-
+    cell = fmt_spread
     for system, x in f.items():
         if system not in SYSTEMS:
             continue
@@ -137,27 +130,15 @@ def main(argv: list[str] | None = None) -> int:
     systems = [s for s in args.systems.split(",") if s]
     if unknown := sorted(set(systems) - set(SYSTEMS)):
         p.error(f"unknown systems {unknown}; choose from {', '.join(SYSTEMS)}")
-    scratch = Path(tempfile.mkdtemp(prefix="bench-warm-"))
-    print(f"scratch: {scratch}", flush=True)
-    runs, loads = [], []
-    started = time.time()
-    for repeat in range(args.repeats):
-        for system in systems:
-            wait_for_idle()
-            out = measure(system, scratch / f"{repeat}-{system}", timeout_s=args.timeout_s)
-            out["repeat"] = repeat
-            runs.append(out)
-            loads.append({"measurement": f"{repeat}/{system}", "before": out["load_before"],
-                          "after": out["load_after"]})
-            print(f"  {repeat}/{system}: {out['state']} to first step {out['to_first_step_s']} s "
-                  f"downtime {out['downtime_s']} s (load {out['load_before']})", flush=True)
+    runs, loads, started = interleave(
+        "warm", systems, args.repeats,
+        lambda system, run_dir: measure(system, run_dir, timeout_s=args.timeout_s),
+        lambda out: (f"{out['state']} to first step {out['to_first_step_s']} s "
+                     f"downtime {out['downtime_s']} s"))
     result = {"machine": machine.describe(), "settings": vars(args), "runs": runs,
               "figures": figures(runs), "validity": machine.validity(loads),
               "seconds": round(time.time() - started, 1)}
-    out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"warm-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json"
-    path.write_text(json.dumps(result, indent=1, default=str))
+    path = write_result("warm", args.out, result)
     print(render(result))
     print(f"\nwritten: {path}")
     return 0

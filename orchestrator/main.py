@@ -109,7 +109,8 @@ class Driver:
     def run(self) -> int:
         from orchestrator.controller import Controller, Hooks
         from orchestrator.ram_tier import RamTier
-        from orchestrator.ray_group import RayClusterView, ray_group_factory
+        from orchestrator.ray_cluster import RayClusterView
+        from orchestrator.ray_groups import ray_group_factory
 
         self._check_checkpoint()
         self._connect()

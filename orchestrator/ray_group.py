@@ -7,9 +7,7 @@ sees a Ray type. A half-built group is always torn down by ``shutdown``.
 
 from __future__ import annotations
 
-import dataclasses
 import os
-import socket
 import time
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
@@ -17,7 +15,6 @@ from typing import Any
 import ray
 import structlog
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from orchestrator.controller.seam import (
     Compiled,
@@ -37,6 +34,7 @@ from orchestrator.errors import CheckpointCorrupt, OrchestratorError
 from orchestrator.hosts import HostRef
 from orchestrator.hostspec import HostSpec
 from orchestrator.ram_tier import RamTier
+from orchestrator.ray_cluster import spawn, wait_listening
 from orchestrator.ray_results import combine, compiled, failure_kind, lost_kind
 from orchestrator.warm_pool import WarmPool
 from policies.causes import FailureKind
@@ -47,72 +45,9 @@ log = structlog.get_logger(__name__)
 
 _RemoteHost = ray.remote(HostActor)
 STOP_MARGIN_STEPS = 2
-REJOIN_TIMEOUT_S = 30.0
 FAILED_RELEASE_S = 5.0
 """After a failure a survivor's release is short or not worth waiting for (a save stuck on a
 dead peer): a fresh process costs a few seconds."""
-"""A standby still importing JAX answers its rejoin after the imports (a few seconds)."""
-
-
-class RayClusterView:
-    """``ray.nodes()`` read as TPU hosts."""
-
-    probe_timeout_s: float = 2.0
-
-    def hosts(self) -> list[HostRef]:
-        from orchestrator.topology import hosts_from_nodes
-
-        return hosts_from_nodes(ray.nodes())
-
-    def platform(self) -> str:
-        from orchestrator.topology import platform_of
-
-        return platform_of(ray.nodes())
-
-    def unreachable(self, node_ids: Collection[str]) -> set[str]:
-        """Nodes that are gone even if the GCS has not noticed yet (it marks a vanished node
-        dead only after its health checks fail, ~16 s here): dead, unknown, or their raylet
-        refuses a TCP connection."""
-        wanted = set(node_ids)
-        nodes = {n["NodeID"]: n for n in ray.nodes() if n["NodeID"] in wanted}
-        gone = wanted - set(nodes)
-        for node_id, n in nodes.items():
-            if not n.get("Alive") or not _accepts(n.get("NodeManagerAddress", ""),
-                                                  int(n.get("NodeManagerPort", 0)),
-                                                  self.probe_timeout_s):
-                gone.add(node_id)
-        return gone
-
-
-def _wait_listening(host: str, port: int, *, timeout_s: float) -> bool:
-    """Whether ``host:port`` accepts a TCP connection within ``timeout_s`` (polled)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if _accepts(host, port, 0.2):
-            return True
-        time.sleep(0.01)
-    return False
-
-
-def _accepts(host: str, port: int, timeout_s: float) -> bool:
-    if not host or port <= 0:
-        return True  # nothing to probe: trust the GCS
-    try:
-        with socket.create_connection((host, port), timeout=timeout_s):
-            return True
-    except OSError:
-        return False
-
-
-def spawn(actor_cls: Any, h: HostRef, env: dict[str, str], spec: HostSpec | None) -> Any:
-    """A host actor pinned to ``h``'s node, holding its TPU resource (``spec`` None: a
-    standby that ``rejoin`` gives a host later)."""
-    return actor_cls.options(
-        name=None, num_cpus=0, resources={"TPU": h.devices}, max_concurrency=4,
-        max_restarts=0, scheduling_strategy=NodeAffinitySchedulingStrategy(
-            node_id=h.node_id, soft=False),
-        runtime_env={"env_vars": env},
-    ).remote(spec, env)
 
 
 class RayWorkerGroup:
@@ -145,19 +80,19 @@ class RayWorkerGroup:
     # ---- phases ---------------------------------------------------------------------------
 
     def form(self) -> Formed:
-        marks = [("start", time.perf_counter())]
+        t0, at = time.perf_counter(), {}  # seconds since the form began, at the end of each stage
         self._start()
         for host, fault in self.spec.init_faults:
             self._get([self.actors[host].inject_fault.remote(fault)], "init", 30.0)
-        marks.append(("actors", time.perf_counter()))
+        at["actors"] = round(time.perf_counter() - t0, 3)
         self._initialize()
-        marks.append(("init", time.perf_counter()))
+        at["init"] = round(time.perf_counter() - t0, 3)
         self._get([a.build.remote() for a in self.actors], "restore", self.timeouts.restore_s)
-        marks.append(("build", time.perf_counter()))
+        at["build"] = round(time.perf_counter() - t0, 3)
         if self.ram is not None:
             self._get(self.ram.attach_calls(self.actors, self.spec.plan,
                                             incarnation=self.spec.incarnation), "init", 60.0)
-            marks.append(("ram_attach", time.perf_counter()))
+            at["ram_attach"] = round(time.perf_counter() - t0, 3)
         watching, ids = 0, {}
         if self.metadata_settings is not None:
             out = self._get([a.start_metadata_watcher.remote(self.metadata_settings, self.queue)
@@ -169,10 +104,9 @@ class RayWorkerGroup:
             ids = {str(i): str(n) for i, n in (f for f in found if f)}
         if self.pool is not None:
             self.pool.ensure_standby(self.spec.standby)
-        marks.append(("watchers_standby", time.perf_counter()))
+        at["watchers_standby"] = round(time.perf_counter() - t0, 3)
         processes = {k: self.origins.count(k) for k in ("fresh", "parked", "standby")}
-        log.info("form_timing", **{name: round(t - prev, 3) for (name, t), (_, prev)
-                                   in zip(marks[1:], marks[:-1], strict=True)})
+        log.info("form_timing", **at)
         return Formed(hosts=len(self.spec.plan.hosts), metadata_watchers=watching,
                       instance_ids=ids, processes=processes)
 
@@ -368,35 +302,13 @@ class RayWorkerGroup:
                                                     accum_steps=self.spec.accum_steps,
                                                     executables_dir=executables,
                                                     survive_peers=self.reuse)))
-        warm = [self.pool.take(h.node_id) if self.pool is not None else None for h, _, _ in specs]
-        if self.pool is not None:
-            self.pool.drop_parked()  # processes on hosts this mesh left out
-        rejoins = {i: w[0].rejoin.remote(spec, env)
-                   for i, (w, (_, env, spec)) in enumerate(zip(warm, specs, strict=True)) if w}
-        ready, _ = ray.wait(list(rejoins.values()), num_returns=len(rejoins),
-                            timeout=REJOIN_TIMEOUT_S) if rejoins else ([], [])
-        for i, (h, env, spec) in enumerate(specs):
-            w = warm[i]
-            if w is not None and self._rejoined(rejoins[i], ready, h):
-                self.actors.append(w[0])
-                self.origins.append(w[1])
-                continue
-            if w is not None:
-                ray.kill(w[0], no_restart=True)  # frees the node's TPU resource for a fresh one
-            self.actors.append(spawn(self.actor_cls, h, env, spec))
-            self.origins.append("fresh")
+        def fresh(h: HostRef, env: dict[str, str], spec: HostSpec) -> Any:
+            return spawn(self.actor_cls, h, env, spec)
 
-    @staticmethod
-    def _rejoined(ref: Any, ready: list[Any], h: HostRef) -> bool:
-        try:
-            if ref not in ready:
-                raise TimeoutError(f"no answer within {REJOIN_TIMEOUT_S:g} s")
-            ray.get(ref)
-            return True
-        except Exception as exc:  # a warm process is an optimisation: start a fresh one
-            log.warning("rejoin_failed", host=h.index, node=h.node_id[:12],
-                        error=str(exc)[:300])
-            return False
+        got = (self.pool.acquire(specs, fresh) if self.pool is not None else
+               [(fresh(*s), "fresh") for s in specs])
+        self.actors = [a for a, _ in got]
+        self.origins = [origin for _, origin in got]
 
     def _initialize(self) -> None:
         """Join one JAX distributed runtime, coordinator on host 0; bounded by init_s."""
@@ -407,7 +319,7 @@ class RayWorkerGroup:
         # A client that finds no service retries after ~1 s: ask the others once process 0's
         # coordination service listens (bounded: they would still connect, only later).
         host, port = coord.rsplit(":", 1)
-        _wait_listening(host, int(port), timeout_s=min(5.0, t.init_s))
+        wait_listening(host, int(port), timeout_s=min(5.0, t.init_s))
         refs += [a.initialize.remote(coord, len(self.actors), i)
                  for i, a in enumerate(self.actors) if i > 0]
         try:
@@ -486,55 +398,3 @@ class RayWorkerGroup:
             except Exception as exc:  # any other answer means the process is there
                 log.debug("probe_error", host=i, error=str(exc))
         return tuple(dead)
-
-
-class RayGroups:
-    """The run's group factory: groups share one driver-owned notice queue (created only when
-    the hosts' metadata watchers can run), so a notice outlives the host that sent it, the
-    run's RAM tier (``RamTier.for_config``; None: off) and one ``WarmPool`` (processes kept
-    warm between groups, per ``controller.warm``). ``close`` when the run is over."""
-
-    def __init__(self, cfg: Any, cluster: RayClusterView, *,
-                 group_cls: type[RayWorkerGroup] | None = None,
-                 ram: RamTier | None = None) -> None:
-        self.cfg = cfg
-        self.cluster = cluster
-        self.group_cls = group_cls or RayWorkerGroup
-        self.ram = ram
-        self.settings = dataclasses.asdict(cfg.events.metadata)
-        self.queue: Any = None
-        warm = cfg.controller.warm
-        self.pool: WarmPool | None = None
-        if warm.reuse_processes != "off" or warm.standby_slices > 0:
-            self.pool = WarmPool(start_standby=self._start_standby)
-
-    def __call__(self, spec: GroupSpec) -> RayWorkerGroup:
-        mode = self.cfg.events.metadata.enabled
-        watch = mode == "on" or (mode == "auto" and spec.plan.platform == "tpu")
-        if watch and self.queue is None:
-            from ray.util.queue import Queue
-
-            self.queue = Queue(maxsize=10_000, actor_options={"num_cpus": 0})
-        return self.group_cls(spec, metadata_settings=self.settings if watch else None,
-                              notice_queue=self.queue, unreachable=self.cluster.unreachable,
-                              ram=self.ram, pool=self.pool,
-                              reuse=self.cfg.controller.warm.reuse(spec.plan.platform))
-
-    def _start_standby(self, h: HostRef) -> Any:
-        env = device_env(platform=self.cluster.platform(), devices_per_host=h.devices)
-        if self.ram is not None:  # its holder too, so a re-form there starts no holder either
-            _, holder = self.ram.holder(h.node_id)
-            holder.serve.remote(self.ram.token)
-        return spawn(self.group_cls.actor_cls, h, env, None)
-
-    def close(self) -> None:
-        """Kill the processes kept warm (the run is over; groups kill their own)."""
-        if self.pool is not None:
-            self.pool.close()
-
-
-def ray_group_factory(cfg: Any, cluster: RayClusterView, *,
-                      group_cls: type[RayWorkerGroup] | None = None,
-                      ram: RamTier | None = None) -> RayGroups:
-    """The run's ``RayGroups`` (kept as a function: callers and tests build factories so)."""
-    return RayGroups(cfg, cluster, group_cls=group_cls, ram=ram)

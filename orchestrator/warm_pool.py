@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import ray
@@ -22,15 +22,13 @@ from orchestrator.hosts import HostRef
 
 log = structlog.get_logger(__name__)
 
+REJOIN_TIMEOUT_S = 30.0
+"""A standby still importing JAX answers its rejoin after the imports (a few seconds)."""
+
 
 @dataclass
 class PoolStats:
-    parked: int = 0
     release_failed: int = 0
-    standbys_started: int = 0
-    taken_parked: int = 0
-    taken_standby: int = 0
-    release_s: list[float] = field(default_factory=list)
 
 
 class WarmPool:
@@ -72,12 +70,10 @@ class WarmPool:
                 log.warning("release_failed", node=node_id[:12], error=str(exc)[:300])
                 _kill(actor)
                 continue
-            self.stats.release_s.append(round(float(out["release_s"]), 3))
             log.debug("released", node=node_id[:12], release_s=round(float(out["release_s"]), 3))
             _kill(self.parked.pop(node_id, None))
             self.parked[node_id] = actor
             kept += 1
-        self.stats.parked += kept
         return kept
 
     @staticmethod
@@ -91,14 +87,34 @@ class WarmPool:
                             timeout=max(0.0, deadline - time.monotonic()))
         return [(ref, ready) for ref in refs]
 
+    def acquire(self, wanted: Sequence[tuple[HostRef, dict[str, str], Any]],
+                fresh: Callable[[HostRef, dict[str, str], Any], Any]) -> list[tuple[Any, str]]:
+        """A process per (host, env, spec), in order, with its origin: the warm one on the
+        host's node ``rejoin``ed ("parked" or "standby"), else ``fresh(host, env, spec)``
+        ("fresh"; a warm process that failed to rejoin is killed first, which frees its node's
+        TPU resource). Parked processes on nodes not wanted are killed."""
+        warm = [self.take(h.node_id) for h, _, _ in wanted]
+        self.drop_parked()  # processes on hosts this mesh left out
+        rejoins = {i: w[0].rejoin.remote(spec, env)
+                   for i, (w, (_, env, spec)) in enumerate(zip(warm, wanted, strict=True)) if w}
+        ready, _ = ray.wait(list(rejoins.values()), num_returns=len(rejoins),
+                            timeout=REJOIN_TIMEOUT_S) if rejoins else ([], [])
+        out: list[tuple[Any, str]] = []
+        for i, (h, env, spec) in enumerate(wanted):
+            w = warm[i]
+            if w is not None and _rejoined(rejoins[i], ready, h):
+                out.append(w)
+                continue
+            _kill(w[0] if w is not None else None)
+            out.append((fresh(h, env, spec), "fresh"))
+        return out
+
     def take(self, node_id: str) -> tuple[Any, str] | None:
         """The warm process on ``node_id`` and its kind ("parked" or "standby"), or None."""
         if (actor := self.parked.pop(node_id, None)) is not None:
-            self.stats.taken_parked += 1
             return actor, "parked"
         if (actor := self.standby.pop(node_id, None)) is not None:
             self.warming.pop(node_id, None)
-            self.stats.taken_standby += 1
             return actor, "standby"
         return None
 
@@ -128,17 +144,16 @@ class WarmPool:
                 continue
             self.standby[node_id] = actor
             started += 1
-        self.stats.standbys_started += started
         return started
 
     def ready(self, node_ids: Sequence[str]) -> bool:
         """Whether the standbys on ``node_ids`` finished warming (a failed warm counts as
         finished: its rejoin fails and a fresh process replaces it)."""
-        refs = [self.warming[n] for n in node_ids if n in self.warming]
-        if len(refs) < len([n for n in node_ids if n in self.standby]):
+        if any(n not in self.standby for n in node_ids):
             return False
+        refs = [self.warming[n] for n in node_ids if n in self.warming]
         if not refs:
-            return all(n in self.standby for n in node_ids)
+            return True
         done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
         return len(done) == len(refs)
 
@@ -148,6 +163,17 @@ class WarmPool:
         for actor in self.standby.values():
             _kill(actor)
         self.standby, self.warming = {}, {}
+
+
+def _rejoined(ref: Any, ready: list[Any], h: HostRef) -> bool:
+    try:
+        if ref not in ready:
+            raise TimeoutError(f"no answer within {REJOIN_TIMEOUT_S:g} s")
+        ray.get(ref)
+        return True
+    except Exception as exc:  # a warm process is an optimisation: start a fresh one
+        log.warning("rejoin_failed", host=h.index, node=h.node_id[:12], error=str(exc)[:300])
+        return False
 
 
 def _kill(actor: Any) -> None:

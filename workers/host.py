@@ -26,14 +26,13 @@ from orchestrator.errors import OrchestratorError
 from orchestrator.hostspec import HostSpec
 from workers import ckpt_layout
 from workers.host_ram import RamTierMethods
+from workers.host_warm import RELEASE_BARRIER_S, WarmMethods
 from workers.stops import StopBoard
 
 log = logging.getLogger(__name__)
 
 _SINK_TRIES = 6  # a refused notice is retried after 0.1, 0.2, 0.4, 0.8, 1.6 s (3.1 s in all)
 _SINK_CALL_TIMEOUT_S = 2.0
-RELEASE_BARRIER_S = 10
-"""How long ``release`` waits for the other processes at the runtime's shutdown barrier."""
 
 
 def _put_bounded(sink: Any, event: dict, timeout_s: float) -> None:
@@ -57,15 +56,6 @@ def _put_bounded(sink: Any, event: dict, timeout_s: float) -> None:
         raise failed[0]
 
 
-def _clear_orbax_caches() -> None:
-    """Orbax caches its signaling client, which holds the JAX distributed client of the group
-    just left (its saves would then talk to a coordinator that is gone). Semi-internal: if
-    this moves in another Orbax, release fails and the driver starts a fresh process."""
-    from orbax.checkpoint._src.futures import signaling_client
-
-    signaling_client.get_signaling_client.cache_clear()
-
-
 def device_env(*, platform: str, devices_per_host: int, extra: dict[str, str] | None = None
                ) -> dict[str, str]:
     """Environment a host process needs before JAX starts."""
@@ -84,7 +74,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class HostActor(RamTierMethods):
+class HostActor(RamTierMethods, WarmMethods):
     """One host's share of the run. Methods are the driver's only handle on JAX.
 
     Constructed as ``HostActor(spec, env)``: the spec is everything this host needs.
@@ -140,70 +130,6 @@ class HostActor(RamTierMethods):
             shutdown_timeout_seconds=RELEASE_BARRIER_S)
         return {"process_index": jax.process_index(), "local_devices": jax.local_device_count(),
                 "global_devices": jax.device_count(), "platform": jax.devices()[0].platform}
-
-    # ---- warm processes: standby and in-process re-init -----------------------------------
-
-    def warm(self) -> dict:
-        """Import what a host needs (JAX, Flax, Optax, Orbax, the step's module) without
-        starting a backend, so that ``rejoin`` + ``initialize`` pay no imports."""
-        t0 = time.perf_counter()
-        import jax  # noqa: F401
-        import orbax.checkpoint  # noqa: F401
-
-        import workers.trainer  # noqa: F401
-        return {"pid": os.getpid(), "warm_s": time.perf_counter() - t0}
-
-    def quiesce(self) -> dict:
-        """The first half of ``release``, run on every host at once: stop the metadata watcher
-        and the RAM copies, finish pending saves (they may need every host) and drop the
-        trainer. Idempotent."""
-        t0 = time.perf_counter()
-        with self._lock:
-            if self._watcher is not None:
-                self._watcher.stop()
-                self._watcher = None
-        if self._replicator is not None:
-            self._replicator.close()
-            self._replicator, self._persist = None, None
-        if self.trainer is not None:
-            self.trainer.close()
-            self.trainer = None
-            import gc
-
-            gc.collect()  # arrays in reference cycles must be gone before the backends are
-        return {"pid": os.getpid(), "quiesce_s": time.perf_counter() - t0}
-
-    def release(self) -> dict:
-        """Leave this group and keep the process: ``quiesce``, then shut the distributed
-        runtime down and clear JAX's (and Orbax's) backends and caches, so ``rejoin`` can join
-        another group. Process 0 runs the coordination service: release it last. Raises if
-        the runtime cannot be shut down cleanly; the driver then kills this process and
-        starts a fresh one."""
-        t0 = time.perf_counter()
-        self.quiesce()  # a no-op when the driver quiesced every host first (WarmPool.park)
-        import jax
-        from jax.extend import backend
-
-        jax.distributed.shutdown()
-        backend.clear_backends()
-        jax.clear_caches()
-        _clear_orbax_caches()
-        self._stops, self._step, self._fault = StopBoard(), 0, None
-        return {"pid": os.getpid(), "release_s": time.perf_counter() - t0}
-
-    def rejoin(self, spec: HostSpec, env: dict[str, str]) -> dict:
-        """Take ``spec``'s host in the next group (after ``release``, or as a standby): the
-        same physical host, so the same devices; ``initialize`` follows."""
-        if not isinstance(spec, HostSpec):
-            raise TypeError(f"rejoin needs a HostSpec, got {type(spec).__name__}")
-        if self.trainer is not None:
-            raise RuntimeError("rejoin needs release() first: this process still has a trainer")
-        if self.host is not None and spec.host.node_id != self.host.node_id:
-            raise ValueError(f"this process runs on node {self.host.node_id}, not on "
-                             f"{spec.host.node_id}: a process cannot change hosts")
-        os.environ.update(env)
-        self.spec, self.host = spec, spec.host
-        return {"pid": os.getpid()}
 
     def _need_trainer(self, what: str) -> Any:
         if self.trainer is None:

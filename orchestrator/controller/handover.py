@@ -26,8 +26,7 @@ def begin(run: Run) -> Next | None:
             or p.handover or p.deadline is None or not p.doomed):
         return None
     now = run.now()
-    save_s = run.ledger.median_save_s() or 2.0
-    until = min(now + max_s, p.deadline - DRAIN_MARGIN_S - 2 * save_s)
+    until = min(now + max_s, _last_safe(run, p.deadline))
     if until <= now + 0.5:
         return None
     hosts = replacement_hosts(run)
@@ -61,7 +60,7 @@ def drain_now(run: Run) -> bool:
         ready = False
     latest = p.handover_until
     if p.deadline is not None:  # a notice merged in meanwhile may have brought it forward
-        latest = min(latest, p.deadline - DRAIN_MARGIN_S - 2 * (run.ledger.median_save_s() or 2.0))
+        latest = min(latest, _last_safe(run, p.deadline))
     if ready:
         p.handover = "ready"
     elif run.now() >= latest:
@@ -69,6 +68,12 @@ def drain_now(run: Run) -> bool:
                       "re-form starts cold processes for it")
         log.warning("handover_fallback", event_id=p.event_id, reason=p.handover)
     return bool(p.handover)
+
+
+def _last_safe(run: Run, deadline: float) -> float:
+    """The latest moment to start the drain: the deadline less a margin and twice the
+    expected save."""
+    return deadline - DRAIN_MARGIN_S - 2 * (run.ledger.median_save_s() or 2.0)
 
 
 def replacement_hosts(run: Run) -> list[HostRef]:

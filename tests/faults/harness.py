@@ -28,7 +28,9 @@ from orchestrator.config import RunConfig, load_config
 from orchestrator.controller import Controller, Hooks, RunSummary
 from orchestrator.controller_config import ChaosFaultConfig
 from orchestrator.ram_tier import RamTier
-from orchestrator.ray_group import RayClusterView, RayWorkerGroup, ray_group_factory
+from orchestrator.ray_cluster import RayClusterView
+from orchestrator.ray_group import RayWorkerGroup
+from orchestrator.ray_groups import ray_group_factory
 from tests.support.ray_cluster import RunningCluster, emulated_cluster
 
 log = structlog.get_logger(__name__)

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from orchestrator.controller_config import ChaosFaultConfig
-from orchestrator.ray_group import RayClusterView
+from orchestrator.ray_cluster import RayClusterView
 from tests.faults.harness import (
     Action,
     alive_host_processes,

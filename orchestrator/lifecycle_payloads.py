@@ -1,0 +1,77 @@
+"""The typed payloads of the lifecycle's states: what each transition carries (the table and
+the machine are in ``orchestrator.lifecycle``, which names them all)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from policies.causes import StopCause
+
+
+@dataclass(frozen=True, kw_only=True)
+class Failed:
+    """Why the run ended: a sentence naming the fix, and the classified cause (if a stop)."""
+
+    reason: str
+    cause: StopCause | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class WaitingForCapacity:
+    deadline: float
+    needed_slices: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Draining:
+    event_id: str
+    deadline: float | None
+    doomed_hosts: tuple[str, ...] = ()
+    cause: StopCause | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class HandingOver:
+    """The replacement hosts warming while the old group trains, and the latest drain time."""
+
+    event_id: str
+    hosts: tuple[str, ...]
+    until: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class Backoff:
+    until: float
+    cause: StopCause
+    attempt: int = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class Checkpointing:
+    """Why this save blocks the run (drain, final, grow) and whether it is a gamble."""
+
+    purpose: str
+    save_anyway: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class Releasing:
+    """What the teardown is for; ``lost_steps`` are steps that will be re-done after restore."""
+
+    cause: StopCause | None = None
+    lost_steps: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Restoring:
+    step: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Compiling:
+    """Where the restored state came from (ram, copy, durable: Orbax, seed) and what it cost."""
+
+    tier: str
+    restored_step: int | None
+    restore_s: float = 0.0
+    nbytes: int = 0

@@ -1,0 +1,76 @@
+"""The cluster as Ray shows it: TPU hosts alive now, whether a node still answers, and a host
+actor pinned to its node (the seam's ``ClusterView`` and the placement every group uses)."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Collection
+from typing import Any
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from orchestrator.hosts import HostRef
+from orchestrator.hostspec import HostSpec
+
+
+class RayClusterView:
+    """``ray.nodes()`` read as TPU hosts."""
+
+    probe_timeout_s: float = 2.0
+
+    def hosts(self) -> list[HostRef]:
+        from orchestrator.topology import hosts_from_nodes
+
+        return hosts_from_nodes(ray.nodes())
+
+    def platform(self) -> str:
+        from orchestrator.topology import platform_of
+
+        return platform_of(ray.nodes())
+
+    def unreachable(self, node_ids: Collection[str]) -> set[str]:
+        """Nodes that are gone even if the GCS has not noticed yet (it marks a vanished node
+        dead only after its health checks fail, ~16 s here): dead, unknown, or their raylet
+        refuses a TCP connection."""
+        wanted = set(node_ids)
+        nodes = {n["NodeID"]: n for n in ray.nodes() if n["NodeID"] in wanted}
+        gone = wanted - set(nodes)
+        for node_id, n in nodes.items():
+            if not n.get("Alive") or not accepts(n.get("NodeManagerAddress", ""),
+                                                  int(n.get("NodeManagerPort", 0)),
+                                                  self.probe_timeout_s):
+                gone.add(node_id)
+        return gone
+
+
+def wait_listening(host: str, port: int, *, timeout_s: float) -> bool:
+    """Whether ``host:port`` accepts a TCP connection within ``timeout_s`` (polled)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if accepts(host, port, 0.2):
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def accepts(host: str, port: int, timeout_s: float) -> bool:
+    if not host or port <= 0:
+        return True  # nothing to probe: trust the GCS
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def spawn(actor_cls: Any, h: HostRef, env: dict[str, str], spec: HostSpec | None) -> Any:
+    """A host actor pinned to ``h``'s node, holding its TPU resource (``spec`` None: a
+    standby that ``rejoin`` gives a host later)."""
+    return actor_cls.options(
+        name=None, num_cpus=0, resources={"TPU": h.devices}, max_concurrency=4,
+        max_restarts=0, scheduling_strategy=NodeAffinitySchedulingStrategy(
+            node_id=h.node_id, soft=False),
+        runtime_env={"env_vars": env},
+    ).remote(spec, env)
