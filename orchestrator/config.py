@@ -55,6 +55,10 @@ class EmulateConfig:
     devices_per_host: int = 2
     spare_slices: int = 0
     """Extra emulated slices started idle: replacement capacity for fault demos."""
+    replace_after_s: float | None = None
+    """None: a preempted emulated slice stays up, only left out (no cloud emulated). A number:
+    the cloud is emulated (orchestrator/cluster/cloud.py): the slice a preemption notice names
+    goes away at the notice's deadline and a new slice joins this many seconds later."""
 
     def __post_init__(self) -> None:
         _positive("cluster.emulate.slices", self.slices)
@@ -62,6 +66,11 @@ class EmulateConfig:
         _positive("cluster.emulate.devices_per_host", self.devices_per_host)
         if self.spare_slices < 0:
             raise ConfigError("cluster.emulate.spare_slices", "must be >= 0", "set it to 0 or more")
+        r = self.replace_after_s
+        if r is not None and not (isinstance(r, int | float) and math.isfinite(r) and r >= 0):
+            raise ConfigError("cluster.emulate.replace_after_s", f"{r!r} is not seconds >= 0",
+                              "set seconds until a preempted slice comes back (e.g. 60), or "
+                              "null to keep preempted slices up")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -104,6 +104,7 @@ class Driver:
         self.intake: Any = None
         self.metrics: Any = None
         self.node_watcher: Any = None
+        self.cloud: Any = None
         self._ray_started = False
 
     def run(self) -> int:
@@ -121,6 +122,7 @@ class Driver:
         self._prepare_run_dir()
         self.metrics = self._build_metrics()
         self.intake = self._build_intake()
+        self._emulate_cloud()
         peak_box: dict[str, Any] = {}
         hooks = Hooks(on_step=lambda rec, ctx: self._on_step(rec, ctx, peak_box),
                       peak_resolver=lambda measure: self._resolve_peak(cluster, measure,
@@ -290,6 +292,20 @@ class Driver:
         intake.start()
         return intake
 
+    def _emulate_cloud(self) -> None:
+        """With cluster.emulate.replace_after_s: preempted emulated slices go away at their
+        notice's deadline and new ones join later (orchestrator/cluster/cloud.py)."""
+        em = self.cfg.cluster.emulate
+        if self.emulated is None or em.replace_after_s is None:
+            return
+        from orchestrator.cluster.cloud import EmulatedCloud
+
+        self.cloud = EmulatedCloud(self.emulated, replace_after_s=em.replace_after_s,
+                                   hosts_per_slice=em.hosts_per_slice)
+        self.cloud.start()
+        self.intake.add_observer(self.cloud.on_event)
+        log.info("emulated_cloud", replace_after_s=em.replace_after_s)
+
     def _watch_ray_nodes(self, hosts: Any) -> None:
         """Ray as an event source: a run host whose node dies becomes a HOST_LOST event."""
         from orchestrator.events.ray_source import RayNodeWatcher
@@ -341,7 +357,7 @@ class Driver:
 
     def close(self) -> None:
         for name, part in (("ray-node-watcher", self.node_watcher), ("intake", self.intake),
-                           ("metrics", self.metrics)):
+                           ("emulated-cloud", self.cloud), ("metrics", self.metrics)):
             if part is None:
                 continue
             try:

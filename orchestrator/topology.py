@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Mapping, Sequence
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +28,7 @@ TOPOLOGY_LABEL = "ray.io/tpu-topology"
 INSTANCE_LABEL = "tpu-orchestrator.dev/instance"
 EMULATED_LABEL = "tpu-orchestrator.dev/emulated"
 LOOPBACK = "127.0.0.1"
+_NODE_START_LOCK = threading.Lock()
 
 
 JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # Ray sets it for a driver started by a Ray job
@@ -140,10 +142,15 @@ class EmulatedCluster:
             resources = {"TPU": self.devices_per_host}
             if w == 0:
                 resources[f"TPU-cpu-emu-{hosts * self.devices_per_host}-head"] = 1
-            self.nodes[(name, w)] = self.cluster.add_node(
-                num_cpus=1, resources=resources, labels=labels, node_ip_address=LOOPBACK,
-                object_store_memory=80 * 1024 * 1024)
+            with _sigterm_hook_off_main_thread():
+                self.nodes[(name, w)] = self.cluster.add_node(
+                    num_cpus=1, resources=resources, labels=labels, node_ip_address=LOOPBACK,
+                    object_store_memory=80 * 1024 * 1024)
         return name
+
+    def slice_workers(self, slice_name: str) -> list[int]:
+        """Worker ids of ``slice_name``'s hosts still up."""
+        return sorted(w for (name, w) in self.nodes if name == slice_name)
 
     def remove_host(self, slice_name: str, worker_id: int) -> None:
         """The machine vanishes: its raylet and every process it started die at once.
@@ -168,6 +175,28 @@ class EmulatedCluster:
         if self.cluster is not None:
             self.cluster.shutdown()
             self.cluster = None
+
+
+@contextlib.contextmanager
+def _sigterm_hook_off_main_thread() -> Iterator[None]:
+    """Let a thread other than the main one add a node (the emulated cloud's replacements).
+
+    Ray's ``Node`` installs a SIGTERM handler, which Python allows from the main thread only.
+    Off it, that one step is skipped: the node keeps its exit hook and its reaper, and the
+    process's SIGTERM handling stays as the head node and the driver set it.
+    """
+    from ray._private import utils as ray_utils
+
+    if threading.current_thread() is threading.main_thread():
+        yield
+        return
+    with _NODE_START_LOCK:
+        original = ray_utils.set_sigterm_handler
+        ray_utils.set_sigterm_handler = lambda handler: None
+        try:
+            yield
+        finally:
+            ray_utils.set_sigterm_handler = original
 
 
 def _pin_ray_to_loopback() -> None:

@@ -99,6 +99,13 @@ class EventIntake:
         self._start_seq = 0  # events.jsonl lines up to here were written by earlier drivers
         self.counts: Counter[str] = Counter()
         self.id_to_name: dict[str, str] = {}  # GCE instance id -> name, from the hosts
+        self._observers: list[Callable[[Event, Sequence[HostRef]], None]] = []
+
+    def add_observer(self, fn: Callable[[Event, Sequence[HostRef]], None]) -> None:
+        """Also hand each accepted event (and the hosts it was resolved against) to ``fn``,
+        after it is recorded: the emulated cloud reclaims the slices a notice names. An
+        observer that raises is logged and skipped."""
+        self._observers.append(fn)
 
     @property
     def _pubsub(self) -> PubSubSource | None:
@@ -269,6 +276,12 @@ class EventIntake:
             return accepted
         for item in batch:
             _safe(item.ack or _noop)
+        for event in accepted:
+            for fn in self._observers:
+                try:
+                    fn(event, hosts)
+                except Exception:
+                    log.exception("event_observer_failed", id=event.id)
         return accepted
 
     def record_action(self, event: Event, action: str, **details: Any) -> None:

@@ -52,7 +52,7 @@ def _wait_for(predicate, timeout_s: float, proc: subprocess.Popen, what: str) ->
     raise AssertionError(f"timed out waiting for {what}")
 
 
-STEPS = 40
+STEPS = 100  # long enough after the notice for the emulated cloud to reclaim and replace
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,8 @@ def journey(tmp_path_factory) -> Journey:
     with LocalMetricService() as svc:
         cmd = [sys.executable, "-m", "orchestrator.main", "--log-format", "json",
                f"run.run_dir={run_dir}", f"run.total_steps={STEPS}",
-               "cluster.emulate.spare_slices=1", "controller.checkpoint_interval.every_steps=10",
+               "cluster.emulate.spare_slices=1", "cluster.emulate.replace_after_s=0",
+               "controller.checkpoint_interval.every_steps=10",
                "events.metadata.enabled=off",
                "metrics.cloud_monitoring.enabled=true", "metrics.cloud_monitoring.project=demo",
                f"metrics.cloud_monitoring.endpoint={svc.address}",
@@ -93,7 +94,7 @@ def journey(tmp_path_factory) -> Journey:
                 published_at = time.time()
                 cli = subprocess.run(
                     [sys.executable, "-m", "orchestrator.events", "publish", "--run-dir",
-                     str(run_dir), "--kind", "preemption", "--host", "1", "--deadline-s", "60"],
+                     str(run_dir), "--kind", "preemption", "--host", "1", "--deadline-s", "5"],
                     cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
                 assert cli.returncode == 0, cli.stderr
                 event_id = json.loads(cli.stdout)["published"]["id"]
@@ -105,6 +106,10 @@ def journey(tmp_path_factory) -> Journey:
 
                 _wait_for(recorded, 30, proc, "the notice in events.jsonl")
                 print(f"CLI publish -> recorded: {time.time() - published_at:.2f}s")
+                # the emulated cloud takes the noticed slice at the deadline (5 s) and a new
+                # slice joins right after (replace_after_s=0), while the job still runs
+                _wait_for(lambda: "emulated_slice_returned" in log_path.read_text(), 90, proc,
+                          "the emulated cloud's replacement slice")
                 rc = proc.wait(timeout=420)
             finally:
                 if proc.poll() is None:
@@ -134,6 +139,10 @@ def test_default_job_survives_a_cli_preemption_and_reports(journey: Journey) -> 
     states = [t["state"] for t in _jsonl(run_dir / "timeline.jsonl")]
     for s in ("DRAINING", "CHECKPOINTING", "RELEASING", "FORMING", "RESTORING"):
         assert s in states[states.index("RUNNING"):], (s, states)
+    cloud = [json.loads(line) for line in output.splitlines()
+             if line.startswith("{") and '"emulated_slice_' in line]
+    assert [(c["message"], c["slice"]) for c in cloud] == [
+        ("emulated_slice_reclaimed", "emu-slice-0"), ("emulated_slice_returned", "emu-slice-2")]
     actions = [e.get("action") for e in _jsonl(run_dir / "events.jsonl")
                if e.get("event_id") == journey.event_id]
     assert "drain_now" in actions and "drain:save" in actions, actions

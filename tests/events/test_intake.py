@@ -106,6 +106,24 @@ def test_stale_and_irrelevant_are_recorded_with_reasons(tmp_path):
     assert dropped == {"gone", "late", "old"}
 
 
+def test_observers_see_accepted_events_only_and_cannot_break_the_poll(tmp_path):
+    """An observer (the emulated cloud) gets each accepted event once, after it is recorded;
+    one that raises is logged and the next observer and the poll go on."""
+    seen: list[tuple[str, int]] = []
+
+    def broken(ev, hs):
+        raise RuntimeError("observer bug")
+
+    with EventIntake(EventsConfig(inbox=False), run_dir=tmp_path, job="j") as intake:
+        intake.add_observer(broken)
+        intake.add_observer(lambda ev, hs: seen.append((ev.id, len(hs))))
+        intake.submit(event(id="good", host="vm-1"), source="t")
+        intake.submit(event(id="good", host="vm-1"), source="t")
+        intake.submit(event(id="gone", host="9"), source="t")
+        assert [e.id for e in intake.poll(hosts(2), 0)] == ["good"]
+    assert seen == [("good", 2)]
+
+
 def test_submit_never_raises(tmp_path):
     """Garbage of any Python type is a dead letter, not an exception in the driver."""
     with EventIntake(EventsConfig(inbox=False), run_dir=tmp_path, job="j") as intake:
