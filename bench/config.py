@@ -41,10 +41,18 @@ class BenchConfig:
     standby_slices: int = 1
     """Figure 4's orchestrator keeps a warm standby on this many spare slices
     (``controller.warm.standby_slices``); 0 measures cold re-forms."""
+    spare_slices: int = 1
+    """Figure 4's capacity, the same for every system: this many spare slices beyond the mesh."""
+    replace_after_s: float = 60.0
+    """Figure 4: a preempted slice goes at its notice's deadline and a new one comes this many
+    seconds later (``cluster.emulate.replace_after_s``; the restart baselines wait as long)."""
+    goodput_checkpoint_every: int = 50
+    """Figure 4's periodic checkpoint interval for every system: the orchestrator's default
+    (``controller.checkpoint_interval.every_steps``), not figure 2/3's short interval."""
 
     def __post_init__(self) -> None:
         for name in ("hosts", "devices", "repeats", "overhead_steps", "checkpoint_every",
-                     "preempt_at_step", "steps_after_preempt"):
+                     "preempt_at_step", "steps_after_preempt", "goodput_checkpoint_every"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"bench.{name}", f"must be > 0, got {getattr(self, name)}",
                                   f"set bench.{name} to a positive value")
@@ -59,6 +67,9 @@ class BenchConfig:
         if self.only_goodput and not self.goodput_minutes:
             raise ConfigError("bench.only_goodput", "needs the scheduled mode",
                               "also set goodput_minutes (e.g. 10)")
+        if self.spare_slices < 0 or self.replace_after_s < 0:
+            raise ConfigError("bench.spare_slices", "spare_slices and replace_after_s must be "
+                              ">= 0", "e.g. spare_slices=1 replace_after_s=60")
         if self.goodput_minutes < 0:
             raise ConfigError("bench.goodput_minutes", "must be >= 0", "use 0 to derive it")
         if self.goodput_minutes and self.preempt_every_s < 20:

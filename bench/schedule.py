@@ -1,11 +1,22 @@
 """Figure 4, scheduled mode: each system trains for M minutes with a preemption every N seconds.
 
-- orchestrator: one ``orchestrator.main`` run; every N s a preemption notice for mesh host 1 is
-  published through the run dir's inbox (``python -m orchestrator.events publish``); spare
-  emulated slices stand in for replacement capacity (one per expected preemption).
-- full restart: every N s the job is killed (SIGINT, SIGKILL after a grace period) and resubmitted
-  on the same run dir, restoring its latest checkpoint.
-- Ray Train: ``bench.raytrain_baseline`` (JaxTrainer + FailureConfig), a worker killed every N s.
+Capacity is modelled the same way for the orchestrator and the full restart: the mesh's slice
+plus ``spare_slices`` spares; a preempted slice goes at its notice's deadline (``notice_deadline_s``
+after the notice) and a new slice comes ``replace_after_s`` later. Every system checkpoints every
+``goodput_checkpoint_every`` steps (the orchestrator's default interval).
+
+- orchestrator: one ``orchestrator.main`` run with ``cluster.emulate.replace_after_s`` (the
+  emulated cloud takes the noticed slice at the deadline and adds a new one later); every N s a
+  preemption notice for mesh host 1 is published through the run dir's inbox (``python -m
+  orchestrator.events publish``).
+- full restart: the job does not read notices; its slice goes at the deadline (SIGINT, SIGKILL
+  after a grace period) and it is resubmitted on the same run dir (restoring its latest
+  checkpoint) as soon as a slice is free: at once while a spare is left, else when the
+  preempted slice's replacement comes.
+- Ray Train: ``bench.raytrain_baseline`` (JaxTrainer + FailureConfig), a worker killed every N s
+  (no notice path); Ray Train restarts it on the local instance at once, which is what the
+  capacity model gives whenever a spare is left (``spare_slices`` >= 1 and
+  ``replace_after_s`` < N).
 
 The preemption clock starts at the system's first productive step (a loaded machine can take
 longer than N s to start); wall time, and so goodput, counts from the process start.
@@ -16,9 +27,9 @@ reached and then thrown away by a restore to an earlier checkpoint.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench import procs
@@ -73,18 +84,37 @@ def wait_first_step(path: Path, proc, *, until: float) -> float:
     return time.time()
 
 
+@dataclass
+class Capacity:
+    """Free slices for a job that needs one: ``1 + spare`` at first; a preempted slice comes
+    back (as a new one) ``replace_after_s`` after it went."""
+
+    spare: int
+    replace_after_s: float
+    returns: list[float] = field(default_factory=list)
+
+    def lose(self, at: float) -> None:
+        self.spare -= 1
+        self.returns.append(at + self.replace_after_s)
+
+    def ready_at(self, now: float) -> float:
+        """When a slice is free for the next submission (``now`` if one is)."""
+        back = sorted(self.returns)
+        self.spare += sum(1 for t in back if t <= now)
+        self.returns = [t for t in back if t > now]
+        if self.spare >= 0:
+            return now
+        return self.returns[-1 - self.spare] if -1 - self.spare < len(self.returns) else now
+
+
 def orchestrator_schedule(cfg: BenchConfig, workdir: Path, topology: list[str]) -> dict:
     seconds = cfg.goodput_minutes * 60.0
-    # The first notice comes N s after the first step, so one fewer than seconds/N can fall in.
-    # One spare slice per expected notice. (A cap on spares once worked around a driver that
-    # planned its mesh over every slice, spares included; it plans over the slices it uses now:
-    # spare_slices=2 and 3 with batch 16 start and finish, checked 2026-11-23.)
-    n_preempt = max(1, math.ceil(seconds / cfg.preempt_every_s) - 1)
     run_dir = workdir / "orchestrator"
     overrides = [*topology, "run.name=bench-goodput", "run.total_steps=1000000",
-                 f"cluster.emulate.spare_slices={n_preempt}",
-                 f"controller.warm.standby_slices={cfg.standby_slices}",
-                 f"controller.checkpoint_interval.every_steps={cfg.checkpoint_every}"]
+                 f"cluster.emulate.spare_slices={cfg.spare_slices}",
+                 f"cluster.emulate.replace_after_s={cfg.replace_after_s}",
+                 f"controller.warm.standby_slices={min(cfg.standby_slices, cfg.spare_slices)}",
+                 f"controller.checkpoint_interval.every_steps={cfg.goodput_checkpoint_every}"]
     t0 = time.time()
     proc = procs.start(main_cmd(run_dir, overrides), log_path=workdir / "orchestrator.log")
     notices: list[float] = []
@@ -117,29 +147,39 @@ def restart_schedule(cfg: BenchConfig, workdir: Path, topology: list[str]) -> di
     seconds = cfg.goodput_minutes * 60.0
     run_dir = workdir / "full_restart"
     overrides = [*topology, "run.name=bench-goodput-restart", "run.total_steps=1000000",
-                 f"controller.checkpoint_interval.every_steps={cfg.checkpoint_every}"]
+                 f"controller.checkpoint_interval.every_steps={cfg.goodput_checkpoint_every}"]
     t0 = time.time()
     kills = 0
+    waited = 0.0
     end = t0 + seconds
     first: float | None = None
+    capacity = Capacity(spare=cfg.spare_slices, replace_after_s=cfg.replace_after_s)
     while time.time() < end:
         proc = procs.start(main_cmd(run_dir, overrides), log_path=workdir / "full_restart.log")
         try:
             if first is None:
                 first = wait_first_step(run_dir / "metrics.jsonl", proc, until=end)
-            next_kill = first + (kills + 1) * cfg.preempt_every_s
-            while time.time() < min(next_kill, end) and proc.poll() is None:
+            # the notice comes on the same clock as the orchestrator's; the slice goes at its
+            # deadline (this job does not read notices)
+            gone_at = first + (kills + 1) * cfg.preempt_every_s + cfg.notice_deadline_s
+            while time.time() < min(gone_at, end) and proc.poll() is None:
                 time.sleep(0.5)
             procs.interrupt_then_kill(proc, grace_s=60)
-            kills += time.time() < end
+            if time.time() < end:
+                kills += 1
+                capacity.lose(time.time())
         finally:
             if proc.poll() is None:
                 procs.kill_tree(proc)
+        free_at = capacity.ready_at(time.time())
+        if free_at > time.time():
+            waited += min(free_at, end) - time.time()
+            time.sleep(max(0.0, min(free_at, end) - time.time()))
     wall = time.time() - t0
     recs = read_jsonl(run_dir / "metrics.jsonl") + restore_markers(
         read_jsonl(run_dir / "timeline.jsonl"))
     return summarize(recs, t0=t0, seconds=seconds, skip=cfg.skip_steps, preemptions=kills,
-                     process_wall_s=wall)
+                     process_wall_s=wall, waited_for_capacity_s=round(waited, 1))
 
 
 def raytrain_schedule(cfg: BenchConfig, workdir: Path) -> dict:
@@ -148,7 +188,7 @@ def raytrain_schedule(cfg: BenchConfig, workdir: Path) -> dict:
     proc = procs.start(procs.python_cmd(
         "bench.raytrain_baseline", "--minutes", str(cfg.goodput_minutes), "--preempt-every-s",
         str(cfg.preempt_every_s), "--workdir", str(out), "--hosts", str(cfg.hosts),
-        "--devices", str(cfg.devices), "--checkpoint-every", str(cfg.checkpoint_every)),
+        "--devices", str(cfg.devices), "--checkpoint-every", str(cfg.goodput_checkpoint_every)),
         log_path=workdir / "ray_train.log")
     try:
         code = proc.wait(timeout=cfg.goodput_minutes * 60.0 + cfg.run_timeout_s)
