@@ -18,7 +18,7 @@ class BenchConfig:
     mode: Mode = "quick"
     hosts: int = 2
     devices: int = 2
-    repeats: int = 2
+    repeats: int = 5
     """Repeats of every side-by-side measurement (figures 1, 2, 3, 5); medians over them."""
     skip_steps: int = 5
     """Warm-up steps left out of steady-state medians."""
@@ -82,7 +82,7 @@ PRESETS: dict[str, dict] = {
               "preempt_at_step": 10, "steps_after_preempt": 20, "goodput_minutes": 0.0,
               "run_timeout_s": 420.0},
     "quick": {},
-    "full": {"repeats": 3, "overhead_steps": 150, "preempt_at_step": 45,
+    "full": {"repeats": 5, "overhead_steps": 150, "preempt_at_step": 45,
              "steps_after_preempt": 20, "goodput_minutes": 10.0, "preempt_every_s": 120.0},
 }
 

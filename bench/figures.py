@@ -122,6 +122,18 @@ def announced_recovery(run: RunDir) -> dict:
     }
 
 
+def kill_moment(run: RunDir, *, exited_at: float) -> dict | None:
+    """When the injected kill stopped the job: its first transition out of RUNNING (None if
+    it never left RUNNING, or finished)."""
+    if run.summary.get("state") == "SUCCEEDED":
+        return None
+    left = [t for t in run.timeline if t.get("prev") == "RUNNING"]
+    if not left:
+        return None
+    at = float(left[0]["at"])
+    return {"killed_at": at, "stop_s": exited_at - at, "exit_code": run.summary.get("exit_code")}
+
+
 def full_restart(killed: dict, first_run: RunDir, second_run: RunDir) -> dict:
     """Figure 3b (one run): the job killed at the notice and resubmitted on the same run dir."""
     t_kill = killed["killed_at"]

@@ -8,7 +8,6 @@ optionally interrupts it (the full-restart baseline), and reads ``summary.json``
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -98,32 +97,3 @@ def run_main(run_dir: Path, overrides: list[str], *, timeout_s: float,
         rd.retries = retries
         rd.ray_start_failed = code != 0 and _start_failed(log_path(run_dir), offset)
         return code, rd
-
-
-def run_until_step(run_dir: Path, overrides: list[str], *, stop_at_step: int, timeout_s: float,
-                   grace_s: float = 60.0, startup_retries: int = 2) -> dict:
-    """Start the driver, and when its metrics show ``stop_at_step``, kill the job (SIGINT, then
-    SIGKILL after ``grace_s``): the 'job killed' half of the full-restart baseline."""
-    for attempt in range(startup_retries + 1):
-        offset = _log_size(log_path(run_dir))
-        proc = procs.start(main_cmd(run_dir, overrides), log_path=log_path(run_dir))
-        deadline = time.monotonic() + timeout_s
-        try:
-            while proc.poll() is None:
-                recs = read_jsonl(run_dir / "metrics.jsonl")
-                if recs and max(r["step"] for r in recs) >= stop_at_step:
-                    killed_at = time.time()
-                    stop_s = procs.interrupt_then_kill(proc, grace_s=grace_s)
-                    return {"killed_at": killed_at, "stop_s": stop_s,
-                            "exit_code": proc.returncode, "retries": attempt}
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"step {stop_at_step} not reached in {timeout_s:.0f}s")
-                time.sleep(0.2)
-        finally:
-            if proc.poll() is None:
-                procs.kill_tree(proc)
-            procs.reap_group(proc)
-        if not _start_failed(log_path(run_dir), offset):
-            break
-    raise RuntimeError(f"the driver exited (code {proc.returncode}) before step {stop_at_step}; "
-                       f"see {log_path(run_dir)}")

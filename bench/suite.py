@@ -15,7 +15,7 @@ import structlog
 from bench import figures, machine
 from bench.bare import run_bare
 from bench.config import BenchConfig
-from bench.orchestrated import RunDir, run_main, run_until_step
+from bench.orchestrated import run_main
 from bench.stats import spread
 
 log = structlog.get_logger(__name__)
@@ -104,13 +104,16 @@ class Suite:
         overrides = [*self.topology(), "run.name=bench-restart",
                      f"run.total_steps={self.total_with_preempt()}",
                      f"controller.checkpoint_interval.every_steps={c.checkpoint_every}"]
+        # The kill lands at a step, not when a poll of the metrics file sees one: host 1 is
+        # killed -9 at step preempt_at_step and with no restart allowed the job ends there.
+        kill = (f"controller.chaos=[{{at_step: {c.preempt_at_step}, host: 1, kind: kill}}]",
+                "controller.budgets.host_lost=0")
         t0 = time.time()
-        killed = run_until_step(run_dir, overrides, stop_at_step=c.preempt_at_step,
-                                timeout_s=c.run_timeout_s)
-        first = RunDir.read(run_dir)
-        if first.summary.get("state") == "SUCCEEDED":
-            raise RuntimeError("the job finished before the kill landed (metrics are flushed "
-                               "about once a second); raise bench.steps_after_preempt")
+        _, first = run_main(run_dir, [*overrides, *kill], timeout_s=c.run_timeout_s)
+        killed = figures.kill_moment(first, exited_at=time.time())
+        if killed is None:
+            raise RuntimeError(f"the job was not killed at step {c.preempt_at_step} (state "
+                               f"{first.summary.get('state')}); see {run_dir}.log")
         shutil.copy(run_dir / "metrics.jsonl", run_dir.parent / f"restart-{i}-first.jsonl")
         code, second = run_main(run_dir, overrides, timeout_s=c.run_timeout_s)
         wall = time.time() - t0

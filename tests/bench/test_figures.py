@@ -84,6 +84,19 @@ def test_full_restart_counts_steps_since_the_last_checkpoint(tmp_path: Path):
     assert fig["steps_lost"] == 1 and fig["notice_to_first_step_s"] == pytest.approx(91.5)
 
 
+def test_the_kill_moment_is_when_the_job_left_running(tmp_path: Path):
+    """The injected kill's time comes from the timeline, not from polling the metrics."""
+    killed = RunDir(path=tmp_path, summary={"state": "FAILED", "exit_code": 1}, timeline=[
+        {"state": "RUNNING", "prev": "COMPILING", "at": 100.0},
+        {"state": "RECOVERING", "prev": "RUNNING", "at": 104.2},
+        {"state": "FAILED", "prev": "RECOVERING", "at": 104.3}])
+    assert figures.kill_moment(killed, exited_at=106.2) == pytest.approx(
+        {"killed_at": 104.2, "stop_s": 2.0, "exit_code": 1})
+    finished = RunDir(path=tmp_path, summary={"state": "SUCCEEDED"}, timeline=[
+        {"state": "CHECKPOINTING", "prev": "RUNNING", "at": 104.2}])
+    assert figures.kill_moment(finished, exited_at=106.0) is None
+
+
 def test_bad_settings_name_the_setting():
     """A preemption before the first checkpoint is rejected with the setting's name."""
     with pytest.raises(ConfigError, match=r"bench\.preempt_at_step"):
