@@ -39,7 +39,7 @@ class BenchConfig:
     only_goodput: bool = False
     """Run figure 4's scheduled mode alone (needs goodput_minutes > 0); other figures empty."""
     standby_slices: int = 1
-    """Figure 4's orchestrator keeps a warm standby on this many spare slices
+    """Figures 2-4's orchestrator keeps a warm standby on this many spare slices
     (``controller.warm.standby_slices``); 0 measures cold re-forms."""
     spare_slices: int = 1
     """Figure 4's capacity, the same for every system: this many spare slices beyond the mesh."""

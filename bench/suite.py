@@ -77,6 +77,7 @@ class Suite:
         t0 = time.time()
         code, rd = run_main(run_dir, [*self.topology(), "run.name=bench-announced",
                                       "cluster.emulate.spare_slices=1",
+                                      f"controller.warm.standby_slices={c.standby_slices}",
                                       f"run.total_steps={self.total_with_preempt()}",
                                       f"controller.checkpoint_interval.every_steps="
                                       f"{c.checkpoint_every}", chaos], timeout_s=c.run_timeout_s)
