@@ -32,10 +32,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench import procs
+from bench import machine, procs
 from bench.config import BenchConfig
 from bench.figures import goodput
 from bench.orchestrated import RunDir, main_cmd, read_jsonl
+from bench.sidebyside import wait_for_idle
 from bench.stats import spread
 
 
@@ -219,12 +220,15 @@ def run_schedule(cfg: BenchConfig, *, workdir: Path, progress: Callable[[str], N
     for name, fn in runs:
         if name not in wanted:
             continue
+        wait_for_idle()  # the previous system's processes leave the load up for a while
+        load = machine.load_average()
         progress(f"figure 4: {name}, {cfg.goodput_minutes} min, preemption every "
-                 f"{cfg.preempt_every_s} s")
+                 f"{cfg.preempt_every_s} s (1-minute load {load[0] if load else '?'})")
         try:
             systems[name] = fn()
         except Exception as exc:  # one system failing must not lose the others' numbers
             systems[name] = {"error": f"{type(exc).__name__}: {exc}", "goodput": None,
                              "wall_s": None, "steps_lost": None}
+        systems[name]["load_before"] = load
     return {"mode": f"scheduled: {cfg.goodput_minutes} min per system, preemption every "
                     f"{cfg.preempt_every_s} s", "systems": systems}

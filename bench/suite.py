@@ -16,6 +16,7 @@ from bench import figures, machine
 from bench.bare import run_bare
 from bench.config import BenchConfig
 from bench.orchestrated import run_main
+from bench.sidebyside import wait_for_idle
 from bench.stats import spread
 
 log = structlog.get_logger(__name__)
@@ -167,7 +168,10 @@ class Suite:
         return result
 
     def _measured(self, name: str, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run one measurement with the machine's load recorded before and after it."""
+        """Run one measurement with the machine's load recorded before and after it; outside
+        smoke mode it first waits (bounded) for the previous one's load to settle."""
+        if self.cfg.mode != "smoke":
+            wait_for_idle()
         entry = {"measurement": name, "before": machine.load_average(), "after": None}
         self.loads.append(entry)
         try:
@@ -196,8 +200,12 @@ class Suite:
         if c.goodput_minutes:
             from bench.schedule import run_schedule
 
-            return run_schedule(c, workdir=self.workdir / "schedule", progress=self.progress,
-                                topology=self.topology())
+            out = run_schedule(c, workdir=self.workdir / "schedule", progress=self.progress,
+                               topology=self.topology())
+            # each system's start load counts for the run's validity too
+            self.loads += [{"measurement": f"goodput:{name}", "before": entry.get("load_before"),
+                            "after": None} for name, entry in out["systems"].items()]
+            return out
         by: dict[str, list[dict]] = {}
         for r in self.raw["derived_goodput"]:
             by.setdefault(r["system"], []).append(r)
