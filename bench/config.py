@@ -46,6 +46,9 @@ class BenchConfig:
     replace_after_s: float = 60.0
     """Figure 4: a preempted slice goes at its notice's deadline and a new one comes this many
     seconds later (``cluster.emulate.replace_after_s``; the restart baselines wait as long)."""
+    orchestrator_settings: str = ""
+    """Figure 4: extra orchestrator settings, space-separated (e.g. ``checkpoint.ram.enabled=true
+    checkpoint.ram.every=10``), to measure a configuration against the same baselines."""
     goodput_checkpoint_every: int = 50
     """Figure 4's periodic checkpoint interval for every system: the orchestrator's default
     (``controller.checkpoint_interval.every_steps``), not figure 2/3's short interval."""

@@ -115,7 +115,8 @@ def orchestrator_schedule(cfg: BenchConfig, workdir: Path, topology: list[str]) 
                  f"cluster.emulate.spare_slices={cfg.spare_slices}",
                  f"cluster.emulate.replace_after_s={cfg.replace_after_s}",
                  f"controller.warm.standby_slices={min(cfg.standby_slices, cfg.spare_slices)}",
-                 f"controller.checkpoint_interval.every_steps={cfg.goodput_checkpoint_every}"]
+                 f"controller.checkpoint_interval.every_steps={cfg.goodput_checkpoint_every}",
+                 *cfg.orchestrator_settings.split()]
     t0 = time.time()
     proc = procs.start(main_cmd(run_dir, overrides), log_path=workdir / "orchestrator.log")
     notices: list[float] = []
