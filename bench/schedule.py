@@ -99,13 +99,11 @@ class Capacity:
         self.returns.append(at + self.replace_after_s)
 
     def ready_at(self, now: float) -> float:
-        """When a slice is free for the next submission (``now`` if one is)."""
-        back = sorted(self.returns)
-        self.spare += sum(1 for t in back if t <= now)
-        self.returns = [t for t in back if t > now]
-        if self.spare >= 0:
-            return now
-        return self.returns[-1 - self.spare] if -1 - self.spare < len(self.returns) else now
+        """When a slice is free for the next submission (``now`` if one is). A negative
+        ``spare`` counts slices owed, each one of the pending ``returns``."""
+        self.spare += sum(t <= now for t in self.returns)
+        self.returns = sorted(t for t in self.returns if t > now)
+        return now if self.spare >= 0 else self.returns[-self.spare - 1]
 
 
 def orchestrator_schedule(cfg: BenchConfig, workdir: Path, topology: list[str]) -> dict:
@@ -173,10 +171,10 @@ def restart_schedule(cfg: BenchConfig, workdir: Path, topology: list[str]) -> di
         finally:
             if proc.poll() is None:
                 procs.kill_tree(proc)
-        free_at = capacity.ready_at(time.time())
-        if free_at > time.time():
-            waited += min(free_at, end) - time.time()
-            time.sleep(max(0.0, min(free_at, end) - time.time()))
+        now = time.time()
+        if (wait := min(capacity.ready_at(now), end) - now) > 0:
+            waited += wait
+            time.sleep(wait)
     wall = time.time() - t0
     recs = read_jsonl(run_dir / "metrics.jsonl") + restore_markers(
         read_jsonl(run_dir / "timeline.jsonl"))

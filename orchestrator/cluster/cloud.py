@@ -115,10 +115,10 @@ class EmulatedCloud:
             log.info("emulated_capacity_scheduled", action=a.kind, slice=a.slice_name,
                      in_s=round(a.at - self._clock(), 2))
 
-    def step(self, now: float | None = None) -> list[CapacityAction]:
-        """Apply what is due (the thread calls this; tests call it with their own clock)."""
+    def step(self) -> list[CapacityAction]:
+        """Apply what is due by the clock (the thread calls this; tests, with a fake clock)."""
         with self._cond:
-            due = self.schedule.due(self._clock() if now is None else now)
+            due = self.schedule.due(self._clock())
         for action in due:
             self._apply(action)
         return due
