@@ -209,13 +209,19 @@ class RamTier:
                 log.warning("ram_holder_stats_failed", holder=name, error=str(exc)[:200])
         return out
 
+    def flush(self, *, flush_s: float = 60.0) -> dict[str, Any]:
+        """Wait (bounded by ``flush_s``) until every holder's queued durable saves are done; the
+        handles waited on, by name."""
+        handles = self.holders()
+        flushed = {name: h.flush.remote(flush_s) for name, h in handles.items()}
+        ray.wait(list(flushed.values()), num_returns=len(flushed), timeout=flush_s + 5)
+        return handles
+
     def release(self, *, flush_s: float = 60.0) -> int:
         """Kill every holder of this run once its queued durable saves are done (bounded by
         ``flush_s``); returns how many."""
         n = 0
-        handles = self.holders()
-        flushed = {name: h.flush.remote(flush_s) for name, h in handles.items()}
-        ray.wait(list(flushed.values()), num_returns=len(flushed), timeout=flush_s + 5)
+        handles = self.flush(flush_s=flush_s)
         for name, h in handles.items():
             try:
                 ray.kill(h, no_restart=True)

@@ -181,6 +181,8 @@ def run_controller(cfg: RunConfig, *, actions: Sequence[Action] = (), intake: An
     if runner.is_alive():
         raise AssertionError(f"the run did not end within {timeout_s:.0f}s")
     groups.close()  # warm processes kept between groups
+    if ram is not None:  # the holders write durable saves at low priority: count them done
+        ram.flush()
     ram_stats = ram.stats() if ram is not None else {}
     if ram is not None and release_ram:
         ram.release()  # the next test of the module's cluster starts with none
