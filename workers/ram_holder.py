@@ -19,10 +19,14 @@ import time
 import zlib
 from dataclasses import dataclass
 
+from workers.niceness import lower_this_thread
+
 log = logging.getLogger(__name__)
 
 PERSIST_NICE = 19
 """The durable writer runs at the lowest CPU priority: the training step keeps its cores."""
+RECEIVE_NICE = 19
+"""So do the threads receiving copies: a copy may arrive late, never slow the step."""
 
 
 @dataclass
@@ -109,6 +113,7 @@ class RamHolder:
     def _serve_conn(self, conn: socket.socket) -> None:
         from workers import ram_wire
 
+        lower_this_thread(RECEIVE_NICE, what="a RAM-tier receiver")
         with conn:
             try:
                 hello, _ = ram_wire.recv_frame(conn)
@@ -148,10 +153,8 @@ class RamHolder:
         os.environ["JAX_PLATFORMS"] = "cpu"  # Orbax imports JAX: never let it take a TPU
         from workers import copy_store
 
-        try:  # Linux: per thread, and inherited by the threads Orbax starts from here
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), PERSIST_NICE)
-        except OSError as exc:
-            log.warning("could not lower the durable writer's priority: %s", exc)
+        # Linux: per thread, and inherited by the threads Orbax starts from here
+        lower_this_thread(PERSIST_NICE, what="the durable writer")
         while True:
             copy, directory, keep_steps = self._persist.get()
             step, source = copy.step, copy.source

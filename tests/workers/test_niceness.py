@@ -1,0 +1,34 @@
+"""Background threads of the RAM tier lower their own priority, never the process's."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from workers.niceness import lower_this_thread
+
+
+def _priority_in_thread(nice: int) -> tuple[int, int]:
+    seen: dict[str, int] = {}
+
+    def body() -> None:
+        lower_this_thread(nice, what="a test thread")
+        seen["thread"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    t = threading.Thread(target=body)
+    t.start()
+    t.join()
+    return seen["thread"], os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+
+def test_the_calling_thread_is_lowered_and_the_others_are_not():
+    before = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    thread, main = _priority_in_thread(min(19, before + 5))
+    assert thread == min(19, before + 5)
+    assert main == before
+
+
+def test_a_higher_priority_is_never_asked_for():
+    before = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    thread, _ = _priority_in_thread(before - 1)  # raising priority needs privilege: not tried
+    assert thread == before
