@@ -55,10 +55,16 @@ class WarmPool:
         bound = self.release_timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + bound
         # saves in flight may need every host: all finish them first, then leave in order
+        t0 = time.perf_counter()
         self._call("quiesce", actors, deadline)
+        t1 = time.perf_counter()
         first = [(n, a) for n, a in actors if n != coordinator]
         last = [(n, a) for n, a in actors if n == coordinator]
-        answers = self._call("release", first, deadline) + self._call("release", last, deadline)
+        answers = self._call("release", first, deadline)
+        t2 = time.perf_counter()
+        answers += self._call("release", last, deadline)
+        log.info("park_timings", quiesce_s=round(t1 - t0, 3), release_others_s=round(t2 - t1, 3),
+                 release_coordinator_s=round(time.perf_counter() - t2, 3))
         kept = 0
         for (node_id, actor), (ref, ready) in zip([*first, *last], answers, strict=True):
             try:
@@ -70,7 +76,8 @@ class WarmPool:
                 log.warning("release_failed", node=node_id[:12], error=str(exc)[:300])
                 _kill(actor)
                 continue
-            log.debug("released", node=node_id[:12], release_s=round(float(out["release_s"]), 3))
+            log.info("released", node=node_id[:12],
+                     **{k: round(float(v), 3) for k, v in out.items() if k.endswith("_s")})
             _kill(self.parked.pop(node_id, None))
             self.parked[node_id] = actor
             kept += 1

@@ -82,12 +82,16 @@ class WarmMethods:
         import jax
         from jax.extend import backend
 
+        t1 = time.perf_counter()
         jax.distributed.shutdown()
+        t2 = time.perf_counter()
         backend.clear_backends()
         jax.clear_caches()
         _clear_orbax_caches()
         self._stops, self._step, self._fault = StopBoard(), 0, None
-        return {"pid": os.getpid(), "release_s": time.perf_counter() - t0}
+        t3 = time.perf_counter()
+        return {"pid": os.getpid(), "release_s": t3 - t0, "quiesce_s": t1 - t0,
+                "shutdown_s": t2 - t1, "clear_s": t3 - t2}
 
     def rejoin(self, spec: HostSpec, env: dict[str, str]) -> dict:
         """Take ``spec``'s host in the next group (after ``release``, or as a standby): the
