@@ -5,6 +5,7 @@ drives them). Kept apart so the actor's module stays about stepping and checkpoi
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -12,6 +13,8 @@ from typing import Any
 
 from orchestrator.hostspec import HostSpec
 from workers.stops import StopBoard
+
+log = logging.getLogger(__name__)
 
 RELEASE_BARRIER_S = 10
 """How long ``release`` waits for the other processes at the runtime's shutdown barrier."""
@@ -24,6 +27,26 @@ def _clear_orbax_caches() -> None:
     from orbax.checkpoint._src.futures import signaling_client
 
     signaling_client.get_signaling_client.cache_clear()
+
+
+def _free_device_objects() -> tuple[int, int]:
+    """Arrays and executables must be gone before the backends are cleared (on a TPU the next
+    backend cannot open chips an old client still holds). Dropping the trainer frees them by
+    reference count; only if some survive (in reference cycles) is a full collection run:
+    it walks every object of the process (~0.1 s of a switch here)."""
+    import gc
+
+    import jax
+    from jax.extend import backend
+
+    jax.clear_caches()
+    alive = len(jax.live_arrays()), len(backend.get_backend().live_executables())
+    if any(alive):
+        gc.collect()
+        log.info("collected to free %d arrays and %d executables left in reference cycles; "
+                 "%d and %d remain", *alive, len(jax.live_arrays()),
+                 len(backend.get_backend().live_executables()))
+    return alive
 
 
 class WarmMethods:
@@ -55,21 +78,26 @@ class WarmMethods:
         """The first half of ``release``, run on every host at once: stop the metadata watcher
         and the RAM copies, finish pending saves (they may need every host) and drop the
         trainer. Idempotent."""
-        t0 = time.perf_counter()
+        t = [time.perf_counter()]
         with self._lock:
             if self._watcher is not None:
                 self._watcher.stop()
                 self._watcher = None
+        t.append(time.perf_counter())
         if self._replicator is not None:
             self._replicator.close()
             self._replicator, self._persist = None, None
-        if self.trainer is not None:
+        t.append(time.perf_counter())
+        dropped = self.trainer is not None
+        if dropped:
             self.trainer.close()
             self.trainer = None
-            import gc
-
-            gc.collect()  # arrays in reference cycles must be gone before the backends are
-        return {"pid": os.getpid(), "quiesce_s": time.perf_counter() - t0}
+        t.append(time.perf_counter())
+        alive = _free_device_objects() if dropped else (0, 0)
+        t.append(time.perf_counter())
+        return {"pid": os.getpid(), "quiesce_s": t[-1] - t[0], "watcher_s": t[1] - t[0],
+                "ram_s": t[2] - t[1], "trainer_s": t[3] - t[2], "free_s": t[4] - t[3],
+                "cycles_held": alive}
 
     def release(self) -> dict:
         """Leave this group and keep the process: ``quiesce``, then shut the distributed

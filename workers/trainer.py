@@ -131,7 +131,12 @@ class Trainer:
         self.batch_shape = (spec.accum_steps, self.micro, spec.model.seq_len)
         self.batch_sharding = NamedSharding(self.mesh, P(None, BATCH_AXES, None))
         self.replicated = NamedSharding(self.mesh, P())
-        abstract_boxed = jax.eval_shape(self._init_boxed, jax.random.key(0))
+        # module-level functions, not bound methods or lambdas over ``self``: a jitted function
+        # kept on ``self`` that refers back to it makes a reference cycle, which keeps the
+        # state's arrays (and the backend) alive after the trainer is dropped, until a full
+        # collection (``host_warm`` needs them gone at once)
+        init_boxed = functools.partial(_init_boxed, self.model, self.tx, spec.model.seq_len)
+        abstract_boxed = jax.eval_shape(init_boxed, jax.random.key(0))
         specs = nn.get_partition_spec(abstract_boxed)
         self.state_sharding = nn.logical_to_mesh_sharding(specs, self.mesh, LOGICAL_RULES)
         self.abstract_state = jax.tree.map(
@@ -139,7 +144,7 @@ class Trainer:
             nn.meta.unbox(abstract_boxed), self.state_sharding)
         self.n_params = int(sum(math.prod(a.shape) for a in
                                 jax.tree.leaves(nn.meta.unbox(abstract_boxed)["params"])))
-        self._init = jax.jit(lambda k: nn.meta.unbox(self._init_boxed(k)),
+        self._init = jax.jit(functools.partial(_init_unboxed, init_boxed),
                              out_shardings=self.state_sharding)
         self._step_fn = jax.jit(
             functools.partial(_train_step, self.model, self.tx, self.schedule_lr),
@@ -164,12 +169,6 @@ class Trainer:
             model_desc=json.dumps(dataclasses.asdict(spec.model)), before_commit=before_commit)
 
     # ---- construction -------------------------------------------------------------------
-
-    def _init_boxed(self, key):
-        dummy = jnp.zeros((1, self.spec.model.seq_len - 1), jnp.int32)
-        params = self.model.init(key, dummy)["params"]
-        return {"params": params, "opt_state": self.tx.init(params),
-                "step": jnp.zeros((), jnp.int32), "rng": jax.random.key_data(key)}
 
     def compile(self) -> float:
         """Load the step's executable from the store, or lower and compile it; returns the
@@ -335,6 +334,17 @@ class Trainer:
 
     def close(self) -> None:
         self.ckpt.close()
+
+
+def _init_boxed(model, tx, seq_len: int, key):
+    dummy = jnp.zeros((1, seq_len - 1), jnp.int32)
+    params = model.init(key, dummy)["params"]
+    return {"params": params, "opt_state": tx.init(params),
+            "step": jnp.zeros((), jnp.int32), "rng": jax.random.key_data(key)}
+
+
+def _init_unboxed(init_boxed, key):
+    return nn.meta.unbox(init_boxed(key))
 
 
 def _flops(lowered: Any) -> float | None:
