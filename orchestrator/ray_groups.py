@@ -33,7 +33,8 @@ class RayGroups:
         warm = cfg.controller.warm
         self.pool: WarmPool | None = None
         if warm.reuse_processes != "off" or warm.standby_slices > 0:
-            self.pool = WarmPool(start_standby=self._start_standby)
+            self.pool = WarmPool(start_standby=self._start_standby, warm_kwargs={
+                "model": cfg.model, "train": cfg.train, "total_steps": cfg.run.total_steps})
 
     def __call__(self, spec: GroupSpec) -> RayWorkerGroup:
         mode = self.cfg.events.metadata.enabled

@@ -36,8 +36,9 @@ class WarmPool:
     group's actor class with ``spec=None``) and returns its handle."""
 
     def __init__(self, *, start_standby: Callable[[HostRef], Any],
-                 release_timeout_s: float = 20.0) -> None:
+                 release_timeout_s: float = 20.0, warm_kwargs: dict | None = None) -> None:
         self.start_standby = start_standby
+        self.warm_kwargs = dict(warm_kwargs or {})  # what a standby may prepare (``warm``)
         self.release_timeout_s = release_timeout_s
         self.parked: dict[str, Any] = {}
         self.standby: dict[str, Any] = {}
@@ -153,7 +154,7 @@ class WarmPool:
             try:
                 actor = self.start_standby(h)
                 # not awaited: a rejoin queued behind it just waits
-                self.warming[node_id] = actor.warm.remote()
+                self.warming[node_id] = actor.warm.remote(**self.warm_kwargs)
             except Exception as exc:  # a standby is an optimisation
                 log.warning("standby_start_failed", node=node_id[:12], error=str(exc)[:300])
                 continue

@@ -74,15 +74,24 @@ class CheckpointStore:
         self.model_desc = model_desc
         async_options = (ocp.AsyncOptions(post_finalization_callback=before_commit)
                          if before_commit is not None and async_save else None)
-        options = ocp.CheckpointManagerOptions(
+        self._options = ocp.CheckpointManagerOptions(
             max_to_keep=keep, create=True, enable_async_checkpointing=async_save,
             async_options=async_options)
-        self.manager = ocp.CheckpointManager(self.directory, options=options,
-                                             item_names=("state", "meta"))
+        self._manager: ocp.CheckpointManager | None = None
         self._pending: list[int] = []
         self._started: set[int] = set()
         self._committed: int | None = None
         self.failed_saves: list[int] = []
+
+    @property
+    def manager(self) -> ocp.CheckpointManager:
+        """Made on first use, which is always a save or a restore: every process makes it at
+        the same point (its creation synchronises them). A group restored from RAM and saving
+        from RAM never makes one, and none is made inside a switch (~0.1 s)."""
+        if self._manager is None:
+            self._manager = ocp.CheckpointManager(self.directory, options=self._options,
+                                                  item_names=("state", "meta"))
+        return self._manager
 
     # ---- saving ---------------------------------------------------------------------------
 
@@ -114,7 +123,8 @@ class CheckpointStore:
 
     def wait(self) -> int | None:
         """Block until the save in flight (if any) has finished; returns ``committed_step``."""
-        self.manager.wait_until_finished()
+        if self._manager is not None:  # none made: nothing was ever saved here
+            self._manager.wait_until_finished()
         return self.committed_step()
 
     def committed_steps(self) -> list[int]:
@@ -236,9 +246,11 @@ class CheckpointStore:
         self.manager.reload()
 
     def close(self) -> None:
-        self.manager.wait_until_finished()
+        if self._manager is None:
+            return
+        self._manager.wait_until_finished()
         self.committed_step()
-        self.manager.close()
+        self._manager.close()
 
 
 def _agree(decision: _Decision, process_count: int) -> tuple[int, int]:

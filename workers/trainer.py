@@ -25,7 +25,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from orchestrator.config import TrainConfig
+from orchestrator.config import ModelConfig, TrainConfig
 from orchestrator.hostspec import HostSpec
 from orchestrator.plan import MeshPlan
 from workers import data as data_lib
@@ -136,7 +136,7 @@ class Trainer:
         # state's arrays (and the backend) alive after the trainer is dropped, until a full
         # collection (``host_warm`` needs them gone at once)
         init_boxed = functools.partial(_init_boxed, self.model, self.tx, spec.model.seq_len)
-        abstract_boxed = jax.eval_shape(init_boxed, jax.random.key(0))
+        abstract_boxed = abstract_boxed_state(spec.model, spec.train, spec.total_steps)
         specs = nn.get_partition_spec(abstract_boxed)
         self.state_sharding = nn.logical_to_mesh_sharding(specs, self.mesh, LOGICAL_RULES)
         self.abstract_state = jax.tree.map(
@@ -334,6 +334,17 @@ class Trainer:
 
     def close(self) -> None:
         self.ckpt.close()
+
+
+@functools.lru_cache(maxsize=4)
+def abstract_boxed_state(model: ModelConfig, train: TrainConfig, total_steps: int) -> Any:
+    """The state's shapes, dtypes and logical partitioning, without computing it. Tracing the
+    model's init takes ~0.1 s: a process that joins several groups (or a standby told the
+    model ahead, ``WarmMethods.warm``) traces it once. Depends on nothing but these configs
+    (no mesh, no backend), so it stays valid across re-forms."""
+    init = functools.partial(_init_boxed, build_model(model), make_optimizer(train, total_steps),
+                             model.seq_len)
+    return jax.eval_shape(lambda: init(jax.random.key(0)))  # traced: no key computed
 
 
 def _init_boxed(model, tx, seq_len: int, key):

@@ -14,3 +14,5 @@ def test_a_closed_trainer_is_freed_by_reference_counting():
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["arrays_while_training"] > 0
     assert got == {**got, "trainer_alive": False, "arrays": 0, "executables": 0}, got
+    # Orbax's manager is made by the first save, not with the trainer (none inside a switch)
+    assert (got["manager_before_save"], got["saved"]) == (False, [2]), got

@@ -12,6 +12,12 @@ import tempfile
 import weakref
 
 
+def tr_steps(ckpt: str) -> list[int]:
+    from workers import ckpt_layout
+
+    return ckpt_layout.committed_steps(ckpt)
+
+
 def main() -> int:
     os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
     os.environ["JAX_PLATFORMS"] = "cpu"
@@ -37,13 +43,16 @@ def main() -> int:
         tr.compile()
         for _ in range(2):
             tr.train_step()
+        manager_before_save = tr.ckpt._manager is not None  # made lazily: not in a switch
         tr.save(wait=True)
         during = len(jax.live_arrays())
         tr.close()
         ref = weakref.ref(tr)
         del tr
         jax.clear_caches()
-        print(json.dumps({"arrays_while_training": during, "trainer_alive": ref() is not None,
+        print(json.dumps({"manager_before_save": manager_before_save,
+                          "saved": tr_steps(ckpt),
+                          "arrays_while_training": during, "trainer_alive": ref() is not None,
                           "arrays": len(jax.live_arrays()),
                           "executables": len(backend.get_backend().live_executables())}))
     return 0
