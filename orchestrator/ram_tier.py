@@ -162,7 +162,8 @@ class RamTier:
         assign = self.assignments(plan)
         handles = {name: h for mine in assign for name, h in mine}
         names = list(handles)
-        served = ray.get([handles[n].serve.remote(self.token) for n in names],
+        served = ray.get([handles[n].serve.remote(self.token, durable=self.cfg.durable_from_ram)
+                          for n in names],
                          timeout=max(30.0, self.timeout_s))
         address = {n: (str(a[0]), int(a[1])) for n, a in zip(names, served, strict=True)}
         return [a.attach_ram.remote([(n, address[n]) for n, _ in assign[i]], token=self.token,

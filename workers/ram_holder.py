@@ -88,10 +88,15 @@ class RamHolder:
             self._copies[writer] = mine[-self.keep:]
             return self._nbytes()
 
-    def serve(self, token: str, host: str = "") -> tuple[str, int]:
+    def serve(self, token: str, host: str = "", *, durable: bool = False) -> tuple[str, int]:
         """Accept copies over the wire (``workers.ram_wire``) from hosts that present
         ``token``; returns the (address, port) to connect to. A later call (a new driver)
-        replaces the token and keeps the port."""
+        replaces the token and keeps the port. ``durable``: copies will be saved durably, so
+        the writer imports Orbax now, at the lowest priority, rather than with the first save
+        (~2 s of CPU holding this process's GIL, while copies arrive: a drain's copy waited
+        for it)."""
+        if durable:
+            self._start_writer()
         with self._lock:
             self._token = token
             if self._listener is None:
@@ -151,10 +156,11 @@ class RamHolder:
 
     def _write_loop(self) -> None:
         os.environ["JAX_PLATFORMS"] = "cpu"  # Orbax imports JAX: never let it take a TPU
-        from workers import copy_store
-
         # Linux: per thread, and inherited by the threads Orbax starts from here
         lower_this_thread(PERSIST_NICE, what="the durable writer")
+        import orbax.checkpoint  # noqa: F401  (before the first save needs it)
+
+        from workers import copy_store
         while True:
             copy, directory, keep_steps = self._persist.get()
             step, source = copy.step, copy.source
@@ -181,12 +187,15 @@ class RamHolder:
                 self._persist.task_done()
 
     def _enqueue(self, copy: _Copy, directory: str, keep_steps: int) -> None:
+        self._start_writer()
+        self._persist.put((copy, directory, keep_steps))
+
+    def _start_writer(self) -> None:
         with self._lock:
             if self._writer is None:
                 self._writer = threading.Thread(target=self._write_loop, name="ram-persist",
                                                 daemon=True)
                 self._writer.start()
-        self._persist.put((copy, directory, keep_steps))
 
     def inventory(self) -> list[dict]:
         """Every copy held, its checksum verified now (memory can rot; a copy may be bad)."""
