@@ -1,8 +1,9 @@
 """Lower the CPU priority of the calling thread (Linux: niceness is per thread).
 
-The RAM tier's background work (sending copies, receiving them, writing them durably) shares
-the host's cores with the training step; at a lower priority it runs in the gaps the step
-leaves (collectives, input) instead of taking time slices from it.
+The RAM tier's durable writer shares the host's cores with the training step; at the lowest
+priority it runs in the gaps the step leaves instead of taking time slices from it. Not the
+threads that carry the copies themselves: at a lower priority a copy lagged the step it copies
+(a kill -9 then restored 2 steps back, against the tier's promise of at most 1).
 """
 
 from __future__ import annotations

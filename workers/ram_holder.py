@@ -25,8 +25,6 @@ log = logging.getLogger(__name__)
 
 PERSIST_NICE = 19
 """The durable writer runs at the lowest CPU priority: the training step keeps its cores."""
-RECEIVE_NICE = 19
-"""So do the threads receiving copies: a copy may arrive late, never slow the step."""
 
 
 @dataclass
@@ -118,7 +116,6 @@ class RamHolder:
     def _serve_conn(self, conn: socket.socket) -> None:
         from workers import ram_wire
 
-        lower_this_thread(RECEIVE_NICE, what="a RAM-tier receiver")
         with conn:
             try:
                 hello, _ = ram_wire.recv_frame(conn)

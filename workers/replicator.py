@@ -21,14 +21,9 @@ from typing import Any
 
 from policies.ram_tier import copy_due
 from workers import ram_wire, replica
-from workers.niceness import lower_this_thread
 from workers.ram_holder import checksum
 
 log = logging.getLogger(__name__)
-
-SEND_NICE = 10
-"""The sender thread yields the cores to the step's compute; not 19, since it shares the
-training process's GIL and must still get to release it promptly."""
 
 
 @dataclass
@@ -162,7 +157,6 @@ class Replicator:
     # ---- the sender thread -------------------------------------------------------------------
 
     def _send_loop(self) -> None:
-        lower_this_thread(SEND_NICE, what="the RAM-tier sender")
         while True:
             with self._cv:
                 while not self._queue and not self._closed:
