@@ -131,10 +131,8 @@ class Trainer:
         self.batch_shape = (spec.accum_steps, self.micro, spec.model.seq_len)
         self.batch_sharding = NamedSharding(self.mesh, P(None, BATCH_AXES, None))
         self.replicated = NamedSharding(self.mesh, P())
-        # module-level functions, not bound methods or lambdas over ``self``: a jitted function
-        # kept on ``self`` that refers back to it makes a reference cycle, which keeps the
-        # state's arrays (and the backend) alive after the trainer is dropped, until a full
-        # collection (``host_warm`` needs them gone at once)
+        # no lambda over ``self`` kept on ``self``: that cycle kept the arrays alive after the
+        # trainer was dropped, until a full collection (``host_warm`` needs them gone at once)
         init_boxed = functools.partial(_init_boxed, self.model, self.tx, spec.model.seq_len)
         abstract_boxed = abstract_boxed_state(spec.model, spec.train, spec.total_steps)
         specs = nn.get_partition_spec(abstract_boxed)
@@ -338,10 +336,9 @@ class Trainer:
 
 @functools.lru_cache(maxsize=4)
 def abstract_boxed_state(model: ModelConfig, train: TrainConfig, total_steps: int) -> Any:
-    """The state's shapes, dtypes and logical partitioning, without computing it. Tracing the
-    model's init takes ~0.1 s: a process that joins several groups (or a standby told the
-    model ahead, ``WarmMethods.warm``) traces it once. Depends on nothing but these configs
-    (no mesh, no backend), so it stays valid across re-forms."""
+    """The state's shapes, dtypes and partitioning, uncomputed. Tracing the init takes ~0.1 s:
+    a process joining several groups (or a standby told the model, ``WarmMethods.warm``) does
+    it once. Depends only on these configs (no mesh or backend): valid across re-forms."""
     init = functools.partial(_init_boxed, build_model(model), make_optimizer(train, total_steps),
                              model.seq_len)
     return jax.eval_shape(lambda: init(jax.random.key(0)))  # traced: no key computed
