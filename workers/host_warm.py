@@ -29,7 +29,7 @@ def _clear_orbax_caches() -> None:
     signaling_client.get_signaling_client.cache_clear()
 
 
-def _free_device_objects() -> tuple[int, int]:
+def _free_device_objects() -> None:
     """Arrays and executables must be gone before the backends are cleared (on a TPU the next
     backend cannot open chips an old client still holds). Dropping the trainer frees them by
     reference count; only if some survive (in reference cycles) is a full collection run:
@@ -41,12 +41,11 @@ def _free_device_objects() -> tuple[int, int]:
 
     jax.clear_caches()
     alive = len(jax.live_arrays()), len(backend.get_backend().live_executables())
-    if any(alive):
+    if any(alive):  # something holds the trainer's objects in a cycle: worth finding
         gc.collect()
-        log.info("collected to free %d arrays and %d executables left in reference cycles; "
-                 "%d and %d remain", *alive, len(jax.live_arrays()),
-                 len(backend.get_backend().live_executables()))
-    return alive
+        log.warning("collected to free %d arrays and %d executables left in reference cycles; "
+                    "%d and %d remain", *alive, len(jax.live_arrays()),
+                    len(backend.get_backend().live_executables()))
 
 
 class WarmMethods:
@@ -84,26 +83,19 @@ class WarmMethods:
         """The first half of ``release``, run on every host at once: stop the metadata watcher
         and the RAM copies, finish pending saves (they may need every host) and drop the
         trainer. Idempotent."""
-        t = [time.perf_counter()]
+        t0 = time.perf_counter()
         with self._lock:
             if self._watcher is not None:
                 self._watcher.stop()
                 self._watcher = None
-        t.append(time.perf_counter())
         if self._replicator is not None:
             self._replicator.close()
             self._replicator, self._persist = None, None
-        t.append(time.perf_counter())
-        dropped = self.trainer is not None
-        if dropped:
+        if self.trainer is not None:
             self.trainer.close()
             self.trainer = None
-        t.append(time.perf_counter())
-        alive = _free_device_objects() if dropped else (0, 0)
-        t.append(time.perf_counter())
-        return {"pid": os.getpid(), "quiesce_s": t[-1] - t[0], "watcher_s": t[1] - t[0],
-                "ram_s": t[2] - t[1], "trainer_s": t[3] - t[2], "free_s": t[4] - t[3],
-                "cycles_held": alive}
+            _free_device_objects()
+        return {"pid": os.getpid(), "quiesce_s": time.perf_counter() - t0}
 
     def release(self) -> dict:
         """Leave this group and keep the process: ``quiesce``, then shut the distributed

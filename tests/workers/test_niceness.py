@@ -1,4 +1,4 @@
-"""Background threads of the RAM tier lower their own priority, never the process's."""
+"""The durable writer lowers its own thread's priority, never the process's."""
 
 from __future__ import annotations
 
