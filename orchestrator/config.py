@@ -300,8 +300,16 @@ class CompileConfig:
     """Where the store lives. Empty: $TPU_ORCH_EXECUTABLES_DIR when set, else RUN_DIR/executables.
     A directory shared by several runs (like JAX's compilation cache dir) lets a fresh run of a
     model and mesh seen before load too; the key keeps different models and meshes apart."""
+    ahead: bool = True
+    """While a group of several slices trains, its first processes compile the step of the mesh
+    an elastic shrink forms (one slice fewer) at the lowest CPU priority, so a shrink loads it.
+    Only where it applies: ``controller.elastic.enabled``, the cache on, the CPU emulation
+    (a TPU runtime numbers its chips its own way: the key would not match)."""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.ahead, bool):
+            raise ConfigError("compile.ahead", f"{self.ahead!r} is not true or false",
+                              "set compile.ahead=true (compile a shrink's step ahead) or false")
         if self.cache not in ("on", "off"):
             raise ConfigError("compile.cache", f"{self.cache!r} is not 'on' or 'off'",
                               "set compile.cache=on (load stored executables) or off")

@@ -35,7 +35,7 @@ from orchestrator.hosts import HostRef
 from orchestrator.hostspec import HostSpec
 from orchestrator.ram_tier import RamTier
 from orchestrator.ray_cluster import spawn, wait_listening
-from orchestrator.ray_results import combine, compiled, failure_kind, lost_kind
+from orchestrator.ray_results import combine, compiled, failure_kind, lost_kind, restored
 from orchestrator.warm_pool import WarmPool
 from policies.causes import FailureKind
 from workers.executables import store_dir
@@ -83,23 +83,23 @@ class RayWorkerGroup:
         t0, at = time.perf_counter(), {}  # seconds since the form began, at the end of each stage
         self._start()
         for host, fault in self.spec.init_faults:
-            self._get([self.actors[host].inject_fault.remote(fault)], "init", 30.0)
+            self._wait([self.actors[host].inject_fault.remote(fault)], "init", 30.0)
         at["actors"] = round(time.perf_counter() - t0, 3)
         self._initialize()
         at["init"] = round(time.perf_counter() - t0, 3)
-        self._get([a.build.remote() for a in self.actors], "restore", self.timeouts.restore_s)
+        self._wait([a.build.remote() for a in self.actors], "restore", self.timeouts.restore_s)
         at["build"] = round(time.perf_counter() - t0, 3)
         if self.ram is not None:
-            self._get(self.ram.attach_calls(self.actors, self.spec.plan,
+            self._wait(self.ram.attach_calls(self.actors, self.spec.plan,
                                             incarnation=self.spec.incarnation), "init", 60.0)
             at["ram_attach"] = round(time.perf_counter() - t0, 3)
         watching, ids = 0, {}
         if self.metadata_settings is not None:
-            out = self._get([a.start_metadata_watcher.remote(self.metadata_settings, self.queue)
+            out = self._wait([a.start_metadata_watcher.remote(self.metadata_settings, self.queue)
                              for a in self.actors], "init", 30.0)
             watching = sum(bool(w) for w in out)
             # each host's own (id, name): events that name only the numeric id reach it
-            found = self._get([a.instance_identity.remote(self.metadata_settings)
+            found = self._wait([a.instance_identity.remote(self.metadata_settings)
                                for a in self.actors], "init", 30.0)
             ids = {str(i): str(n) for i, n in (f for f in found if f)}
         at["watchers"] = round(time.perf_counter() - t0, 3)
@@ -118,31 +118,33 @@ class RayWorkerGroup:
             note = choice.reason
             if choice.tier in ("ram", "copy"):
                 refs = self.ram.restore_calls(self.actors, choice)
-                got = (self.ram.restored(self._get(refs, "restore", self.timeouts.restore_s),
+                got = (self.ram.restored(self._wait(refs, "restore", self.timeouts.restore_s),
                                          choice) if refs else
                        f"RAM step {choice.step}: a holder vanished before the restore")
                 if isinstance(got, Restored):
                     return got
                 note = got
-        outs = self._get([a.restore.remote(sorted(skip_steps)) for a in self.actors], "restore",
+        outs = self._wait([a.restore.remote(sorted(skip_steps)) for a in self.actors], "restore",
                          self.timeouts.restore_s)
-        steps = {o["restored_step"] for o in outs}
-        if len(steps) != 1:
-            found = sorted(steps, key=str)
-            raise GroupFailed(HostsLost(hosts=tuple(range(len(outs))),
-                                        kind=FailureKind.STEP_ERROR,
-                                        message=f"hosts restored different steps {found}"))
-        o = outs[0]
-        return Restored(restored_step=o["restored_step"], step=int(o["step"]),
-                        restore_s=float(o["restore_s"]), skipped=tuple(o.get("skipped", ())),
-                        tier="durable", tier_reason=note)
+        return restored(outs, note)
 
     def compile(self) -> Compiled:
-        out = compiled(self._get([a.compile.remote() for a in self.actors], "compile",
+        out = compiled(self._wait([a.compile.remote() for a in self.actors], "compile",
                                  self.timeouts.compile_s))
         if self.pool is not None:  # standbys only now: their imports slowed restore, compile
             self.pool.ensure_standby(self.spec.standby)
         return out
+
+    def compile_ahead(self, spec: GroupSpec) -> bool:
+        """Fire and forget (hosts log it; ``wait_ahead`` tells tests). CPU emulation only: there
+        the smaller mesh's device ids are a prefix of this one's."""
+        n = spec.plan.num_processes
+        if spec.plan.platform != "cpu" or self.spec.plan.platform != "cpu" or \
+                not 0 < n < len(self.actors):
+            return False
+        for actor, hs in zip(self.actors, self._host_specs(spec)[:n], strict=False):
+            actor.compile_ahead.remote(hs)
+        return True
 
     def start_chunk(self, until_step: int, *, chunk: int, save_steps: Sequence[int]) -> None:
         self._results = {}
@@ -187,7 +189,7 @@ class RayWorkerGroup:
 
     def save(self) -> Saved:
         t0 = time.perf_counter()
-        outs = self._get([a.save.remote(wait=True) for a in self.actors], "save",
+        outs = self._wait([a.save.remote(wait=True) for a in self.actors], "save",
                          self.timeouts.save_s)
         committed = [o.get("committed_step") for o in outs]
         agreed = min(committed) if all(c is not None for c in committed) else None
@@ -196,7 +198,7 @@ class RayWorkerGroup:
 
     def copy_to_ram(self, *, persist: bool = False) -> Saved:
         t0 = time.perf_counter()
-        outs = self._get([a.copy_now.remote(persist) for a in self.actors], "save",
+        outs = self._wait([a.copy_now.remote(persist) for a in self.actors], "save",
                          self.timeouts.save_s)
         # a refusal: the restore finds no complete set in RAM and reads the durable tier
         if refused := [f"host {i}: {o['reason']}" for i, o in enumerate(outs) if not o["ok"]]:
@@ -244,7 +246,7 @@ class RayWorkerGroup:
 
     def final_params(self) -> Any:
         """The gathered parameters (a collective: every host takes part; host 0's copy)."""
-        return self._get([a.params.remote() for a in self.actors], "save", 120.0)[0]
+        return self._wait([a.params.remote() for a in self.actors], "save", 120.0)[0]
 
     def shutdown(self, *, graceful: bool, keep_processes: bool = False) -> None:
         # after a failure only a chunk's survivors are kept: a phase that failed (a host that
@@ -254,7 +256,7 @@ class RayWorkerGroup:
             return
         if graceful and self.actors:
             try:
-                self._get([a.shutdown.remote() for a in self.actors], "save",
+                self._wait([a.shutdown.remote() for a in self.actors], "save",
                           self.timeouts.save_s)
             except GroupFailed as exc:
                 log.warning("graceful_shutdown_failed", error=str(exc))
@@ -288,20 +290,21 @@ class RayWorkerGroup:
         log.info("processes_parked", kept=kept, of=len(self.actors), after_failure=not graceful)
         self.actors, self._refs = [], []
 
+    def _host_specs(self, spec: GroupSpec) -> list[HostSpec]:
+        # the store dir is unused when compile.cache=off
+        executables = store_dir(spec.cfg.compile.dir, spec.run_dir, os.environ)
+        return [HostSpec.for_host(spec.cfg, spec.plan, h, checkpoint_dir=f"{spec.run_dir}/"
+                                  "checkpoints", accum_steps=spec.accum_steps,
+                                  executables_dir=executables, survive_peers=self.reuse)
+                for h in spec.plan.hosts]
+
     def _start(self) -> None:
         plan = self.spec.plan
         coordinator_ip = plan.hosts[0].node_ip
-        ckpt = f"{self.spec.run_dir}/checkpoints"
-        # unused when compile.cache=off
-        executables = store_dir(self.spec.cfg.compile.dir, self.spec.run_dir, os.environ)
-        specs = []
-        for h in plan.hosts:
-            env = device_env(platform=plan.platform, devices_per_host=h.devices,
-                             extra=plan.megascale_env(h, coordinator_ip=coordinator_ip))
-            specs.append((h, env, HostSpec.for_host(self.spec.cfg, plan, h, checkpoint_dir=ckpt,
-                                                    accum_steps=self.spec.accum_steps,
-                                                    executables_dir=executables,
-                                                    survive_peers=self.reuse)))
+        specs = [(h, device_env(platform=plan.platform, devices_per_host=h.devices,
+                                extra=plan.megascale_env(h, coordinator_ip=coordinator_ip)), s)
+                 for h, s in zip(plan.hosts, self._host_specs(self.spec), strict=True)]
+
         def fresh(h: HostRef, env: dict[str, str], spec: HostSpec) -> Any:
             return spawn(self.actor_cls, h, env, spec)
 
@@ -313,7 +316,7 @@ class RayWorkerGroup:
     def _initialize(self) -> None:
         """Join one JAX distributed runtime, coordinator on host 0; bounded by init_s."""
         t = self.timeouts
-        coord = self._get([self.actors[0].coordinator_address.remote()], "init", t.init_s)[0]
+        coord = self._wait([self.actors[0].coordinator_address.remote()], "init", t.init_s)[0]
         started = time.monotonic()
         refs = [self.actors[0].initialize.remote(coord, len(self.actors), 0)]
         # A client that finds no service retries after ~1 s: ask the others once process 0's
@@ -334,9 +337,6 @@ class RayWorkerGroup:
             if stuck:
                 raise GroupFailed(Hung(phase="init", hosts=stuck, seconds=t.init_s)) from exc
             raise
-
-    def _get(self, refs: list[Any], phase: str, timeout_s: float) -> list[Any]:
-        return self._wait(refs, phase, timeout_s)
 
     def _wait(self, refs: list[Any], phase: str, timeout_s: float) -> list[Any]:
         """All results, or ``GroupFailed`` with a typed status (first failure wins)."""

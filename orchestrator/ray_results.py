@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import structlog
 from ray.exceptions import ActorDiedError, ActorUnavailableError, NodeDiedError, RayActorError
 
-from orchestrator.controller.seam import Compiled, HostsLost, Progress
+from orchestrator.controller.seam import Compiled, GroupFailed, HostsLost, Progress, Restored
 from orchestrator.hosts import HostRef
 from policies.causes import FailureKind
 
@@ -73,3 +73,17 @@ def compiled(results: Sequence[dict]) -> Compiled:
                     flops=first.get("flops_xla") or first.get("flops_analytic"),
                     source=sources.pop() if len(sources) == 1 else "mixed",
                     key=first.get("key"))
+
+
+def restored(outs: Sequence[dict], note: str = "") -> Restored:
+    """The hosts' durable restores as one ``Restored``; hosts that restored different steps are
+    a group failure (their states would not fit together)."""
+    steps = {o["restored_step"] for o in outs}
+    if len(steps) != 1:
+        raise GroupFailed(HostsLost(hosts=tuple(range(len(outs))), kind=FailureKind.STEP_ERROR,
+                                    message=f"hosts restored different steps "
+                                            f"{sorted(steps, key=str)}"))
+    o = outs[0]
+    return Restored(restored_step=o["restored_step"], step=int(o["step"]),
+                    restore_s=float(o["restore_s"]), skipped=tuple(o.get("skipped", ())),
+                    tier="durable", tier_reason=note)

@@ -178,12 +178,14 @@ class ExecutableStore:
     def path(self, key: Mapping[str, Any]) -> Path:
         return self.root / file_name(key)
 
-    def load(self, key: Mapping[str, Any], *, args: tuple) -> Lookup:
+    def load(self, key: Mapping[str, Any], *, args: tuple, devices: Any = None) -> Lookup:
         """The stored executable for ``key``, or why not. Never raises.
 
         ``args`` are the (abstract) arguments the caller will pass: an executable stored for
         another argument tree, shape or dtype is refused (deserialize_and_load needs the trees;
-        they are pickled with it).
+        they are pickled with it). ``devices``: the mesh's, when it is not every device of the
+        runtime (XLA aborts the process when an executable is loaded onto more devices than
+        its shardings span).
         """
         t0 = time.perf_counter()
         path = self.path(key)
@@ -203,7 +205,9 @@ class ExecutableStore:
             if stored_in != in_tree:
                 return Lookup(None, f"{path.name} was compiled for another argument tree",
                               damaged=True)
-            compiled = serialize_executable.deserialize_and_load(payload, stored_in, out_tree)
+            execution = sorted(devices, key=lambda d: d.id) if devices is not None else None
+            compiled = serialize_executable.deserialize_and_load(payload, stored_in, out_tree,
+                                                                 execution_devices=execution)
             if _avals(compiled.args_info) != _avals((args, {})):
                 return Lookup(None, f"{path.name} was compiled for other argument shapes or "
                                     "dtypes", damaged=True)

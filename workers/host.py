@@ -26,6 +26,7 @@ from typing import Any
 from orchestrator.errors import OrchestratorError
 from orchestrator.hostspec import HostSpec
 from workers import ckpt_layout
+from workers.host_ahead import AheadMethods
 from workers.host_ram import RamTierMethods
 from workers.host_warm import RELEASE_BARRIER_S, WarmMethods
 from workers.stops import StopBoard
@@ -75,7 +76,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class HostActor(RamTierMethods, WarmMethods):
+class HostActor(RamTierMethods, WarmMethods, AheadMethods):
     """One host's share of the run. Methods are the driver's only handle on JAX.
 
     Constructed as ``HostActor(spec, env)``: the spec is everything this host needs.
@@ -96,6 +97,8 @@ class HostActor(RamTierMethods, WarmMethods):
         self.trainer: Any = None
         self._fault: dict | None = None
         self._lock = threading.Lock()
+        self._ahead: threading.Thread | None = None
+        self.ahead_results: list[dict] = []
         self._watcher: Any = None
         self._sink: Any = None
         self._stops = StopBoard()

@@ -82,8 +82,10 @@ class WarmMethods:
     def quiesce(self) -> dict:
         """The first half of ``release``, run on every host at once: stop the metadata watcher
         and the RAM copies, finish pending saves (they may need every host) and drop the
-        trainer. Idempotent."""
+        trainer. A compile ahead still running is waited for (the next group may load it).
+        Idempotent."""
         t0 = time.perf_counter()
+        self.wait_ahead()  # type: ignore[attr-defined]  (AheadMethods, the same actor)
         with self._lock:
             if self._watcher is not None:
                 self._watcher.stop()

@@ -45,11 +45,11 @@ AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")
 
 
-def build_mesh(plan: MeshPlan) -> Mesh:
-    """Global mesh (data, fsdp, tensor): each axis is DCN (across slices) × ICI (inside one)."""
+def build_mesh(plan: MeshPlan, devices: list | None = None) -> Mesh:
+    """Mesh (data, fsdp, tensor) over ``devices`` (default all): axes are DCN × ICI."""
     s = plan.shape
     ici = (s.ici_data, s.ici_fsdp, s.ici_tensor)
-    devices = jax.devices()
+    devices = jax.devices() if devices is None else devices
     if plan.platform == "tpu":
         from jax.experimental import mesh_utils
 
@@ -116,13 +116,14 @@ class Trainer:
     """One process's share of the run. Not thread-safe: one caller drives it (``step`` may be
     read from other threads: it is a plain int on the host)."""
 
-    def __init__(self, spec: HostSpec, *, before_commit: Callable[[], None] | None = None
-                 ) -> None:
-        """``before_commit``: see ``CheckpointStore`` (tests hold a save in flight with it)."""
+    def __init__(self, spec: HostSpec, *, before_commit: Callable[[], None] | None = None,
+                 devices: list | None = None) -> None:
+        """``before_commit``: see ``CheckpointStore`` (tests hold a save in flight with it).
+        ``devices``: build the mesh over these only (``workers.host_ahead``)."""
         self.spec = spec
         self.plan = spec.plan
         self.accum_steps = spec.accum_steps
-        self.mesh = build_mesh(spec.plan)
+        self.mesh = build_mesh(spec.plan, devices)
         self.model = build_model(spec.model)
         self.schedule_lr = make_lr_schedule(spec.train, spec.total_steps)
         self.tx = make_optimizer(spec.train, spec.total_steps)
@@ -203,7 +204,7 @@ class Trainer:
                 reason = f"no key ({type(exc).__name__}: {exc})"
                 log.warning("executable key for %s unavailable: %s", function, reason)
         if key is not None:
-            found = self.executables.load(key, args=args)
+            found = self.executables.load(key, args=args, devices=self.mesh.devices.flat)
             if found.compiled is not None:
                 info = CompileInfo(function=function, source="loaded", key=key_digest(key),
                                    seconds=time.perf_counter() - t0,
@@ -233,9 +234,9 @@ class Trainer:
         config = {"model": dataclasses.asdict(self.spec.model),
                   "train": dataclasses.asdict(self.spec.train),
                   "total_steps": self.spec.total_steps, "accum_steps": self.accum_steps}
+        count = len({d.process_index for d in self.mesh.devices.flat})  # a prefix if ahead
         return executable_key(function=function, runtime=runtime, config=config, mesh=mesh,
-                              process_index=jax.process_index(),
-                              process_count=jax.process_count())
+                              process_index=jax.process_index(), process_count=count)
 
     # ---- data ---------------------------------------------------------------------------
 
@@ -274,8 +275,7 @@ class Trainer:
         batch = self.batch(step)
         self.state, metrics = self._compiled(self.state, batch)
         self._host_step = step + 1
-        # One device->host copy per step; the learning rate comes out of the jitted step, so
-        # no eager JAX op runs outside it (the first step paid ~0.3 s for those).
+        # one device->host copy; the LR comes from the jitted step (no eager op: ~0.3 s once)
         loss, gnorm, lr = jax.device_get((metrics["loss"], metrics["grad_norm"], metrics["lr"]))
         dt = time.perf_counter() - t0
         return StepOutput(step=step + 1, loss=float(loss), grad_norm=float(gnorm), step_time_s=dt,

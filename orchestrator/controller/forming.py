@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from orchestrator.controller import recovering
+from orchestrator.controller import ahead, recovering
 from orchestrator.controller.context import Next, Run, log
 from orchestrator.controller.seam import Formed, GroupFailed, GroupSpec
 from orchestrator.lifecycle import Compiling, Restoring, RunState
@@ -90,6 +90,10 @@ def compiling(run: Run) -> Next:
     run.flops = out.flops
     log.info("compiled", compile_s=round(out.compile_s, 3), flops=out.flops, source=out.source,
              key=out.key)
+    try:
+        ahead.start(run)
+    except Exception as exc:  # an optimisation: never a reason to stop a healthy group
+        log.warning("compile_ahead_failed", error=f"{type(exc).__name__}: {exc}")
     if out.source == "loaded":
         return Next(S.RUNNING, f"step loaded from the executable store (key {out.key})")
     if out.source == "mixed":

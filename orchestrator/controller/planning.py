@@ -117,11 +117,22 @@ def standby_hosts(run: Run, hosts: Sequence[HostRef], complete: Sequence[str],
 
 def cfg_for(run: Run, slices: int, hps: int) -> RunConfig:
     """The config for a mesh of ``slices`` slices: global batch and LR per the resize policy."""
+    cfg, decision = resized_cfg(run, slices, hps)
+    run.placement.batch_plan = decision
+    if decision is not None:
+        log.info("batch_on_resize", mode=decision.mode.value, global_batch=decision.global_batch,
+                 accum_steps=decision.accum_steps, lr_scale=decision.lr_scale,
+                 reason=decision.reason)
+    return cfg
+
+
+def resized_cfg(run: Run, slices: int, hps: int) -> tuple[RunConfig, BatchPlan | None]:
+    """``cfg_for`` without recording anything: also asked for a mesh the run may form next.
+    Raises ``TopologyError`` when the resize policy refuses ``slices``."""
     p = run.placement
     cfg = run.cfg
     if slices == p.target_slices:
-        p.batch_plan = None
-        return cfg
+        return cfg, None
     dev = p.plan.devices_per_host if p.plan else cfg.cluster.emulate.devices_per_host
     base = cfg.validate_for(slices=p.target_slices, hosts_per_slice=hps, devices_per_host=dev)
     new = cfg.mesh.resolve(slices=slices, devices_per_slice=hps * dev)
@@ -130,9 +141,6 @@ def cfg_for(run: Run, slices: int, hps: int) -> RunConfig:
         new_dp=new.batch_parallel, processes=slices * hps))
     if not isinstance(decision, BatchPlan):
         raise TopologyError(decision.reason, fix=decision.fix)
-    p.batch_plan = decision
-    log.info("batch_on_resize", mode=decision.mode.value, global_batch=decision.global_batch,
-             accum_steps=decision.accum_steps, lr_scale=decision.lr_scale, reason=decision.reason)
     train = dataclasses.replace(cfg.train, global_batch=decision.global_batch,
                                 learning_rate=cfg.train.learning_rate * decision.lr_scale)
-    return dataclasses.replace(cfg, train=train)
+    return dataclasses.replace(cfg, train=train), decision

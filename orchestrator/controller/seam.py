@@ -182,6 +182,11 @@ class WorkerGroup(Protocol):
 
     def compile(self) -> Compiled: ...
 
+    def compile_ahead(self, spec: GroupSpec) -> bool:
+        """Compile ``spec``'s step in the background while this group trains (a mesh over this
+        group's first processes: an elastic shrink's) and store it for that group to load;
+        never blocks, never fails the group. False if this seam cannot."""
+
     def start_chunk(self, until_step: int, *, chunk: int, save_steps: Sequence[int]) -> None:
         """Start steps up to ``until_step`` on every host (non-blocking); saves start after
         each step in ``save_steps``."""

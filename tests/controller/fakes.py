@@ -98,6 +98,8 @@ class FakeFleet:
         self.persisted: list[int] = []  # of those, steps the holders were asked to persist
         self.warmed: list[list[str]] = []  # hosts each warm_up was asked for
         self.warm_after_polls: int | None = 3  # warm_ready after this many probes (None: no pool)
+        self.ahead: list[GroupSpec] = []  # specs compile_ahead was asked for
+        self.stored: set[tuple] = set()  # executable keys compiled ahead (compile loads them)
 
     def on_step(self, step: int, fn: Callable[[FakeGroup], object]) -> None:
         """Run ``fn(group)`` when a group reaches ``step``; a returned failure status ends the
@@ -108,6 +110,14 @@ class FakeFleet:
         g = FakeGroup(self, spec)
         self.groups.append(g)
         return g
+
+
+def executable_key(spec: GroupSpec) -> tuple:
+    """What the real key holds of a group spec (``workers.executables``): mesh shape, process
+    count, model/train config and accumulation, not which hosts or slices."""
+    plan = spec.plan
+    return (plan.shape, plan.num_processes, plan.num_slices, spec.cfg.model, spec.cfg.train,
+            spec.cfg.run.total_steps, spec.accum_steps)
 
 
 class FakeGroup:
@@ -159,7 +169,14 @@ class FakeGroup:
             raise self.fleet.compile_error
         if self.fleet.compile_failures:
             raise self.fleet.compile_failures.pop(0)
+        if executable_key(self.spec) in self.fleet.stored:
+            return Compiled(compile_s=0.1, flops=1e6, source="loaded", key="ahead")
         return Compiled(compile_s=1.0, flops=1e6)
+
+    def compile_ahead(self, spec: GroupSpec) -> bool:
+        self.fleet.ahead.append(spec)
+        self.fleet.stored.add(executable_key(spec))
+        return True
 
     def start_chunk(self, until_step: int, *, chunk: int, save_steps: Sequence[int]) -> None:
         self.until, self.chunk, self.stop_at, self.records = until_step, chunk, None, []
