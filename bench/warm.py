@@ -15,6 +15,8 @@ tier on (restores read it), a durable save every 10 steps:
 | kill-warm | reuse_processes=on, standby_slices=1 | the same |
 | steady | reuse_processes=off, standby_slices=0 | none |
 | steady-standby | reuse_processes=on, standby_slices=1 | none (a standby idles on the spare) |
+| shrink | reuse_processes=on, no spare, ``compile.ahead=false`` | preemption notice at step 80 |
+| shrink-ahead | the same, ``compile.ahead=true`` (the 1-slice step compiled ahead) | the same |
 
 Per run, from ``summary.json``'s recovery: *to first step* (notice or failure seen → first
 productive step on the new mesh), *downtime* (announced: the drain's step boundary, the old
@@ -47,10 +49,18 @@ COLD = ["controller.warm.reuse_processes=off", "controller.warm.standby_slices=0
 WARM = ["controller.warm.reuse_processes=on", "controller.warm.standby_slices=1"]
 NOTICE = "controller.chaos=[{at_step: 25, host: 1, kind: preempt, deadline_s: 30}]"
 KILL = "controller.chaos=[{at_step: 25, host: 1, kind: kill}]"
+SHRINK = ["cluster.emulate.spare_slices=0", "controller.warm.reuse_processes=on",
+          "controller.warm.standby_slices=0", "run.total_steps=120",
+          "controller.chaos=[{at_step: 80, host: 1, kind: preempt, deadline_s: 30}]"]
+"""No spare: the notice shrinks the run to slice 0 (its process re-initialised in process). At
+step 80 the compile ahead (~2-4 s after the first step) is long done, as for a notice that comes
+any time after a group's first seconds; one that comes sooner waits for it (tests/faults)."""
 SYSTEMS = {"notice-cold": [*COLD, NOTICE], "notice-warm": [*WARM, NOTICE],
            "kill-cold": [*COLD, KILL], "kill-warm": [*WARM, KILL],
            "steady": [*COLD, "run.total_steps=160"],
-           "steady-standby": [*WARM, "run.total_steps=160"]}
+           "steady-standby": [*WARM, "run.total_steps=160"],
+           "shrink": [*SHRINK, "compile.ahead=false"],
+           "shrink-ahead": [*SHRINK, "compile.ahead=true"]}
 STEADY_FROM = 60
 """Steady systems' median step time counts steps after this one: the standby's own start-up
 (imports, ~3 s of CPU) overlaps the first steps and is not what an idle standby costs."""
