@@ -19,9 +19,11 @@ from dataclasses import dataclass
 class SaveObservation:
     """Progress and measurements at a step boundary (driver clock, seconds).
 
-    ``interruptions``: how many interruptions the run has seen over ``observed_s`` seconds of
-    wall time (announced ones included: each costs a re-form either way). ``save_cost_s`` /
-    ``step_time_s``: observed means, None until measured.
+    ``interruptions``: how many interruptions that lose work the run has seen over
+    ``observed_s`` seconds of wall time: the unannounced ones. An announced one is drained and
+    its step saved, so it loses nothing the periodic saves could have kept (Young/Daly weighs
+    the work a failure throws away against the saves' cost); counting it would save more often
+    for nothing. ``save_cost_s`` / ``step_time_s``: observed means, None until measured.
     """
 
     step: int

@@ -20,6 +20,8 @@ class RestartRecord:
 
     cause: StopCause
     at: float
+    announced: bool = False
+    """Drained on a notice (its step saved): it lost no work."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -60,7 +60,8 @@ def save_interval(run: Run) -> int:
     decision = run.policies.save.decide(SaveObservation(
         step=led.step, last_save_step=led.last_committed, now=now,
         step_time_s=led.median_step_s(), save_cost_s=led.median_save_s(),
-        interruptions=len(led.restarts), observed_s=now - run.started_at))
+        interruptions=sum(not r.announced for r in led.restarts),
+        observed_s=now - run.started_at))
     return max(1, decision.interval_steps or run.ctl.checkpoint_interval.every_steps)
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 
 from orchestrator.controller.running import chunk_end, save_interval
+from policies.causes import StopCause
+from policies.restart_budget import RestartRecord
 from tests.controller.harness import make
 
 
@@ -45,7 +47,8 @@ def test_fixed_interval_is_the_configured_one(tmp_path):
 
 
 def test_young_daly_interval_follows_measured_costs_and_restarts(tmp_path):
-    """sqrt(2 · save cost · MTBI) / step time, with the restarts seen so far in the MTBI."""
+    """sqrt(2 · save cost · MTBI) / step time, with the unannounced restarts seen so far in the
+    MTBI (an announced one, drained with a save, lost no work)."""
     sim = make(tmp_path, "controller.checkpoint_interval.kind=young_daly",
                "controller.checkpoint_interval.every_steps=50",
                "controller.checkpoint_interval.min_steps=10",
@@ -56,3 +59,12 @@ def test_young_daly_interval_follows_measured_costs_and_restarts(tmp_path):
     run.ledger.step_times = [0.5] * 10
     run.ledger.save_costs = [2.0] * 3
     assert save_interval(run) == round(math.sqrt(2 * 2.0 * 3600) / 0.5)
+    # an announced restart was drained with a save: it lost nothing, the interval stays
+    before = save_interval(run)
+    run.ledger.restarts.append(RestartRecord(cause=StopCause.SPOT_PREEMPTION, at=1.0,
+                                             announced=True))
+    assert save_interval(run) == before
+    # an unannounced one lost work since the last save: the MTBI halves (prior weight 1)
+    run.ledger.restarts.append(RestartRecord(cause=StopCause.HOST_LOST, at=2.0))
+    observed = sim.clock.now() - run.started_at
+    assert save_interval(run) == round(math.sqrt(2 * 2.0 * (3600 + observed) / 2) / 0.5) < before
