@@ -169,6 +169,9 @@ class SimGroup:
     def save(self) -> Saved:
         return self._call(self._save)
 
+    def compile_ahead(self, spec: GroupSpec) -> bool:
+        return False  # a TPU fleet: the real seam declines there too (docs/controller.md)
+
     def warm_up(self, hosts) -> bool:
         return False  # the simulator models no warm processes: a drain is immediate
 
