@@ -301,8 +301,9 @@ class CompileConfig:
     A directory shared by several runs (like JAX's compilation cache dir) lets a fresh run of a
     model and mesh seen before load too; the key keeps different models and meshes apart."""
     ahead: bool = True
-    """While a group of several slices trains, its first processes compile the step of the mesh
-    an elastic shrink forms (one slice fewer) at the lowest CPU priority, so a shrink loads it.
+    """While a group of several slices trains with no spare slice, its first processes compile
+    the step of the mesh an elastic shrink forms (one slice fewer) at the lowest CPU priority,
+    so a shrink loads it.
     Only where it applies: ``controller.elastic.enabled``, the cache on, the CPU emulation
     (a TPU runtime numbers its chips its own way: the key would not match)."""
 

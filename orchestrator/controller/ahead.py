@@ -1,6 +1,6 @@
-"""Compile ahead: once a group of several slices trains, ask it to compile the step of the mesh
-an elastic shrink would form (one slice fewer), so an announced shrink loads that step instead
-of compiling it inside its downtime.
+"""Compile ahead: while a group of several slices trains with no spare slice, ask it to compile
+the step of the mesh an elastic shrink would form (one slice fewer), so an announced shrink
+loads that step instead of compiling it inside its downtime.
 
 The spec is built the way PLANNING builds a shrink's (``planning.resized_cfg``, ``plan_mesh``
 over the first slices): whichever slice goes, the survivors' group has the same shape, config
@@ -11,7 +11,7 @@ in ``workers.executables`` refuses anything else: a miss compiles, as without th
 from __future__ import annotations
 
 from orchestrator.controller.context import Run, log
-from orchestrator.controller.planning import resized_cfg
+from orchestrator.controller.planning import complete_slices, resized_cfg, usable_hosts
 from orchestrator.controller.seam import GroupSpec
 from orchestrator.errors import TopologyError
 from orchestrator.plan import plan_mesh
@@ -37,13 +37,50 @@ def shrink_spec(run: Run) -> GroupSpec | None:
                      run_dir=str(run.run_dir), accum_steps=batch.accum_steps if batch else 1)
 
 
-def start(run: Run) -> None:
-    """Ask the running group to compile a shrink's step in the background (``compile.ahead``)."""
-    if run.group is None or not run.cfg.compile.ahead or run.cfg.compile.cache != "on":
+RECHECK_S = 10.0
+"""While spares exist the next mesh is not a shrink; how often RUNNING looks again."""
+
+
+def maybe_start(run: Run, *, force_check: bool = False) -> None:
+    """Ask the running group to compile a shrink's step in the background (``compile.ahead``),
+    once per group, and only while a notice would shrink the run: with a spare slice or a
+    standby the next mesh has the same size (its step is stored already), and a compile in
+    flight is waited for when the group leaves. Looked at after COMPILING and, while spares
+    exist, every ``RECHECK_S`` in RUNNING (capacity comes and goes)."""
+    p = run.placement
+    if run.group is None or p.ahead_for == run.ledger.incarnation or not run.cfg.compile.ahead \
+            or run.cfg.compile.cache != "on":
         return
+    now = run.now()
+    if not force_check and p.ahead_checked_at is not None and now - p.ahead_checked_at < RECHECK_S:
+        return
+    p.ahead_checked_at = now
     spec = shrink_spec(run)
     if spec is None:
+        p.ahead_for = run.ledger.incarnation  # nothing to compile for this group
         return
+    if _spares(run):
+        return
+    p.ahead_for = run.ledger.incarnation
     started = run.group.compile_ahead(spec)
     log.info("compile_ahead", slices=spec.plan.num_slices, processes=spec.plan.num_processes,
              started=started)
+
+
+def _spares(run: Run) -> list[str]:
+    """Slices a notice's re-form would use instead of shrinking: standbys, complete spares."""
+    p = run.placement
+    assert p.plan is not None
+    current = set(p.plan.slice_names)
+    spare = {h.slice_name for h in p.standby} - current
+    spare |= {s for s in complete_slices(usable_hosts(run), p.plan.hosts_per_slice)
+              if s not in current}
+    return sorted(spare)
+
+
+def guarded(run: Run, *, force_check: bool = False) -> None:
+    """``maybe_start``, logged instead of raised: an optimisation never stops a healthy group."""
+    try:
+        maybe_start(run, force_check=force_check)
+    except Exception as exc:
+        log.warning("compile_ahead_failed", error=f"{type(exc).__name__}: {exc}")

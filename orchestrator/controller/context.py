@@ -52,6 +52,8 @@ class Placement:
     skip_steps: set[int] = field(default_factory=set)  # corrupt checkpoints never to restore
     standby: tuple[HostRef, ...] = ()  # spare hosts to keep a warm process on
     suspect: set[str] = field(default_factory=set)  # slices whose host just failed
+    ahead_for: int = 0  # the incarnation whose group was asked to compile a shrink's step
+    ahead_checked_at: float | None = None  # when ``controller.ahead`` last looked for spares
 
 
 @dataclass

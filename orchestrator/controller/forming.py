@@ -90,10 +90,7 @@ def compiling(run: Run) -> Next:
     run.flops = out.flops
     log.info("compiled", compile_s=round(out.compile_s, 3), flops=out.flops, source=out.source,
              key=out.key)
-    try:
-        ahead.start(run)
-    except Exception as exc:  # an optimisation: never a reason to stop a healthy group
-        log.warning("compile_ahead_failed", error=f"{type(exc).__name__}: {exc}")
+    ahead.guarded(run, force_check=True)
     if out.source == "loaded":
         return Next(S.RUNNING, f"step loaded from the executable store (key {out.key})")
     if out.source == "mixed":

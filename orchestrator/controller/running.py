@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from orchestrator.controller import handover, recovering
+from orchestrator.controller import ahead, handover, recovering
 from orchestrator.controller.context import Next, Pending, Run, log
 from orchestrator.controller.planning import complete_slices, usable_hosts
 from orchestrator.controller.seam import Hung, Progress, Running
@@ -51,6 +51,7 @@ def running(run: Run) -> Next:
         _absorb(run, status)
         _finish_recovery(run, status)
         _check_grow(run)
+        ahead.guarded(run)
 
 
 def save_interval(run: Run) -> int:

@@ -99,6 +99,7 @@ class FakeFleet:
         self.warmed: list[list[str]] = []  # hosts each warm_up was asked for
         self.warm_after_polls: int | None = 3  # warm_ready after this many probes (None: no pool)
         self.ahead: list[GroupSpec] = []  # specs compile_ahead was asked for
+        self.ahead_steps: list[int] = []  # the group's step when it was asked
         self.stored: set[tuple] = set()  # executable keys compiled ahead (compile loads them)
 
     def on_step(self, step: int, fn: Callable[[FakeGroup], object]) -> None:
@@ -175,6 +176,7 @@ class FakeGroup:
 
     def compile_ahead(self, spec: GroupSpec) -> bool:
         self.fleet.ahead.append(spec)
+        self.fleet.ahead_steps.append(self.step)
         self.fleet.stored.add(executable_key(spec))
         return True
 

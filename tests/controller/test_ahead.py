@@ -1,6 +1,7 @@
-"""Compile ahead: a group of several slices is asked to compile the step of the mesh an elastic
-shrink forms, with exactly the spec PLANNING later builds for that shrink (so it loads), and
-never where no such shrink exists."""
+"""Compile ahead: a group of several slices with no spare is asked to compile the step of the
+mesh an elastic shrink forms, with exactly the spec PLANNING later builds for that shrink (so
+it loads), and never where no such shrink exists or a spare would take the doomed slice's place
+(a compile in flight is waited for when the group leaves: wasted on a same-size re-form)."""
 
 from __future__ import annotations
 
@@ -64,4 +65,23 @@ def test_a_failing_compile_ahead_never_stops_the_run(tmp_path, monkeypatch):
     sim = make(tmp_path, *TWO, slices=("s0", "s1"))
     summary = sim.run()
     assert summary.state == "SUCCEEDED" and summary.step == 30
+    assert sim.fleet.ahead == []
+
+
+def test_no_compile_ahead_while_a_spare_slice_exists_then_asked_when_it_goes(tmp_path):
+    """With a spare the next mesh has the same size; once the spare is gone, RUNNING notices
+    within ``RECHECK_S`` and asks."""
+    sim = make(tmp_path, *TWO, "run.total_steps=400", slices=("s0", "s1"), spare=("s2",))
+    sim.fleet.on_step(50, lambda g: sim.cluster.remove("s2-h0"))
+    summary = sim.run()
+    assert summary.state == "SUCCEEDED"
+    (asked_at,) = sim.fleet.ahead_steps
+    # 0.1 s steps: the re-check comes within RECHECK_S (100 steps) and a chunk of the loss
+    assert 50 <= asked_at <= 50 + 100 + 20, asked_at
+
+
+def test_no_compile_ahead_with_a_warm_standby(tmp_path):
+    sim = make(tmp_path, *TWO, "controller.warm.standby_slices=1", slices=("s0", "s1"),
+               spare=("s2",))
+    assert sim.run().state == "SUCCEEDED"
     assert sim.fleet.ahead == []
