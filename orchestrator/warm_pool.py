@@ -23,6 +23,8 @@ from orchestrator.hosts import HostRef
 log = structlog.get_logger(__name__)
 
 REJOIN_TIMEOUT_S = 30.0
+AHEAD_MARGIN_S = 2.0
+"""Of a park's bound, what quiesce leaves for the releases after waiting for a compile ahead."""
 """A standby still importing JAX answers its rejoin after the imports (a few seconds)."""
 
 
@@ -57,7 +59,9 @@ class WarmPool:
         deadline = time.monotonic() + bound
         # saves in flight may need every host: all finish them first, then leave in order
         t0 = time.perf_counter()
-        self._call("quiesce", actors, deadline)  # a failure shows in the release that follows
+        # a compile ahead in flight is waited for within the bound; a process still compiling
+        # then refuses its release and only it is replaced (the others have time to leave)
+        self._call("quiesce", actors, deadline, ahead_wait_s=max(0.0, bound - AHEAD_MARGIN_S))
         t1 = time.perf_counter()
         first = [(n, a) for n, a in actors if n != coordinator]
         last = [(n, a) for n, a in actors if n == coordinator]
@@ -85,10 +89,10 @@ class WarmPool:
         return kept
 
     @staticmethod
-    def _call(method: str, actors: Sequence[tuple[str, Any]], deadline: float
+    def _call(method: str, actors: Sequence[tuple[str, Any]], deadline: float, **kwargs: Any
               ) -> list[tuple[Any, list]]:
         """``method`` on every actor at once, waited for until ``deadline``: (ref, ready)."""
-        refs = [getattr(a, method).remote() for _, a in actors]
+        refs = [getattr(a, method).remote(**kwargs) for _, a in actors]
         if not refs:
             return []
         ready, _ = ray.wait(refs, num_returns=len(refs),

@@ -21,7 +21,8 @@ class RestartRecord:
     cause: StopCause
     at: float
     announced: bool = False
-    """Drained on a notice (its step saved): it lost no work."""
+    """Drained on a notice with its step saved: it lost no work (a drain that fell back to
+    the last checkpoint is not)."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -98,6 +98,7 @@ class HostActor(RamTierMethods, WarmMethods, AheadMethods):
         self._fault: dict | None = None
         self._lock = threading.Lock()
         self._ahead: threading.Thread | None = None
+        self._leaving = False
         self.ahead_results: list[dict] = []
         self._watcher: Any = None
         self._sink: Any = None

@@ -29,9 +29,14 @@ next group needs); past it the process is not reused (the driver starts a fresh 
 
 
 class AheadMethods:
-    """Needs from the actor: ``_ahead`` (the running thread, or None)."""
+    """Needs from the actor: ``_lock``, ``trainer``, ``_ahead`` (the running thread, or None)
+    and ``_leaving`` (set by ``quiesce``, cleared by ``rejoin``: no compile ahead starts in a
+    process that is leaving its runtime)."""
 
+    _lock: threading.Lock
+    trainer: Any
     _ahead: threading.Thread | None
+    _leaving: bool
     ahead_results: list[dict]
 
     def compile_ahead(self, spec: HostSpec) -> bool:
@@ -43,21 +48,27 @@ class AheadMethods:
             raise TypeError(f"compile_ahead needs a HostSpec, got {type(spec).__name__}")
         if spec.executables_dir is None:
             return False  # nowhere to keep it (compile.cache=off)
-        if self._ahead is not None and self._ahead.is_alive():
-            return False
-        self._ahead = threading.Thread(target=self._compile_ahead, args=(spec,),
-                                       name="compile-ahead", daemon=True)
-        self._ahead.start()
+        with self._lock:  # never after quiesce began: release would clear a busy backend
+            if self._leaving or self.trainer is None or self.ahead_running():
+                return False
+            self._ahead = threading.Thread(target=self._compile_ahead, args=(spec,),
+                                           name="compile-ahead", daemon=True)
+            self._ahead.start()
         return True
+
+    def ahead_running(self) -> bool:
+        thread = self._ahead
+        return thread is not None and thread.is_alive()
 
     def wait_ahead(self, timeout_s: float = AHEAD_JOIN_S) -> list[dict]:
         """Wait for a compile ahead in flight; what every compile ahead of this process did
-        (``source`` "compiled", "stored" — already — or "failed" with ``reason``)."""
-        if self._ahead is not None:
-            self._ahead.join(timeout_s)
-            if self._ahead.is_alive():
+        (``source`` "compiled", "stored" — already — or "failed" with ``reason``). Raises if
+        it is still running after ``timeout_s``."""
+        thread = self._ahead
+        if thread is not None:
+            thread.join(timeout_s)
+            if thread.is_alive():
                 raise RuntimeError(f"a compile ahead is still running after {timeout_s:g}s")
-            self._ahead = None
         return list(self.ahead_results)
 
     def _compile_ahead(self, spec: HostSpec) -> None:

@@ -62,6 +62,7 @@ class WarmMethods:
     _stops: StopBoard
     _step: int
     _fault: dict | None
+    _leaving: bool
 
     def warm(self, model: Any = None, train: Any = None, total_steps: int | None = None
              ) -> dict:
@@ -79,13 +80,18 @@ class WarmMethods:
             workers.trainer.abstract_boxed_state(model, train, total_steps)
         return {"pid": os.getpid(), "warm_s": time.perf_counter() - t0}
 
-    def quiesce(self) -> dict:
+    def quiesce(self, ahead_wait_s: float = 120.0) -> dict:
         """The first half of ``release``, run on every host at once: stop the metadata watcher
         and the RAM copies, finish pending saves (they may need every host) and drop the
-        trainer. A compile ahead still running is waited for (the next group may load it).
-        Idempotent."""
+        trainer. A compile ahead still running is waited for up to ``ahead_wait_s`` (the next
+        group may load it); past that, ``release`` refuses. Idempotent."""
         t0 = time.perf_counter()
-        self.wait_ahead()  # type: ignore[attr-defined]  (AheadMethods, the same actor)
+        with self._lock:
+            self._leaving = True  # no compile ahead starts from now on
+        try:
+            self.wait_ahead(ahead_wait_s)  # type: ignore[attr-defined]  (AheadMethods)
+        except RuntimeError as exc:
+            log.warning("%s: this process will not be reused", exc)
         with self._lock:
             if self._watcher is not None:
                 self._watcher.stop()
@@ -106,7 +112,12 @@ class WarmMethods:
         the runtime cannot be shut down cleanly; the driver then kills this process and
         starts a fresh one."""
         t0 = time.perf_counter()
-        self.quiesce()  # a no-op when the driver quiesced every host first (WarmPool.park)
+        # a no-op when the driver quiesced every host first (WarmPool.park waits there for a
+        # compile ahead, within its bound); here a compile still running means refuse
+        self.quiesce(ahead_wait_s=0.0)
+        if self.ahead_running():  # type: ignore[attr-defined]  (AheadMethods)
+            raise RuntimeError("a compile ahead is still running: leaving the runtime would "
+                               "clear the backend under it (the driver starts a fresh process)")
         import jax
         from jax.extend import backend
 
@@ -133,4 +144,5 @@ class WarmMethods:
                              f"{spec.host.node_id}: a process cannot change hosts")
         os.environ.update(env)
         self.spec, self.host = spec, spec.host
+        self._leaving = False
         return {"pid": os.getpid()}

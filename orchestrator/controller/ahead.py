@@ -13,7 +13,7 @@ from __future__ import annotations
 from orchestrator.controller.context import Run, log
 from orchestrator.controller.planning import complete_slices, resized_cfg, usable_hosts
 from orchestrator.controller.seam import GroupSpec
-from orchestrator.errors import TopologyError
+from orchestrator.errors import OrchestratorError
 from orchestrator.plan import plan_mesh
 
 
@@ -30,7 +30,7 @@ def shrink_spec(run: Run) -> GroupSpec | None:
         cfg, batch = resized_cfg(run, slices, hps)
         smaller = plan_mesh(cfg, plan.hosts, platform=plan.platform, hosts_per_slice=hps,
                             max_slices=slices)
-    except TopologyError as exc:
+    except OrchestratorError as exc:  # the resize policy or the mesh refuses that shrink
         log.info("compile_ahead_skipped", reason=str(exc))
         return None
     return GroupSpec(plan=smaller, cfg=cfg, incarnation=run.ledger.incarnation,
@@ -48,9 +48,9 @@ def maybe_start(run: Run, *, force_check: bool = False) -> None:
     flight is waited for when the group leaves. Looked at after COMPILING and, while spares
     exist, every ``RECHECK_S`` in RUNNING (capacity comes and goes)."""
     p = run.placement
-    if run.group is None or p.ahead_for == run.ledger.incarnation or not run.cfg.compile.ahead \
-            or run.cfg.compile.cache != "on":
-        return
+    if run.group is None or run.pending is not None or p.ahead_for == run.ledger.incarnation \
+            or not run.cfg.compile.ahead or run.cfg.compile.cache != "on":
+        return  # with a drain pending, the group leaves soon: it would wait for the compile
     now = run.now()
     if not force_check and p.ahead_checked_at is not None and now - p.ahead_checked_at < RECHECK_S:
         return
@@ -68,14 +68,13 @@ def maybe_start(run: Run, *, force_check: bool = False) -> None:
 
 
 def _spares(run: Run) -> list[str]:
-    """Slices a notice's re-form would use instead of shrinking: standbys, complete spares."""
-    p = run.placement
-    assert p.plan is not None
-    current = set(p.plan.slice_names)
-    spare = {h.slice_name for h in p.standby} - current
-    spare |= {s for s in complete_slices(usable_hosts(run), p.plan.hosts_per_slice)
-              if s not in current}
-    return sorted(spare)
+    """Complete slices, alive now, that a notice's re-form would use instead of shrinking (a
+    standby's slice is one of them while its hosts are up)."""
+    plan = run.placement.plan
+    assert plan is not None
+    current = set(plan.slice_names)
+    return [s for s in complete_slices(usable_hosts(run), plan.hosts_per_slice)
+            if s not in current]
 
 
 def guarded(run: Run, *, force_check: bool = False) -> None:
@@ -83,4 +82,5 @@ def guarded(run: Run, *, force_check: bool = False) -> None:
     try:
         maybe_start(run, force_check=force_check)
     except Exception as exc:
+        run.placement.ahead_for = run.ledger.incarnation  # once per group, not every re-check
         log.warning("compile_ahead_failed", error=f"{type(exc).__name__}: {exc}")

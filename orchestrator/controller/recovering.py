@@ -94,7 +94,10 @@ def releasing(run: Run) -> Next:
     if isinstance(decision, GiveUp):
         return Next(S.FAILED, decision.reason, Failed(reason=decision.reason,
                                                       cause=pending.cause))
-    run.ledger.restarts.append(RestartRecord(cause=pending.cause, at=now, announced=announced))
+    # a drain that fell back to the last checkpoint lost work like a failure (Young/Daly)
+    payload = run.lifecycle.payload
+    lossless = announced and isinstance(payload, Releasing) and not payload.lost_steps
+    run.ledger.restarts.append(RestartRecord(cause=pending.cause, at=now, announced=lossless))
     if decision.delay_s <= 0:
         return Next(S.PLANNING, f"re-forming after {pending.cause.value}: {pending.reason}")
     return Next(S.BACKOFF, f"backing off {decision.delay_s:.1f}s after {pending.cause.value}",

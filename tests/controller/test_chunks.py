@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from orchestrator.controller.running import chunk_end, save_interval
 from policies.causes import StopCause
 from policies.restart_budget import RestartRecord
+from tests.controller.fakes import lost
 from tests.controller.harness import make
 
 
@@ -68,3 +71,23 @@ def test_young_daly_interval_follows_measured_costs_and_restarts(tmp_path):
     run.ledger.restarts.append(RestartRecord(cause=StopCause.HOST_LOST, at=2.0))
     observed = sim.clock.now() - run.started_at
     assert save_interval(run) == round(math.sqrt(2 * 2.0 * (3600 + observed) / 2) / 0.5) < before
+
+
+@pytest.mark.parametrize(("deadline_in", "announced"), [(60.0, True), (0.05, False)])
+def test_a_notice_counts_as_lossless_only_when_its_drain_saved(tmp_path, deadline_in,
+                                                              announced):
+    """Young/Daly's interruptions: a drained notice whose step was saved lost no work; one
+    whose deadline was too short fell back to the last checkpoint, like a failure."""
+    sim = make(tmp_path, "controller.deadline.on_short_deadline=fallback", spare=("s1",))
+    sim.fleet.on_step(7, lambda g: sim.notice(host="vm-s0-0", deadline_in=deadline_in))
+    assert sim.run().state == "SUCCEEDED"
+    (restart,) = sim.controller.run_state.ledger.restarts
+    assert restart.announced is announced
+    assert (sim.controller.run_state.ledger.restores[-1]["lost_steps"] == 0) is announced
+
+
+def test_a_failure_is_never_counted_lossless(tmp_path):
+    sim = make(tmp_path, "controller.backoff.base_s=0")
+    sim.fleet.on_step(3, lambda g: lost())
+    assert sim.run().state == "SUCCEEDED"
+    assert [r.announced for r in sim.controller.run_state.ledger.restarts] == [False]

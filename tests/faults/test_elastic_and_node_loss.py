@@ -43,14 +43,16 @@ def _running_slices(result) -> list[tuple[str, ...]]:
     return out
 
 
-def test_announced_shrink_loads_the_step_compiled_ahead(cluster, tmp_path):
+@pytest.mark.parametrize("doomed", [1, 0])
+def test_announced_shrink_loads_the_step_compiled_ahead(cluster, tmp_path, doomed):
     """Runs first: the module's next test adds a slice, which a notice would move onto.
     While 2 slices train, slice 0's process compiles the 1-slice step at nice 19 and stores
     it (``compile.ahead``); the shrink after a notice for slice 1 then loads it instead of
-    compiling inside its downtime. The notice comes 2 steps after the first step, before the
-    compile ahead can be done: leaving the group waits for it (it is the step the next group
-    needs)."""
-    chaos = [ChaosFaultConfig(at_step=2, host=1, kind="preempt", deadline_s=60)]
+    compiling inside its downtime; also when slice 0, whose process compiled it, is the one
+    that goes (the survivor is process 0 of the new runtime, with the same device ids). The
+    notice comes 2 steps after the first step, before the compile ahead can be done: leaving
+    the group waits for it (it is the step the next group needs)."""
+    chaos = [ChaosFaultConfig(at_step=2, host=doomed, kind="preempt", deadline_s=60)]
     store = tmp_path / "executables"  # its own: the suite's shared store may hold these keys
     cfg = fault_config(tmp_path / "run", *TWO_SLICES, "run.total_steps=8", f"compile.dir={store}",
                        "controller.elastic.shrink_after_s=0", chaos=chaos)
@@ -61,7 +63,7 @@ def test_announced_shrink_loads_the_step_compiled_ahead(cluster, tmp_path):
     assert (s.state, s.step, s.lost_steps) == ("SUCCEEDED", 8, 0)
     assert [len(x) for x in _running_slices(result)] == [2, 1]
     assert [c["source"] for c in s.compiles] == ["compiled", "loaded"], s.compiles
-    assert s.forms[1]["processes"]["parked"] == 1, "slice 0's process waited and was kept"
+    assert s.forms[1]["processes"]["parked"] == 1, "the survivor's process was kept"
     assert list(store.glob("train_step.*.p0-of-1.xla"))
 
 

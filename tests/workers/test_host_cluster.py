@@ -180,7 +180,7 @@ class _Warmable:
             raise RuntimeError(f"{method} refused")
         return {"pid": os.getpid(), "release_s": 0.01}
 
-    def quiesce(self) -> dict:
+    def quiesce(self, ahead_wait_s: float = 120.0) -> dict:
         return self._answer("quiesce")
 
     def release(self) -> dict:
