@@ -1,12 +1,16 @@
 """A host's side of the RAM tier: after every ``every`` steps, send its copy to its holders.
 
-The step pays only for packing (its shards copied into one host buffer: the next step donates the
+The step pays for packing (its shards copied into one host buffer: the next step donates the
 device buffers, so this part cannot wait; ``replica.Packer`` works the layout out once). A
 sender thread streams the bytes to both holders over their wire (``workers.ram_wire``: one TCP
 connection each, no Ray call per step) and waits for their acknowledgements, so at most one copy
 is in flight and, with ``keep >= 2``, every holder has a complete older set while the newest
-arrives. If a newer copy is packed while one waits to be sent, the newer one replaces it (a copy
-asked to be saved durably is never replaced). A holder that fails is dropped for the rest of
+arrives. Before a new copy is queued, the previous one must have arrived (bounded by
+``LAG_WAIT_S``): the step waits for it instead of letting it be replaced, so a kill -9 after
+step N finds step N - 1 on every holder. Normally the previous copy arrived during the step;
+on a machine short of CPU (a compile, another job) the step waits a little. Past the bound the
+newer copy replaces the waiting one and the lag is logged (a copy asked to be saved durably is
+never replaced). A holder that fails is dropped for the rest of
 this incarnation and logged: the RAM tier is an optimisation, it never stops training.
 """
 
@@ -24,6 +28,9 @@ from workers import ram_wire, replica
 from workers.ram_holder import checksum
 
 log = logging.getLogger(__name__)
+
+LAG_WAIT_S = 5.0
+"""How long a step waits for the previous copy to arrive before the new one may replace it."""
 
 
 @dataclass
@@ -79,6 +86,7 @@ class Replicator:
         self._busy = False
         self._closed = False
         self._thread: threading.Thread | None = None
+        self._lag_logged = False
 
     def after_step(self, step: int, state: Any, *, persist: dict | None = None,
                    force: bool = False) -> float:
@@ -111,6 +119,10 @@ class Replicator:
             return time.perf_counter() - t0
         layout, data = self._packer.pack(state)
         copy = _Copy(step=step, layout=layout, data=data, persist=persist)
+        if not self.settle(LAG_WAIT_S) and not self._lag_logged:  # the promise: <= 1 step lost
+            self._lag_logged = True
+            log.warning("RAM copy before step %d still in flight after %.0fs: it may be "
+                        "replaced (a kill -9 now could lose more than 1 step)", step, LAG_WAIT_S)
         with self._cv:
             kept = [c for c in self._queue if c.persist is not None]
             self.stats.replaced += len(self._queue) - len(kept)
