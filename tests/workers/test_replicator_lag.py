@@ -22,6 +22,14 @@ class _Packer:
         return {"leaves": [], "pieces": []}, bytearray(state)
 
 
+def _holder_and_replicator() -> tuple[RamHolder, replicator.Replicator]:
+    holder = RamHolder(keep=2)
+    address = holder.serve("secret", host="127.0.0.1")
+    return holder, replicator.Replicator([("own", address)], token="secret", writer="node-a",
+                                         incarnation=1, source=0, sources=1, every=1, keep=2,
+                                         max_host_bytes=1 << 30)
+
+
 def test_a_step_waits_for_the_previous_copy_instead_of_replacing_it(monkeypatch):
     monkeypatch.setattr(replicator.replica, "Packer", _Packer)
     slow_until = {"step": 1, "s": 0.4}
@@ -36,11 +44,7 @@ def test_a_step_waits_for_the_previous_copy_instead_of_replacing_it(monkeypatch)
         return out
 
     monkeypatch.setattr(replicator.ram_wire, "read_ack", slow_ack)
-    holder = RamHolder(keep=2)
-    address = holder.serve("secret", host="127.0.0.1")
-    rep = replicator.Replicator([("own", address)], token="secret", writer="node-a",
-                                incarnation=1, source=0, sources=1, every=1, keep=2,
-                                max_host_bytes=1 << 30)
+    holder, rep = _holder_and_replicator()
     try:
         assert rep.after_step(1, b"\x01" * 100_000) < 0.2  # packs and queues: no wait
         t0 = time.monotonic()
@@ -66,11 +70,7 @@ def test_past_the_bound_the_newer_copy_replaces_the_waiting_one(monkeypatch):
         return real_ack(sock)
 
     monkeypatch.setattr(replicator.ram_wire, "read_ack", held_ack)
-    holder = RamHolder(keep=2)
-    address = holder.serve("secret", host="127.0.0.1")
-    rep = replicator.Replicator([("own", address)], token="secret", writer="node-a",
-                                incarnation=1, source=0, sources=1, every=1, keep=2,
-                                max_host_bytes=1 << 30)
+    holder, rep = _holder_and_replicator()
     try:
         rep.after_step(1, b"\x01" * 1000)
         time.sleep(0.1)  # the sender took copy 1 and waits for its acknowledgement
