@@ -23,9 +23,9 @@ from orchestrator.hosts import HostRef
 log = structlog.get_logger(__name__)
 
 REJOIN_TIMEOUT_S = 30.0
+"""A standby still importing JAX answers its rejoin after the imports (a few seconds)."""
 AHEAD_MARGIN_S = 2.0
 """Of a park's bound, what quiesce leaves for the releases after waiting for a compile ahead."""
-"""A standby still importing JAX answers its rejoin after the imports (a few seconds)."""
 
 
 @dataclass

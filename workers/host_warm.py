@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 from orchestrator.hostspec import HostSpec
+from workers.host_ahead import AHEAD_JOIN_S
 from workers.stops import StopBoard
 
 log = logging.getLogger(__name__)
@@ -80,7 +81,7 @@ class WarmMethods:
             workers.trainer.abstract_boxed_state(model, train, total_steps)
         return {"pid": os.getpid(), "warm_s": time.perf_counter() - t0}
 
-    def quiesce(self, ahead_wait_s: float = 120.0) -> dict:
+    def quiesce(self, ahead_wait_s: float = AHEAD_JOIN_S) -> dict:
         """The first half of ``release``, run on every host at once: stop the metadata watcher
         and the RAM copies, finish pending saves (they may need every host) and drop the
         trainer. A compile ahead still running is waited for up to ``ahead_wait_s`` (the next

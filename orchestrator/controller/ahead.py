@@ -24,8 +24,7 @@ def shrink_spec(run: Run) -> GroupSpec | None:
     plan, elastic = p.plan, run.ctl.elastic
     if plan is None or not elastic.enabled or plan.num_slices - 1 < max(1, elastic.min_slices):
         return None
-    slices = plan.num_slices - 1
-    hps = p.hosts_per_slice or len(plan.hosts) // plan.num_slices
+    slices, hps = plan.num_slices - 1, plan.hosts_per_slice
     try:
         cfg, batch = resized_cfg(run, slices, hps)
         smaller = plan_mesh(cfg, plan.hosts, platform=plan.platform, hosts_per_slice=hps,
