@@ -53,8 +53,8 @@ def test_leaving_waits_for_a_compile_ahead_then_refuses_the_release():
     done = _busy(actor, 30)
     with pytest.raises(RuntimeError, match="still running"):
         actor.wait_ahead(0.05)
-    out = actor.quiesce(ahead_wait_s=0.05)  # logs, never raises: the others go on leaving
-    assert out["quiesce_s"] >= 0.05 and actor._leaving
+    actor.quiesce(ahead_wait_s=0.05)  # logs, never raises: the others go on leaving
+    assert actor._leaving and actor.ahead_running()
     with pytest.raises(RuntimeError, match="compile ahead is still running"):
         actor.release()
     done.set()
@@ -65,5 +65,5 @@ def test_a_finished_compile_ahead_is_waited_for_at_once():
     actor = HostActor(None, {})
     done = _busy(actor, 30)
     threading.Timer(0.2, done.set).start()
-    out = actor.quiesce(ahead_wait_s=10)
-    assert 0.15 <= out["quiesce_s"] < 5 and not actor.ahead_running()
+    actor.quiesce(ahead_wait_s=30)
+    assert done.is_set() and not actor.ahead_running(), "quiesce waited for it to end"

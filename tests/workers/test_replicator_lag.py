@@ -1,7 +1,8 @@
 """The RAM tier's promise (a kill -9 after step N finds step N - 1 on every holder) holds by
 construction: a step waits for the previous copy's acknowledgement before queueing its own,
 instead of letting a lagging copy be replaced. Real holders over the real wire, in this
-process; the packer is replaced (no JAX: the bytes are what matters here)."""
+process; the packer is replaced (no JAX: the bytes are what matters here). Order, not time,
+is asserted: an acknowledgement is held back behind an event."""
 
 from __future__ import annotations
 
@@ -30,52 +31,69 @@ def _holder_and_replicator() -> tuple[RamHolder, replicator.Replicator]:
                                          max_host_bytes=1 << 30)
 
 
-def test_a_step_waits_for_the_previous_copy_instead_of_replacing_it(monkeypatch):
-    monkeypatch.setattr(replicator.replica, "Packer", _Packer)
-    slow_until = {"step": 1, "s": 0.4}
+def _hold_first_ack(monkeypatch) -> threading.Event:
+    """Copy 1's acknowledgement is read only once the returned event is set."""
+    gate = threading.Event()
     real_ack = ram_wire.read_ack
-    acked: list[float] = []
+    reads: list[int] = []
 
-    def slow_ack(sock):  # the holder of a loaded machine acknowledges copy 1 late
-        if len(acked) == 0:
-            time.sleep(slow_until["s"])
-        out = real_ack(sock)
-        acked.append(time.monotonic())
-        return out
+    def held_ack(sock):
+        if not reads:
+            gate.wait(30)
+        reads.append(1)
+        return real_ack(sock)
 
-    monkeypatch.setattr(replicator.ram_wire, "read_ack", slow_ack)
+    monkeypatch.setattr(replicator.replica, "Packer", _Packer)
+    monkeypatch.setattr(replicator.ram_wire, "read_ack", held_ack)
+    return gate
+
+
+def _wait_busy(rep: replicator.Replicator) -> None:
+    """Until the sender has taken copy 1 off the queue (it then waits for the ack)."""
+    deadline = time.monotonic() + 30
+    while not rep._busy:
+        assert time.monotonic() < deadline, "the sender never took copy 1"
+        time.sleep(0.01)
+
+
+def test_a_step_waits_for_the_previous_copy_instead_of_replacing_it(monkeypatch):
+    gate = _hold_first_ack(monkeypatch)
     holder, rep = _holder_and_replicator()
     try:
-        assert rep.after_step(1, b"\x01" * 100_000) < 0.2  # packs and queues: no wait
-        t0 = time.monotonic()
-        blocked = rep.after_step(2, b"\x02" * 100_000)
-        assert blocked >= 0.25, "step 2 waited for copy 1's acknowledgement"
-        assert acked and acked[0] <= time.monotonic() and time.monotonic() - t0 >= 0.25
-        assert [c["step"] for c in holder.inventory()] == [1], "copy 1 arrived, not replaced"
+        rep.after_step(1, b"\x01" * 100_000)
+        _wait_busy(rep)
+        seen: dict[str, object] = {}
+
+        def step_2() -> None:
+            rep.after_step(2, b"\x02" * 100_000)
+            seen["ack_released_first"] = gate.is_set()
+            seen["held_then"] = [c["step"] for c in holder.inventory()]
+
+        t = threading.Thread(target=step_2)
+        t.start()
+        time.sleep(0.2)  # give a step that does not wait the chance to return early
+        gate.set()
+        t.join(30)
+        assert seen["ack_released_first"] is True, "step 2 returned before copy 1 was acked"
+        assert seen["held_then"] == [1], "copy 1 arrived, not replaced, before step 2 went on"
         assert rep.settle(5.0)
         assert sorted(c["step"] for c in holder.inventory()) == [1, 2]
         assert rep.stats.replaced == 0 and rep.stats.sent == 2
     finally:
+        gate.set()
         rep.close()
 
 
 def test_past_the_bound_the_newer_copy_replaces_the_waiting_one(monkeypatch):
-    monkeypatch.setattr(replicator.replica, "Packer", _Packer)
+    gate = _hold_first_ack(monkeypatch)
     monkeypatch.setattr(replicator, "LAG_WAIT_S", 0.1)
-    gate = threading.Event()
-    real_ack = ram_wire.read_ack
-
-    def held_ack(sock):  # copy 1's acknowledgement waits for the gate
-        gate.wait(5)
-        return real_ack(sock)
-
-    monkeypatch.setattr(replicator.ram_wire, "read_ack", held_ack)
     holder, rep = _holder_and_replicator()
     try:
         rep.after_step(1, b"\x01" * 1000)
-        time.sleep(0.1)  # the sender took copy 1 and waits for its acknowledgement
-        assert 0.1 <= rep.after_step(2, b"\x02" * 1000) < 1.0
-        assert 0.1 <= rep.after_step(3, b"\x03" * 1000) < 1.0  # replaces the queued copy 2
+        _wait_busy(rep)
+        rep.after_step(2, b"\x02" * 1000)  # gives up waiting: copy 2 is queued
+        rep.after_step(3, b"\x03" * 1000)  # gives up again: replaces the queued copy 2
+        assert not gate.is_set(), "both steps went on while copy 1 was still unacknowledged"
         assert rep.stats.replaced == 1
         gate.set()
         assert rep.settle(5.0)
