@@ -159,22 +159,46 @@ class EmulatedCluster:
         the dead raylet seconds later (3 s on a loaded CI machine) and keep stepping meanwhile,
         which no real lost VM does. Their pids are taken before the raylet goes.
         """
-        import psutil
-
         node = self.nodes.pop((slice_name, worker_id))
-        workers: list[psutil.Process] = []
-        for info in node.all_processes.get("raylet", []):
-            with contextlib.suppress(psutil.NoSuchProcess):
-                workers += psutil.Process(info.process.pid).children(recursive=True)
+        workers = _started_by(node)
         self.cluster.remove_node(node, allow_graceful=False)
-        for proc in workers:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                proc.kill()
+        _kill_all(workers)
 
     def shutdown(self) -> None:
-        if self.cluster is not None:
-            self.cluster.shutdown()
-            self.cluster = None
+        """Every emulated machine goes, with every process its raylet started.
+
+        A worker left to notice its dead raylet by itself once outlived the driver by more than
+        30 s on a loaded CI machine (a ``ray::HostActor`` the driver's ``ray.kill`` had not yet
+        reached); no process of an emulated cluster may outlive the run that started it.
+        """
+        if self.cluster is None:
+            return
+        nodes = [*self.cluster.worker_nodes]
+        if self.cluster.head_node is not None:
+            nodes.append(self.cluster.head_node)
+        workers = [p for node in nodes for p in _started_by(node)]
+        self.cluster.shutdown()
+        self.cluster = None
+        _kill_all(workers)
+
+
+def _started_by(node: Any) -> list[Any]:
+    """The processes a Ray node's raylet started (its workers and their children)."""
+    import psutil
+
+    found: list[psutil.Process] = []
+    for info in node.all_processes.get("raylet", []):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            found += psutil.Process(info.process.pid).children(recursive=True)
+    return found
+
+
+def _kill_all(processes: Sequence[Any]) -> None:
+    import psutil
+
+    for proc in processes:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.kill()
 
 
 @contextlib.contextmanager

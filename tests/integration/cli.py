@@ -80,10 +80,20 @@ def _survivors(marker: str, grace_s: float) -> tuple[str, ...]:
     while alive and time.monotonic() < deadline:
         time.sleep(0.5)
         alive = marked_pids(marker)
+    found = tuple(f"{pid}: {cmd[:200]}{_state(pid)}" for pid, cmd in sorted(alive.items()))
     for pid in alive:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
-    return tuple(f"{pid}: {cmd[:200]}" for pid, cmd in sorted(alive.items()))
+    return found
+
+
+def _state(pid: int) -> str:
+    """`` (state S, parent 1)``: enough to tell an orphan from a process still in Ray's hands."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return ""
+    return f" (state {fields[0]}, parent {fields[1]})"
 
 
 def snapshot(directory: Path) -> dict[str, tuple[str, int, int]]:
