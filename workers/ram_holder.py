@@ -19,11 +19,11 @@ import time
 import zlib
 from dataclasses import dataclass
 
-from workers.niceness import LOWEST, lower_this_thread
+from workers.niceness import lower_this_thread
 
 log = logging.getLogger(__name__)
 
-PERSIST_NICE = LOWEST
+PERSIST_NICE = 19
 """The durable writer runs at the lowest CPU priority: the training step keeps its cores."""
 
 
@@ -116,8 +116,6 @@ class RamHolder:
     def _serve_conn(self, conn: socket.socket) -> None:
         from workers import ram_wire
 
-        # a copy is taken in the gaps the training steps leave (workers.niceness)
-        lower_this_thread(LOWEST, what="a RAM-tier connection")
         with conn:
             try:
                 hello, _ = ram_wire.recv_frame(conn)

@@ -25,7 +25,6 @@ from typing import Any
 
 from policies.ram_tier import copy_due
 from workers import ram_wire, replica
-from workers.niceness import LOWEST, lower_this_thread
 from workers.ram_holder import checksum
 
 log = logging.getLogger(__name__)
@@ -170,8 +169,6 @@ class Replicator:
     # ---- the sender thread -------------------------------------------------------------------
 
     def _send_loop(self) -> None:
-        # in the gaps the step leaves: the next step waits for this copy anyway (LAG_WAIT_S)
-        lower_this_thread(LOWEST, what="the RAM copy sender")
         while True:
             with self._cv:
                 while not self._queue and not self._closed:
