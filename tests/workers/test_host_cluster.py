@@ -25,7 +25,7 @@ from orchestrator.config import load_config
 from orchestrator.controller.seam import GroupSpec
 from orchestrator.events.config import MetadataConfig
 from orchestrator.plan import plan_mesh
-from orchestrator.ray_group import RayWorkerGroup
+from orchestrator.ray_group import STOP_MARGIN_STEPS, RayWorkerGroup
 from orchestrator.warm_pool import WarmPool
 from tests.events.fake_metadata import fake_metadata_server
 from tests.integration.groups import Group, _RemoteHost
@@ -53,8 +53,10 @@ def _group(cluster, cfg, run_dir, *, survive_peers: bool = False) -> Group:
 
 
 def test_stop_mid_chunk_stops_both_hosts_at_one_step(cluster, cfg, tmp_path):
-    """request_stop(chunk, max(current)+1) on both hosts while a 2000-step chunk runs: both
-    stop at the same step, and a stop for an older chunk id sent meanwhile changes nothing."""
+    """request_stop(chunk, max(current) + the driver's margin) on both hosts while a 2000-step
+    chunk runs: both stop at the same step, and a stop for an older chunk id sent meanwhile
+    changes nothing. (max + 1 races with a host finishing a step meanwhile: one host would pass
+    the bound and wait in a collective for the other forever.)"""
     g = _group(cluster, cfg, tmp_path)
     try:
         g.form()
@@ -66,7 +68,7 @@ def test_stop_mid_chunk_stops_both_hosts_at_one_step(cluster, cfg, tmp_path):
             assert time.monotonic() < deadline, "the chunk did not advance"
             time.sleep(0.05)
         g.call("request_stop", 1, 0)  # chunk 1 is over: ignored
-        at = max(g.call("current_step")) + 1
+        at = max(g.call("current_step")) + STOP_MARGIN_STEPS
         returned = g.call("request_stop", 2, at)
         out = g.get(refs)
     finally:
