@@ -142,7 +142,7 @@ class RayWorkerGroup:
         if spec.plan.platform != "cpu" or self.spec.plan.platform != "cpu" or \
                 not 0 < n < len(self.actors):
             return False
-        for actor, hs in zip(self.actors, self._host_specs(spec)[:n], strict=False):
+        for actor, hs in zip(self.actors, self._host_specs(spec), strict=False):  # first n
             actor.compile_ahead.remote(hs)
         return True
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from orchestrator.hostspec import HostSpec
 from workers.executables import key_digest
-from workers.niceness import lower_this_thread
+from workers.niceness import LOWEST, lower_this_thread
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ class AheadMethods:
         return list(self.ahead_results)
 
     def _compile_ahead(self, spec: HostSpec) -> None:
-        lower_this_thread(19, what="the compile ahead")
+        lower_this_thread(LOWEST, what="the compile ahead")
         t0 = time.perf_counter()
         out: dict[str, Any] = {"processes": spec.plan.num_processes,
                                "slices": spec.plan.num_slices}

@@ -14,6 +14,9 @@ import threading
 
 log = logging.getLogger(__name__)
 
+LOWEST = 19
+"""Linux's lowest priority: the durable writer and the compile ahead run at it."""
+
 
 def lower_this_thread(nice: int, *, what: str) -> None:
     """Set this thread's niceness to ``nice`` (only ever lowers priority: no privilege needed);

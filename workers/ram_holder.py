@@ -19,11 +19,11 @@ import time
 import zlib
 from dataclasses import dataclass
 
-from workers.niceness import lower_this_thread
+from workers.niceness import LOWEST, lower_this_thread
 
 log = logging.getLogger(__name__)
 
-PERSIST_NICE = 19
+PERSIST_NICE = LOWEST
 """The durable writer runs at the lowest CPU priority: the training step keeps its cores."""
 
 
