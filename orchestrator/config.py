@@ -306,8 +306,18 @@ class CompileConfig:
     so a shrink loads it.
     Only where it applies: ``controller.elastic.enabled``, the cache on, the CPU emulation
     (a TPU runtime numbers its chips its own way: the key would not match)."""
+    share: bool = True
+    """One process of a group compiles each function and stores it; the others load its file
+    (on the CPU emulation every process shares one machine's cores: N compiles at once take N
+    times the CPU of one). A process that hears nothing from the owner within
+    ``timeouts.compile_s`` compiles itself. Only with the cache on, the CPU emulation, and
+    groups of two or more processes (``workers/compile_share.py``)."""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.share, bool):
+            raise ConfigError("compile.share", f"{self.share!r} is not true or false",
+                              "set compile.share=true (one process compiles for the group) or "
+                              "false (every process compiles its own)")
         if not isinstance(self.ahead, bool):
             raise ConfigError("compile.ahead", f"{self.ahead!r} is not true or false",
                               "set compile.ahead=true (compile a shrink's step ahead) or false")

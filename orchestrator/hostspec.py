@@ -34,6 +34,11 @@ class HostSpec:
     """Digest of the driver's RunConfig, written into every checkpoint's run metadata."""
     executables_dir: str | None = None
     """RUN_DIR/executables: compiled steps stored and loaded there; None compiles every time."""
+    share_compile: bool = True
+    """One process of the group compiles, the others load its executable (``compile.share``;
+    the CPU emulation only, ``workers.compile_share``)."""
+    compile_timeout_s: float = 300.0
+    """How long a process waits for the owner of a shared compile (the group's compile bound)."""
     survive_peers: bool = False
     """Start the JAX runtime with ``jax_enable_recoverability``: a peer's death fails this
     process's collectives instead of aborting it, so it can be re-initialised in process
@@ -75,4 +80,5 @@ class HostSpec:
                    init_timeout_s=cfg.timeouts.init_s, heartbeat_s=cfg.timeouts.heartbeat_s,
                    config_digest=cfg.digest(),
                    executables_dir=str(executables_dir) if use_store else None,
+                   share_compile=cfg.compile.share, compile_timeout_s=cfg.timeouts.compile_s,
                    survive_peers=survive_peers)

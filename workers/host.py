@@ -185,7 +185,8 @@ class HostActor(RamTierMethods, WarmMethods, AheadMethods):
         compile_s = tr.compile()
         info = tr.compile_info
         return {"compile_s": compile_s, "source": info.source, "key": info.key,
-                "reason": info.reason, "save_s": info.save_s, "flops_xla": tr.flops_xla,
+                "reason": info.reason, "save_s": info.save_s, "waited_s": info.waited_s,
+                "flops_xla": tr.flops_xla,
                 "flops_analytic": tr.flops_analytic,
                 "init": tr.init_info.as_dict() if tr.init_info else None}
 

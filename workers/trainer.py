@@ -30,10 +30,10 @@ from orchestrator.hostspec import HostSpec
 from orchestrator.plan import MeshPlan
 from workers import data as data_lib
 from workers.checkpoints import CheckpointStore, RestoreOutcome
+from workers.compile_share import CompileInfo, RuntimeWord, Share, obtain, owner_of, shares
 from workers.executables import (
     ExecutableStore,
     executable_key,
-    key_digest,
     mesh_ingredients,
     runtime_ingredients,
 )
@@ -81,26 +81,6 @@ class SaveOutput:
     """False when this step was already saved or being saved."""
     blocking_s: float
     """Seconds the caller was blocked (the async part runs on in Orbax's thread)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class CompileInfo:
-    """How one function's executable was obtained: loaded from the run directory's store, or
-    compiled (``reason`` says why it was not loaded)."""
-
-    function: str
-    source: str
-    """"loaded" or "compiled"."""
-    key: str | None
-    """Short digest of the executable's key; None when the store is off."""
-    seconds: float
-    reason: str = ""
-    flops: float | None = None
-    save_s: float | None = None
-    """Seconds spent storing a compiled executable (None: not stored)."""
-
-    def as_dict(self) -> dict:
-        return dataclasses.asdict(self)
 
 
 @dataclasses.dataclass
@@ -156,6 +136,12 @@ class Trainer:
         self.executables = (ExecutableStore(spec.executables_dir) if spec.executables_dir
                             else None)
         self._key_parts: tuple[dict, dict] | None = None
+        processes = len({d.process_index for d in self.mesh.devices.flat})
+        self.share = (Share(owner=owner_of(self.mesh.devices.flat), me=jax.process_index(),
+                            wait_s=spec.compile_timeout_s, word=RuntimeWord())
+                      if shares(platform=spec.plan.platform, enabled=spec.share_compile,
+                                processes=processes, store=self.executables is not None)
+                      else None)
         self.compile_info: CompileInfo | None = None
         self.init_info: CompileInfo | None = None
         self.flops_xla: float | None = None
@@ -192,38 +178,17 @@ class Trainer:
 
     def _executable(self, function: str, jitted: Any, args: tuple, *, cost: bool = False
                     ) -> tuple[Any, CompileInfo]:
-        """``function``'s executable for ``args``: loaded from the store when its key matches,
-        else lowered, compiled and stored. The store never fails the compile."""
-        t0 = time.perf_counter()
-        key = None
-        reason = "executable store off (compile.cache=off)"
+        """``function``'s executable: loaded, compiled, or the owner's (``compile_share``)."""
+        key, reason = None, "executable store off (compile.cache=off)"
         if self.executables is not None:
             try:
                 key = self.executable_key(function)
             except Exception as exc:  # an optimisation: compile as if there were no store
                 reason = f"no key ({type(exc).__name__}: {exc})"
                 log.warning("executable key for %s unavailable: %s", function, reason)
-        if key is not None:
-            found = self.executables.load(key, args=args, devices=self.mesh.devices.flat)
-            if found.compiled is not None:
-                info = CompileInfo(function=function, source="loaded", key=key_digest(key),
-                                   seconds=time.perf_counter() - t0,
-                                   flops=found.meta.get("flops"))
-                log.info("%s loaded from %s in %.3fs", function, self.executables.path(key),
-                         info.seconds)
-                return found.compiled, info
-            reason = found.reason
-            level = logging.WARNING if found.damaged else logging.INFO
-            log.log(level, "compiling %s: %s", function, reason)
-        lowered = jitted.lower(*args)
-        flops = _flops(lowered) if cost else None
-        compiled = lowered.compile()
-        save_s = (self.executables.save(key, compiled, meta={"flops": flops})
-                  if key is not None and self.executables is not None else None)
-        return compiled, CompileInfo(function=function, source="compiled",
-                                     key=key_digest(key) if key is not None else None,
-                                     seconds=time.perf_counter() - t0, reason=reason,
-                                     flops=flops, save_s=save_s)
+        return obtain(function, jitted, args, store=self.executables, key=key,
+                      devices=self.mesh.devices.flat, cost=cost, share=self.share,
+                      no_key_reason=reason)
 
     def executable_key(self, function: str) -> dict:
         """The store key of this process's executable of ``function`` (workers/executables)."""
@@ -235,8 +200,9 @@ class Trainer:
                   "train": dataclasses.asdict(self.spec.train),
                   "total_steps": self.spec.total_steps, "accum_steps": self.accum_steps}
         count = len({d.process_index for d in self.mesh.devices.flat})  # a prefix if ahead
+        index = self.share.owner if self.share is not None else jax.process_index()
         return executable_key(function=function, runtime=runtime, config=config, mesh=mesh,
-                              process_index=jax.process_index(), process_count=count)
+                              process_index=index, process_count=count)
 
     # ---- data ---------------------------------------------------------------------------
 
@@ -353,14 +319,6 @@ def _init_boxed(model, tx, seq_len: int, key):
 
 def _init_unboxed(init_boxed, key):
     return nn.meta.unbox(init_boxed(key))
-
-
-def _flops(lowered: Any) -> float | None:
-    """XLA's global FLOP count of a lowered computation (None when it does not say)."""
-    cost = lowered.cost_analysis() or {}
-    if isinstance(cost, list):  # older JAX returned one dict per computation
-        cost = cost[0] if cost else {}
-    return float(cost.get("flops", 0.0)) or None
 
 
 def make_lr_schedule(t: TrainConfig, total_steps: int) -> optax.Schedule:

@@ -224,7 +224,8 @@ def member(args: argparse.Namespace) -> int:
     os.environ["JAX_PLATFORMS"] = "cpu"
     try:
         actor = make_actor(Path(args.run_dir), processes=args.num_processes,
-                           process_id=args.process_id, devices=args.devices)
+                           process_id=args.process_id, devices=args.devices,
+                           overrides=tuple(args.override))
         t0 = time.perf_counter()
         out = train(actor, initialize=(args.coordinator, args.num_processes, args.process_id))
         out["wall_s"] = time.perf_counter() - t0
@@ -247,6 +248,7 @@ def main(argv: list[str]) -> int:
     m.add_argument("--run-dir", required=True)
     m.add_argument("--devices", type=int, default=2)
     m.add_argument("--out", required=True)
+    m.add_argument("--override", action="append", default=[], help="a RunConfig key=value")
     args = p.parse_args(argv)
     return single(args) if args.mode == "single" else member(args)
 

@@ -315,7 +315,7 @@ def test_unwritable_store_still_trains(seen):
 
 # ---- real JAX, two distributed groups of 2 processes --------------------------------------------
 
-def _group(run_dir: Path, tmp: Path, name: str) -> list[dict]:
+def _group(run_dir: Path, tmp: Path, name: str, *overrides: str) -> list[dict]:
     from workers.host import free_port
 
     coordinator = f"127.0.0.1:{free_port()}"
@@ -326,8 +326,8 @@ def _group(run_dir: Path, tmp: Path, name: str) -> list[dict]:
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "tests.workers.exec_scenarios", "member", "--process-id",
              str(i), "--num-processes", "2", "--coordinator", coordinator, "--run-dir",
-             str(run_dir), "--out", str(out)], cwd=REPO, stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE, text=True))
+             str(run_dir), "--out", str(out), *(f"--override={o}" for o in overrides)],
+            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
     try:
         errs = [p.communicate(timeout=600)[1] for p in procs]
     finally:
@@ -344,23 +344,59 @@ def _group(run_dir: Path, tmp: Path, name: str) -> list[dict]:
     return results
 
 
+def _sources(r: dict) -> tuple[str, str]:
+    return r["compile"]["source"], r["compile"]["init"]["source"]
+
+
 def test_new_group_of_the_same_shape_loads_and_matches_bit_for_bit(tmp_path):
-    """The re-form case: group 1 compiles and stores one file per (function, process); a NEW
-    group (new processes, new distributed runtime) loads them, and its losses are
-    bit-identical."""
+    """The re-form case with a shared compile (the default here): in group 1 process 0 compiles
+    and stores one file per function and process 1 loads it; a NEW group (new processes, new
+    distributed runtime) loads them on both processes; losses are bit-identical throughout."""
     run_dir = tmp_path / "run"
     first = _group(run_dir, tmp_path, "first")
     second = _group(run_dir, tmp_path, "second")
+    assert [_sources(r) for r in first] == [("compiled", "compiled"), ("loaded", "loaded")]
+    assert [_sources(r) for r in second] == [("loaded", "loaded")] * 2
     for i in range(2):
-        a, b = first[i]["compile"], second[i]["compile"]
-        assert (a["source"], a["init"]["source"]) == ("compiled", "compiled")
-        assert (b["source"], b["init"]["source"]) == ("loaded", "loaded")
-        assert b["key"] == a["key"]
-        assert second[i]["losses"] == first[i]["losses"]
+        assert second[i]["compile"]["key"] == first[i]["compile"]["key"] == \
+            first[0]["compile"]["key"]  # one key for the group
+        assert second[i]["losses"] == first[i]["losses"] == first[0]["losses"]
         assert len(first[i]["losses"]) == 3
+    names = sorted(p.name for p in (run_dir / DIR_NAME).iterdir())
+    assert names == sorted([f"train_step.{first[0]['compile']['key']}.p0-of-2.xla",
+                            f"init.{first[0]['compile']['init']['key']}.p0-of-2.xla"])
+
+
+def test_without_sharing_every_process_compiles_and_stores_its_own(tmp_path):
+    """compile.share=false: per-process keys and files; a new group loads its own file on each
+    process, bit-identical to the shared compile's losses."""
+    run_dir = tmp_path / "run"
+    first = _group(run_dir, tmp_path, "first", "compile.share=false")
+    second = _group(run_dir, tmp_path, "second", "compile.share=false")
+    assert [_sources(r) for r in first] == [("compiled", "compiled")] * 2
+    assert [_sources(r) for r in second] == [("loaded", "loaded")] * 2
     assert first[0]["compile"]["key"] != first[1]["compile"]["key"]  # per-process keys
+    for i in range(2):
+        assert second[i]["compile"]["key"] == first[i]["compile"]["key"]
+        assert second[i]["losses"] == first[i]["losses"]
+    shared = _group(tmp_path / "shared", tmp_path, "shared")
+    assert shared[1]["losses"] == first[1]["losses"]  # the owner's executable, the same numbers
     names = sorted(p.name for p in (run_dir / DIR_NAME).iterdir())
     assert names == sorted(
         [f"{fn}.{r['compile'][k] if fn == 'train_step' else r['compile']['init']['key']}"
          f".p{i}-of-2.xla" for i, r in enumerate(first) for fn, k in
          (("train_step", "key"), ("init", "key"))])
+
+
+def test_owner_that_cannot_store_tells_the_others_who_compile_their_own(tmp_path):
+    """The store cannot be written (its path is a file): the owner says so at once, process 1
+    compiles itself instead of waiting out the bound, and the run trains the same."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / DIR_NAME).write_text("not a directory")
+    got = _group(run_dir, tmp_path, "blocked")
+    assert [_sources(r) for r in got] == [("compiled", "compiled")] * 2
+    for kind in (got[1]["compile"], got[1]["compile"]["init"]):
+        assert "process 0 did not store it (it could not be written)" in kind["reason"], kind
+        assert kind["waited_s"] < 60  # told, not timed out (the bound is 300 s)
+    assert got[0]["losses"] == got[1]["losses"]
