@@ -2,13 +2,15 @@
 instead of compiling it (load ~0.1 s against ~2 s of compiling per process here).
 
 The persistent compilation cache does not work across processes on CPU (only process 0 writes,
-keys differ per process; ``../shared/FACTS.md``), so each process serialises its own compiled
+keys differ per process; ``../shared/FACTS.md``), so a process serialises its compiled
 executable (``jax.experimental.serialize_executable``) into ``RUN_DIR/executables/``, one file
-per (key, process). The key is everything that makes an executable valid: versions, XLA flags,
-platform, the source of the step's code, the model/optimizer/train config, the mesh (axes, shape,
-device assignment), the process index and count, and the function. A file is used only when its
-key matches exactly; a missing, mismatched, corrupt or unloadable file means "compile", with the
-reason logged, never an error: the store is an optimisation, never a reason to fail a run.
+per (key, process) — or one for the whole group where its lowest process compiles for all
+(``workers.compile_share``; the others load its file). The key is everything that makes an
+executable valid: versions, XLA flags, platform, the source of the step's code, the
+model/optimizer/train config, the mesh (axes, shape, device assignment), the process index and
+count, and the function. A file is used only when its key matches exactly; a missing,
+mismatched, corrupt or unloadable file means "compile", with the reason logged, never an error:
+the store is an optimisation, never a reason to fail a run.
 
 The key functions are pure (no JAX); JAX is imported only where executables are read or written.
 Loading unpickles the file: like checkpoints, the run directory must be trusted.
