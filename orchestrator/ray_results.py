@@ -62,9 +62,13 @@ def combine(results: Sequence[dict]) -> Progress | HostsLost:
 
 def compiled(results: Sequence[dict]) -> Compiled:
     """Every host's compile result as one ``Compiled``: the slowest host's seconds, and
-    whether the hosts loaded their stored executables ("loaded"), compiled ("compiled") or
+    whether the hosts loaded their stored executables ("loaded"), compiled ("compiled": also
+    host 0 compiling once for the group and the others loading its file, ``compile.share``) or
     some of each ("mixed"); why a host with a store compiled is logged."""
     sources = {r.get("source", "compiled") for r in results}
+    if _compiled_once(results):
+        sources = {"compiled"}
+        log.info("executable_shared", hosts=len(results) - 1, key=results[0].get("key"))
     for i, r in enumerate(results):
         if r.get("source") == "compiled" and r.get("key"):
             log.info("executable_compiled", host=i, key=r.get("key"), reason=r.get("reason"))
@@ -73,6 +77,13 @@ def compiled(results: Sequence[dict]) -> Compiled:
                     flops=first.get("flops_xla") or first.get("flops_analytic"),
                     source=sources.pop() if len(sources) == 1 else "mixed",
                     key=first.get("key"))
+
+
+def _compiled_once(results: Sequence[dict]) -> bool:
+    """Host 0 compiled and every other host loaded that same executable (one key)."""
+    return (len(results) > 1 and results[0].get("source") == "compiled"
+            and all(r.get("source") == "loaded" for r in results[1:])
+            and len({r.get("key") for r in results}) == 1 and results[0].get("key") is not None)
 
 
 def restored(outs: Sequence[dict], note: str = "") -> Restored:

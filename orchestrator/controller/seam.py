@@ -135,8 +135,9 @@ class Restored:
 
 @dataclass(frozen=True, kw_only=True)
 class Compiled:
-    """``source``: "loaded" (every host loaded its stored executable), "compiled" (none did)
-    or "mixed"; ``key`` is host 0's executable key digest (None with the store off)."""
+    """``source``: "loaded" (every host loaded its stored executable), "compiled" (none did,
+    or host 0 compiled once for the group and the others loaded its file) or "mixed"; ``key``
+    is host 0's executable key digest (None with the store off)."""
 
     compile_s: float
     flops: float | None

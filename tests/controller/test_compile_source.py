@@ -19,8 +19,15 @@ def _host(source: str, seconds: float, key: str | None = "k0", **extra) -> dict:
 def test_hosts_results_merge_into_one_compiled():
     both = compiled([_host("loaded", 0.1), _host("loaded", 0.3, key="k1")])
     assert both == Compiled(compile_s=0.3, flops=7.0, source="loaded", key="k0")
-    mixed = compiled([_host("compiled", 2.0), _host("loaded", 0.1)])
+    mixed = compiled([_host("compiled", 2.0), _host("loaded", 0.1, key="k1")])
     assert (mixed.source, mixed.compile_s) == ("mixed", 2.0)
+    # compile.share: host 0 compiled once for the group, the others loaded its file (one key)
+    once = compiled([_host("compiled", 2.0), _host("loaded", 2.1), _host("loaded", 2.1)])
+    assert (once.source, once.compile_s, once.key) == ("compiled", 2.1, "k0")
+    # not once: another host than 0 compiled, or a host compiled its own after all
+    assert compiled([_host("loaded", 0.1), _host("compiled", 2.0)]).source == "mixed"
+    assert compiled([_host("compiled", 2.0), _host("loaded", 0.1),
+                     _host("compiled", 2.0)]).source == "mixed"
     # a host from before the store (no "source") counts as compiled
     old = compiled([{"compile_s": 1.5, "flops_xla": None, "flops_analytic": 9.0}])
     assert old == Compiled(compile_s=1.5, flops=9.0, source="compiled", key=None)
