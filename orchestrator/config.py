@@ -309,9 +309,9 @@ class CompileConfig:
     share: bool = True
     """One process of a group compiles each function and stores it; the others load its file
     (on the CPU emulation every process shares one machine's cores: N compiles at once take N
-    times the CPU of one). A process that hears nothing from the owner within
-    ``timeouts.compile_s`` compiles itself. Only with the cache on, the CPU emulation, and
-    groups of two or more processes (``workers/compile_share.py``)."""
+    times the CPU of one). A process that hears nothing from the owner within half the smaller
+    of ``timeouts.compile_s`` and ``timeouts.restore_s`` compiles itself. Only with the cache
+    on, the CPU emulation, and groups of two or more processes (``workers/compile_share.py``)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.share, bool):

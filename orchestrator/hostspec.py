@@ -37,8 +37,10 @@ class HostSpec:
     share_compile: bool = True
     """One process of the group compiles, the others load its executable (``compile.share``;
     the CPU emulation only, ``workers.compile_share``)."""
-    compile_timeout_s: float = 300.0
-    """How long a process waits for the owner of a shared compile (the group's compile bound)."""
+    share_wait_s: float = 90.0
+    """How long a process waits for the owner of a shared compile before compiling itself: half
+    the smaller of the restore and compile bounds (the init is compiled inside RESTORING), so
+    its own compile still fits in the phase."""
     survive_peers: bool = False
     """Start the JAX runtime with ``jax_enable_recoverability``: a peer's death fails this
     process's collectives instead of aborting it, so it can be re-initialised in process
@@ -80,5 +82,6 @@ class HostSpec:
                    init_timeout_s=cfg.timeouts.init_s, heartbeat_s=cfg.timeouts.heartbeat_s,
                    config_digest=cfg.digest(),
                    executables_dir=str(executables_dir) if use_store else None,
-                   share_compile=cfg.compile.share, compile_timeout_s=cfg.timeouts.compile_s,
+                   share_compile=cfg.compile.share,
+                   share_wait_s=0.5 * min(cfg.timeouts.compile_s, cfg.timeouts.restore_s),
                    survive_peers=survive_peers)

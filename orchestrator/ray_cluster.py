@@ -9,10 +9,14 @@ from collections.abc import Collection
 from typing import Any
 
 import ray
+import structlog
+from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from orchestrator.hosts import HostRef
 from orchestrator.hostspec import HostSpec
+
+log = structlog.get_logger(__name__)
 
 
 class RayClusterView:
@@ -74,3 +78,21 @@ def spawn(actor_cls: Any, h: HostRef, env: dict[str, str], spec: HostSpec | None
             node_id=h.node_id, soft=False),
         runtime_env={"env_vars": env},
     ).remote(spec, env)
+
+
+def dead_hosts(actors: list[Any], timeout_s: float = 3.0) -> tuple[int, ...]:
+    """Indices of actors that are gone (a collective error on a survivor often arrives before
+    the dead peer's ActorDiedError)."""
+    refs = [a.info.remote() for a in actors]
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+    dead = []
+    for i, ref in enumerate(refs):
+        if ref not in ready:
+            continue  # alive but busy (or hung): not dead
+        try:
+            ray.get(ref)
+        except (ActorDiedError, ActorUnavailableError, RayActorError):
+            dead.append(i)
+        except Exception as exc:  # any other answer means the process is there
+            log.debug("probe_error", host=i, error=str(exc))
+    return tuple(dead)

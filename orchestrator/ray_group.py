@@ -15,7 +15,7 @@ from typing import Any
 
 import ray
 import structlog
-from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError
+from ray.exceptions import RayTaskError
 
 from orchestrator.controller.seam import (
     Compiled,
@@ -35,7 +35,7 @@ from orchestrator.errors import CheckpointCorrupt, OrchestratorError
 from orchestrator.hosts import HostRef
 from orchestrator.hostspec import HostSpec
 from orchestrator.ram_tier import RamTier
-from orchestrator.ray_cluster import spawn, wait_listening
+from orchestrator.ray_cluster import dead_hosts, spawn, wait_listening
 from orchestrator.ray_results import combine, compiled, failure_kind, lost_kind, restored
 from orchestrator.warm_pool import WarmPool
 from policies.causes import FailureKind
@@ -70,8 +70,8 @@ class RayWorkerGroup:
         self.reuse = reuse and pool is not None
         self.origins: list[str] = []
         self._warming: list[str] = []
-        self._standby_due = False  # from the first chunk: their imports slowed restore,
-        # compile and the MFU peak measured right after it (a peak 40 % low, MFU too high)
+        self._standby_due = False  # after the MFU peak or at the first chunk (or save): their
+        # imports slowed restore, compile and the peak measured after it (40 % low, MFU high)
         self.timeouts = spec.cfg.timeouts
         self.metadata_settings = metadata_settings
         self.queue = notice_queue
@@ -148,9 +148,7 @@ class RayWorkerGroup:
         return True
 
     def start_chunk(self, until_step: int, *, chunk: int, save_steps: Sequence[int]) -> None:
-        if self._standby_due and self.pool is not None:
-            self._standby_due = False
-            self.pool.ensure_standby(self.spec.standby)
+        self._standby_now()
         self._results = {}
         self._refs = [a.run_steps.remote(until_step, chunk=chunk, save_steps=list(save_steps),
                                          report=(i == 0))
@@ -195,6 +193,7 @@ class RayWorkerGroup:
         t0 = time.perf_counter()
         outs = self._wait([a.save.remote(wait=True) for a in self.actors], "save",
                          self.timeouts.save_s)
+        self._standby_now()  # a group drained before its first chunk: after the save
         committed = [o.get("committed_step") for o in outs]
         agreed = min(committed) if all(c is not None for c in committed) else None
         return Saved(step=int(outs[0]["step"]), committed_step=agreed,
@@ -204,6 +203,7 @@ class RayWorkerGroup:
         t0 = time.perf_counter()
         outs = self._wait([a.copy_now.remote(persist) for a in self.actors], "save",
                          self.timeouts.save_s)
+        self._standby_now()
         # a refusal: the restore finds no complete set in RAM and reads the durable tier
         if refused := [f"host {i}: {o['reason']}" for i, o in enumerate(outs) if not o["ok"]]:
             log.warning("ram_copy_incomplete", hosts=refused)
@@ -212,6 +212,7 @@ class RayWorkerGroup:
 
     def warm_up(self, hosts: Sequence[HostRef]) -> bool:
         self._warming = [h.node_id for h in hosts]
+        self._standby_due = False  # started here with the rest (a later call would kill these)
         if self.pool is not None:
             self.pool.ensure_standby([*self.spec.standby, *hosts])
         return self.pool is not None
@@ -236,7 +237,9 @@ class RayWorkerGroup:
             log.warning("chaos_arm_failed", error=str(exc))
 
     def measure_peak_flops(self) -> float:
-        return float(ray.get(self.actors[0].measure_peak_flops.remote(), timeout=60))
+        peak = float(ray.get(self.actors[0].measure_peak_flops.remote(), timeout=60))
+        self._standby_now()  # measured on quiet cores: now the standbys may import
+        return peak
 
     def stacks(self, timeout_s: float = 5.0) -> dict[int, str]:
         out: dict[int, str] = {}
@@ -272,6 +275,12 @@ class RayWorkerGroup:
         self.actors, self._refs = [], []
 
     # ---- internals ------------------------------------------------------------------------
+
+    def _standby_now(self) -> None:
+        """Start the standbys ``compile`` deferred (``__init__``), once."""
+        if self._standby_due and self.pool is not None:
+            self._standby_due = False
+            self.pool.ensure_standby(self.spec.standby)
 
     def _park(self, graceful: bool) -> None:
         """Keep the processes for the next group: quiesce them all, then release them (a
@@ -367,7 +376,7 @@ class RayWorkerGroup:
         kind = failure_kind(exc)
         message = f"host(s) {list(hosts)}: {type(cause).__name__}: {cause}"[:2000]
         if kind is FailureKind.STEP_ERROR:
-            dead = self._dead_hosts()
+            dead = dead_hosts(self.actors)
             if dead:  # a peer died; the survivor's collective error is a consequence
                 hosts, kind = dead, FailureKind.ACTOR_DIED
                 message = f"host(s) {list(dead)} died ({message})"
@@ -381,20 +390,3 @@ class RayWorkerGroup:
             log.warning("nodes_gone", nodes=sorted(gone))
             kind = lost_kind(kind, gone, self.spec.plan.hosts)
         return HostsLost(hosts=hosts, kind=kind, message=message, nodes_gone=frozenset(gone))
-
-    def _dead_hosts(self, timeout_s: float = 3.0) -> tuple[int, ...]:
-        """Hosts whose actor is gone (a collective error on a survivor often arrives before
-        the dead peer's ActorDiedError)."""
-        refs = [a.info.remote() for a in self.actors]
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
-        dead = []
-        for i, ref in enumerate(refs):
-            if ref not in ready:
-                continue  # alive but busy (or hung): not dead
-            try:
-                ray.get(ref)
-            except (ActorDiedError, ActorUnavailableError, RayActorError):
-                dead.append(i)
-            except Exception as exc:  # any other answer means the process is there
-                log.debug("probe_error", host=i, error=str(exc))
-        return tuple(dead)

@@ -115,6 +115,24 @@ def shares(*, platform: str, enabled: bool, processes: int, store: bool) -> bool
     return enabled and store and platform == "cpu" and processes > 1
 
 
+def share_for(devices: Sequence[Any], *, platform: str, enabled: bool, store: bool,
+              wait_s: float) -> Share | None:
+    """This process's part in its group's shared compile, or None: sharing off, not the CPU
+    emulation, one process, or no runtime to share over (then every process compiles)."""
+    import jax
+
+    processes = len({int(d.process_index) for d in devices})
+    if not shares(platform=platform, enabled=enabled, processes=processes, store=store):
+        return None
+    try:
+        word = RuntimeWord()
+    except Exception as exc:  # a private JAX API moved, or no runtime: compile as before
+        log.warning("executables not shared (%s: %s); every process compiles its own",
+                    type(exc).__name__, exc)
+        return None
+    return Share(owner=owner_of(devices), me=jax.process_index(), wait_s=wait_s, word=word)
+
+
 def obtain(function: str, jitted: Any, args: tuple, *, store: ExecutableStore | None,
            key: dict | None, devices: Any, cost: bool = False, share: Share | None = None,
            no_key_reason: str = "executable store off (compile.cache=off)"

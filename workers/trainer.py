@@ -30,7 +30,7 @@ from orchestrator.hostspec import HostSpec
 from orchestrator.plan import MeshPlan
 from workers import data as data_lib
 from workers.checkpoints import CheckpointStore, RestoreOutcome
-from workers.compile_share import CompileInfo, RuntimeWord, Share, obtain, owner_of, shares
+from workers.compile_share import CompileInfo, obtain, share_for
 from workers.executables import (
     ExecutableStore,
     executable_key,
@@ -136,12 +136,9 @@ class Trainer:
         self.executables = (ExecutableStore(spec.executables_dir) if spec.executables_dir
                             else None)
         self._key_parts: tuple[dict, dict] | None = None
-        processes = len({d.process_index for d in self.mesh.devices.flat})
-        self.share = (Share(owner=owner_of(self.mesh.devices.flat), me=jax.process_index(),
-                            wait_s=spec.compile_timeout_s, word=RuntimeWord())
-                      if shares(platform=spec.plan.platform, enabled=spec.share_compile,
-                                processes=processes, store=self.executables is not None)
-                      else None)
+        self.share = share_for(list(self.mesh.devices.flat), platform=spec.plan.platform,
+                               enabled=spec.share_compile, store=self.executables is not None,
+                               wait_s=spec.share_wait_s)
         self.compile_info: CompileInfo | None = None
         self.init_info: CompileInfo | None = None
         self.flops_xla: float | None = None

@@ -182,3 +182,33 @@ def test_the_owner_is_the_lowest_process_of_the_mesh():
         process_index: int
 
     assert owner_of([Dev(3), Dev(1), Dev(2)]) == 1
+
+
+def test_no_runtime_to_share_over_means_every_process_compiles(caplog):
+    """share_for in a process without a JAX distributed runtime (or where the private API it
+    uses moved): no Share, a warning, never an exception."""
+    from workers.compile_share import share_for
+
+    @dataclass
+    class Dev:
+        process_index: int
+
+    got = share_for([Dev(0), Dev(1)], platform="cpu", enabled=True, store=True, wait_s=5)
+    assert got is None
+    assert "every process compiles its own" in caplog.text
+    assert share_for([Dev(0), Dev(1)], platform="tpu", enabled=True, store=True,
+                     wait_s=5) is None
+
+
+def test_the_wait_leaves_room_for_a_compile_of_its_own_in_the_phase():
+    from orchestrator.config import load_config
+    from orchestrator.hosts import HostRef
+    from orchestrator.hostspec import HostSpec
+    from orchestrator.plan import plan_mesh
+
+    cfg = load_config(None, ["timeouts.compile_s=300", "timeouts.restore_s=100"])
+    hosts = [HostRef(index=i, slice_name="s", worker_id=i, node_id=f"n{i}",
+                     node_ip="127.0.0.1", instance=f"vm-{i}", devices=2) for i in range(2)]
+    plan = plan_mesh(cfg, hosts, platform="cpu", hosts_per_slice=2)
+    spec = HostSpec.for_host(cfg, plan, plan.hosts[1], checkpoint_dir="/tmp/c")
+    assert spec.share_wait_s == 50.0 and spec.share_compile is True

@@ -1,0 +1,53 @@
+"""When a Ray group starts its standbys (``RayWorkerGroup._standby_due``): not inside
+COMPILING, where their JAX imports skewed the MFU peak measured right after the compile; once,
+with the first chunk; and never after a handover's ``warm_up`` started them with its hosts
+(a later ``ensure_standby`` of the plan's standbys alone would kill the handover's). No Ray
+call is made: the group has no actors and the pool is a recorder."""
+
+from __future__ import annotations
+
+from orchestrator.config import load_config
+from orchestrator.controller.seam import GroupSpec
+from orchestrator.hosts import HostRef
+from orchestrator.plan import plan_mesh
+from orchestrator.ray_group import RayWorkerGroup
+
+
+class RecordingPool:
+    def __init__(self) -> None:
+        self.calls: list[list[str]] = []
+
+    def ensure_standby(self, hosts) -> int:
+        self.calls.append([h.instance for h in hosts])
+        return len(hosts)
+
+
+def _host(i: int, slice_name: str) -> HostRef:
+    return HostRef(index=i, slice_name=slice_name, worker_id=i % 2, node_id=f"n{i}",
+                   node_ip="127.0.0.1", instance=f"vm-{i}", devices=2)
+
+
+def _group(tmp_path) -> tuple[RayWorkerGroup, RecordingPool]:
+    cfg = load_config(None, [])
+    plan = plan_mesh(cfg, [_host(0, "a"), _host(1, "a")], platform="cpu", hosts_per_slice=2)
+    spare = (_host(2, "b"), _host(3, "b"))
+    pool = RecordingPool()
+    group = RayWorkerGroup(GroupSpec(plan=plan, cfg=cfg, incarnation=1, run_dir=str(tmp_path),
+                                     standby=spare), pool=pool)  # type: ignore[arg-type]
+    group._standby_due = True  # what compile() leaves behind
+    return group, pool
+
+
+def test_standbys_start_once_with_the_first_chunk(tmp_path):
+    group, pool = _group(tmp_path)
+    assert pool.calls == []
+    group.start_chunk(10, chunk=1, save_steps=[])
+    group.start_chunk(20, chunk=2, save_steps=[])
+    assert pool.calls == [["vm-2", "vm-3"]]
+
+
+def test_a_handover_before_the_first_chunk_keeps_its_standbys(tmp_path):
+    group, pool = _group(tmp_path)
+    group.warm_up([_host(4, "c")])
+    group.start_chunk(10, chunk=1, save_steps=[])
+    assert pool.calls == [["vm-2", "vm-3", "vm-4"]]  # no later call without vm-4
