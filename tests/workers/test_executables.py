@@ -390,8 +390,7 @@ def test_without_sharing_every_process_compiles_and_stores_its_own(tmp_path):
 def test_owner_that_cannot_store_tells_the_others_who_compile_their_own(tmp_path):
     """The store cannot be written (its path is a file): the owner says so at once, process 1
     compiles itself instead of waiting out the bound, and the run trains the same."""
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
+    (run_dir := tmp_path / "run").mkdir()
     (run_dir / DIR_NAME).write_text("not a directory")
     got = _group(run_dir, tmp_path, "blocked")
     assert [_sources(r) for r in got] == [("compiled", "compiled")] * 2
