@@ -395,6 +395,6 @@ def test_owner_that_cannot_store_tells_the_others_who_compile_their_own(tmp_path
     got = _group(run_dir, tmp_path, "blocked")
     assert [_sources(r) for r in got] == [("compiled", "compiled")] * 2
     for kind in (got[1]["compile"], got[1]["compile"]["init"]):
+        # told (a timed-out wait would say "no word from process 0 in 90s")
         assert "process 0 did not store it (it could not be written)" in kind["reason"], kind
-        assert kind["waited_s"] < 45  # told, not timed out (the bound is 90 s)
     assert got[0]["losses"] == got[1]["losses"]
