@@ -134,7 +134,7 @@ class RayWorkerGroup:
     def compile(self) -> Compiled:
         out = compiled(self._wait([a.compile.remote() for a in self.actors], "compile",
                                  self.timeouts.compile_s))
-        self._standby_due = self.pool is not None
+        self._standby_due = True
         return out
 
     def compile_ahead(self, spec: GroupSpec) -> bool:
@@ -143,7 +143,9 @@ class RayWorkerGroup:
         n = spec.plan.num_processes
         if {spec.plan.platform, self.spec.plan.platform} != {"cpu"} or not 0 < n < len(self.actors):
             return False
-        for actor, hs in zip(self.actors, self._host_specs(spec), strict=False):  # first n
+        # with compile.share process 0 compiles for the group; the others would only look
+        m = 1 if spec.cfg.compile.share else n
+        for actor, hs in zip(self.actors[:m], self._host_specs(spec), strict=False):
             actor.compile_ahead.remote(hs)
         return True
 

@@ -147,24 +147,23 @@ def obtain(function: str, jitted: Any, args: tuple, *, store: ExecutableStore | 
                                      seconds=time.perf_counter() - t0, reason=no_key_reason,
                                      flops=flops)
     digest = key_digest(key)
-    said = False
+    word = "its compile failed"  # what the owner says unless it got as far as below
     try:
         found = store.load(key, args=args, devices=devices)
         waited = 0.0
         if found.compiled is None and share is not None and not share.owns:
             t_wait = time.perf_counter()
-            word = share.word.hear(digest, share.wait_s)
+            heard = share.word.hear(digest, share.wait_s)
             waited = time.perf_counter() - t_wait
-            if word == STORED:
+            if heard == STORED:
                 found = store.load(key, args=args, devices=devices)
                 if found.compiled is None:
                     found.reason = f"process {share.owner}'s executable: {found.reason}"
             else:
-                found.reason = (f"process {share.owner} did not store it ({word})" if word else
-                                f"no word from process {share.owner} in {share.wait_s:g}s")
+                found.reason = (f"process {share.owner} did not store it ({heard})" if heard
+                                else f"no word from process {share.owner} in {share.wait_s:g}s")
         if found.compiled is not None:
-            if share is not None and share.owns:
-                said = _say(share, digest, STORED)
+            word = STORED
             info = CompileInfo(function=function, source="loaded", key=digest,
                                seconds=time.perf_counter() - t0, flops=found.meta.get("flops"),
                                waited_s=waited)
@@ -174,23 +173,21 @@ def obtain(function: str, jitted: Any, args: tuple, *, store: ExecutableStore | 
         log.log(level, "compiling %s: %s", function, found.reason)
         compiled, flops = _compile(jitted, args, cost)
         save_s = store.save(key, compiled, meta={"flops": flops})
-        if share is not None and share.owns:
-            said = _say(share, digest, STORED if save_s is not None else "it could not be written")
+        word = STORED if save_s is not None else "it could not be written"
         return compiled, CompileInfo(function=function, source="compiled", key=digest,
                                      seconds=time.perf_counter() - t0, reason=found.reason,
                                      flops=flops, save_s=save_s, waited_s=waited)
     finally:
-        if share is not None and share.owns and not said:  # the others must not wait it out
-            _say(share, digest, "its compile failed")
+        if share is not None and share.owns:  # always, even failing: the others must not wait
+            _say(share, digest, word)
 
 
-def _say(share: Share, digest: str, word: str) -> bool:
+def _say(share: Share, digest: str, word: str) -> None:
     """Tell the others; a failure to tell costs them their wait, never this process its step."""
     try:
         share.word.say(digest, word)
     except Exception as exc:
         log.warning("could not tell the group about executable %s: %s", digest, exc)
-    return True
 
 
 def _compile(jitted: Any, args: tuple, cost: bool) -> tuple[Any, float | None]:

@@ -186,8 +186,7 @@ class HostActor(RamTierMethods, WarmMethods, AheadMethods):
         info = tr.compile_info
         return {"compile_s": compile_s, "source": info.source, "key": info.key,
                 "reason": info.reason, "save_s": info.save_s, "waited_s": info.waited_s,
-                "flops_xla": tr.flops_xla,
-                "flops_analytic": tr.flops_analytic,
+                "flops_xla": tr.flops_xla, "flops_analytic": tr.flops_analytic,
                 "init": tr.init_info.as_dict() if tr.init_info else None}
 
     def measure_peak_flops(self, size: int = 512, repeats: int = 5) -> float:

@@ -62,8 +62,7 @@ class AheadMethods:
 
     def wait_ahead(self, timeout_s: float = AHEAD_JOIN_S) -> list[dict]:
         """Wait for a compile ahead in flight; what every compile ahead of this process did
-        (``source`` "compiled", "stored" — already —, "shared" — another process compiles it —
-        or "failed" with ``reason``). Raises if
+        (``source`` "compiled", "stored" — already — or "failed" with ``reason``). Raises if
         it is still running after ``timeout_s``."""
         thread = self._ahead
         if thread is not None:
@@ -91,9 +90,6 @@ class AheadMethods:
             key = trainer.executable_key("train_step")
             if trainer.executables.path(key).is_file():  # checked when the group loads it
                 out.update(source="stored", key=key_digest(key), reason="stored already")
-            elif trainer.share is not None and not trainer.share.owns:
-                out.update(source="shared", key=key_digest(key),
-                           reason=f"process {trainer.share.owner} compiles it for the group")
             else:
                 trainer.compile()
                 info = trainer.compile_info
