@@ -27,3 +27,15 @@ def lower_this_thread(nice: int, *, what: str) -> None:
             os.setpriority(os.PRIO_PROCESS, tid, nice)
     except (OSError, AttributeError) as exc:
         log.warning("could not lower the priority of %s: %s", what, exc)
+
+
+def idle_this_thread(*, what: str) -> bool:
+    """Put this thread in Linux's SCHED_IDLE class: it runs only when a core would otherwise be
+    idle, and a waking normal thread preempts it at once (nice 19 is still a normal thread a
+    waking one may wait behind). No privilege needed to enter it; False where unavailable."""
+    try:
+        os.sched_setscheduler(threading.get_native_id(), os.SCHED_IDLE, os.sched_param(0))
+        return True
+    except (OSError, AttributeError) as exc:
+        log.warning("could not put %s in the idle scheduling class: %s", what, exc)
+        return False

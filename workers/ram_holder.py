@@ -3,7 +3,7 @@
 Runs as a detached, named Ray actor per node (``orchestrator.ram_tier``), so a copy outlives
 both the host actor that sent it (kill -9, a new incarnation) and the driver (autoresume).
 Copies arrive over a TCP connection per sending host (``workers.ram_wire``, authenticated by the
-run's token) into ``bytes`` this process owns: nothing here points into an object-store buffer
+run's token) into buffers this process owns: nothing here points into an object-store buffer
 whose owner may die. Ray calls find the holder, list what it has and fetch copies for a restore.
 The durable writer imports Orbax (and so JAX, pinned to CPU); nothing else here does.
 """
@@ -34,7 +34,7 @@ class _Copy:
     source: int
     sources: int
     layout: list
-    data: bytes
+    data: bytes | bytearray
     crc32: int
 
 
@@ -69,7 +69,8 @@ class RamHolder:
         self._listener: socket.socket | None = None
 
     def put(self, writer: str, *, incarnation: int, step: int, source: int, sources: int,
-            layout: list, data: bytes, crc32: int, persist: dict | None = None) -> int:
+            layout: list, data: bytes | bytearray, crc32: int,
+            persist: dict | None = None) -> int:
         """Store one copy (replacing the same writer's copy of the same step); returns the
         bytes this holder keeps in all. ``persist`` (``{"directory", "keep_steps"}``): also
         save it durably (``workers.copy_store``), in the background at the lowest CPU

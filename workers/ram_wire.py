@@ -34,15 +34,21 @@ def send_frame(sock: socket.socket, header: dict | bytes, data: bytes = b"") -> 
         sock.sendall(data)
 
 
-def recv_frame(sock: socket.socket) -> tuple[dict, bytes]:
+def recv_frame(sock: socket.socket) -> tuple[dict, bytearray]:
+    """(header, data); the data is the buffer it was received into (a holder keeps it as is: a
+    second copy into ``bytes`` cost ~0.3 ms of CPU per copy, beside the step)."""
     magic, header_len, data_len = _HEAD.unpack(recv_exact(sock, _HEAD.size))
     if magic != MAGIC or header_len > MAX_HEADER:
         raise WireError(f"not a RAM-tier frame (magic {magic!r}, header {header_len} bytes)")
-    header = json.loads(recv_exact(sock, header_len))
-    return header, recv_exact(sock, data_len)
+    header = json.loads(recv_into_new(sock, header_len))
+    return header, recv_into_new(sock, data_len)
 
 
 def recv_exact(sock: socket.socket, n: int) -> bytes:
+    return bytes(recv_into_new(sock, n))
+
+
+def recv_into_new(sock: socket.socket, n: int) -> bytearray:
     buf = bytearray(n)
     view = memoryview(buf)
     got = 0
@@ -51,7 +57,7 @@ def recv_exact(sock: socket.socket, n: int) -> bytes:
         if k == 0:
             raise WireError(f"connection closed after {got} of {n} bytes")
         got += k
-    return bytes(buf)
+    return buf
 
 
 def connect(address: tuple[str, int], token: str, *, timeout_s: float) -> socket.socket:

@@ -1,11 +1,12 @@
-"""The durable writer lowers its own thread's priority, never the process's."""
+"""The durable writer lowers its own thread's priority and the RAM copy sender enters the idle
+class for itself, never for the process."""
 
 from __future__ import annotations
 
 import os
 import threading
 
-from workers.niceness import lower_this_thread
+from workers.niceness import idle_this_thread, lower_this_thread
 
 
 def _priority_in_thread(nice: int) -> tuple[int, int]:
@@ -32,3 +33,18 @@ def test_a_higher_priority_is_never_asked_for():
     before = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
     thread, _ = _priority_in_thread(before - 1)  # raising priority needs privilege: not tried
     assert thread == before
+
+
+def test_the_idle_class_is_for_the_calling_thread_only():
+    seen: dict[str, object] = {}
+
+    def body() -> None:
+        seen["entered"] = idle_this_thread(what="a test thread")
+        seen["thread"] = os.sched_getscheduler(threading.get_native_id())
+
+    t = threading.Thread(target=body)
+    t.start()
+    t.join()
+    assert seen["entered"] is True
+    assert seen["thread"] == os.SCHED_IDLE
+    assert os.sched_getscheduler(threading.get_native_id()) == os.SCHED_OTHER

@@ -6,6 +6,7 @@ is asserted: an acknowledgement is held back behind an event."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -98,6 +99,46 @@ def test_past_the_bound_the_newer_copy_replaces_the_waiting_one(monkeypatch):
         gate.set()
         assert rep.settle(5.0)
         assert sorted(c["step"] for c in holder.inventory()) == [1, 3]
+    finally:
+        gate.set()
+        rep.close()
+
+
+def test_the_sender_stays_idle_while_copies_keep_up(monkeypatch):
+    monkeypatch.setattr(replicator.replica, "Packer", _Packer)
+    _holder, rep = _holder_and_replicator()
+    try:
+        rep.after_step(1, b"\x01" * 1000)
+        assert rep.settle(5.0)
+        first = rep._thread
+        rep.after_step(2, b"\x02" * 1000)  # copy 1 is acknowledged: nothing to wait for
+        assert rep.settle(5.0)
+        assert rep._thread is first and rep.stats.sender == "idle"
+        assert os.sched_getscheduler(first.native_id) == os.SCHED_IDLE
+    finally:
+        rep.close()
+
+
+def test_a_step_kept_waiting_moves_the_sending_to_normal_priority(monkeypatch):
+    gate = _hold_first_ack(monkeypatch)
+    holder, rep = _holder_and_replicator()
+    try:
+        rep.after_step(1, b"\x01" * 1000)
+        _wait_busy(rep)
+        idle = rep._thread
+        assert rep.stats.sender == "idle"
+        # copy 1's acknowledgement comes 4x the bound late: step 2 waits for it, as a step
+        # behind a starved idle-class sender would
+        threading.Timer(4 * replicator.IDLE_LAG_S, gate.set).start()
+        rep.after_step(2, b"\x02" * 1000)
+        assert gate.is_set()
+        assert rep.stats.sender == "normal" and rep._thread is not idle
+        assert rep.settle(5.0)
+        idle.join(5)
+        assert not idle.is_alive(), "the replaced idle-class sender did not end"
+        assert os.sched_getscheduler(rep._thread.native_id) == os.SCHED_OTHER
+        assert sorted(c["step"] for c in holder.inventory()) == [1, 2]
+        assert rep.stats.sent == 2 and rep.stats.replaced == 0
     finally:
         gate.set()
         rep.close()
