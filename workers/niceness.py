@@ -1,9 +1,11 @@
-"""Lower the CPU priority of the calling thread (Linux: niceness is per thread).
+"""Lower the CPU priority of the calling thread (Linux: niceness and scheduling class are per
+thread, and inherited by the threads it starts).
 
-The RAM tier's durable writer shares the host's cores with the training step; at the lowest
-priority it runs in the gaps the step leaves instead of taking time slices from it. Not the
-threads that carry the copies themselves: at a lower priority a copy lagged the step it copies
-(a kill -9 then restored 2 steps back, against the tier's promise of at most 1).
+Work beside the training step that must not delay it: the compile ahead runs at nice 19; the RAM
+tier's copy sender and its holders' durable writer run in the idle class, which takes only the
+time the step leaves a core idle (at nice 19 they still slowed the step: bench figure 6). A copy
+the step then waits for is the copy sender's concern (``workers.replicator``: it moves to normal
+priority when starved).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import threading
 log = logging.getLogger(__name__)
 
 LOWEST = 19
-"""Linux's lowest priority: the durable writer and the compile ahead run at it."""
+"""Linux's lowest priority: the compile ahead runs at it."""
 
 
 def lower_this_thread(nice: int, *, what: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 from workers.niceness import idle_this_thread, lower_this_thread
 
@@ -47,4 +48,18 @@ def test_the_idle_class_is_for_the_calling_thread_only():
     t.join()
     assert seen["entered"] is True
     assert seen["thread"] == os.SCHED_IDLE
+    assert os.sched_getscheduler(threading.get_native_id()) == os.SCHED_OTHER
+
+
+def test_the_holders_durable_writer_runs_in_the_idle_class():
+    from workers.ram_holder import RamHolder
+
+    holder = RamHolder(keep=1)
+    holder._start_writer()
+    writer = holder._writer
+    assert writer is not None
+    deadline = time.monotonic() + 30
+    while os.sched_getscheduler(writer.native_id) != os.SCHED_IDLE:
+        assert time.monotonic() < deadline, "the writer never entered the idle class"
+        time.sleep(0.01)
     assert os.sched_getscheduler(threading.get_native_id()) == os.SCHED_OTHER
