@@ -11,7 +11,7 @@ its own emulated cluster of two 1-host slices (2 CPU devices each, the default t
 | ram | on, every step | none | none |
 | ram-ab | on in alternate blocks of 10 steps (``checkpoint.ram.ab_block_steps``) | none | none |
 | orbax | off | Orbax, async, from the devices | none |
-| ram+copy | on, every step | written from the RAM copies by the holders (nice 19) | none |
+| ram+copy | on, every step | written from the RAM copies by the holders (idle class) | none |
 | kill-orbax | off | Orbax | host 1 kill -9 before step 38 |
 | kill-ram | on | from the RAM copies | host 1 kill -9 before step 38 |
 

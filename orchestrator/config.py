@@ -247,7 +247,7 @@ class RamTierConfig:
     """Copies kept per sending host and holder; 2 keeps a complete set while the next arrives."""
     durable_from_ram: bool = True
     """Periodic durable saves are written from the RAM copy by the holder on each node (Orbax,
-    lowest CPU priority, ``RUN_DIR/checkpoints-from-ram``), not from the devices by the training
+    idle scheduling class, ``RUN_DIR/checkpoints-from-ram``), not from the devices by the training
     process; drain and final saves stay Orbax saves of the global arrays."""
     max_host_bytes: int = 2 * 1024**3
     """A host whose copies would make a holder exceed this stops copying (and says so); its

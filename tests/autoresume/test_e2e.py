@@ -186,8 +186,6 @@ def test_killed_training_job_resumes_from_checkpoint(tmp_path, pubsub_emulator_h
         assert len(runs) == 2
         assert restored_steps(runs[0]) == []
         ((restored, tier),) = restored_steps(runs[1])
-        print(f"e2e restore after the driver's kill: newest step reached {reached}, newest "
-              f"durable save {saved}, restored step {restored} from tier {tier!r}")
         # the newest complete tier: the holders' RAM copies outlived the driver, so nothing
         # committed is lost and at most the step in flight is
         assert tier == "ram" and restored >= max(saved, reached - 1) and saved > 0, (
