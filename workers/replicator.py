@@ -81,7 +81,7 @@ class Replicator:
     def __init__(self, holders: Sequence[tuple[str, tuple[str, int]]], *, token: str,
                  writer: str, incarnation: int, source: int, sources: int, every: int,
                  keep: int, max_host_bytes: int, deliver_timeout_s: float = 30.0,
-                 ab_block_steps: int = 0, idle_sender: bool = True) -> None:
+                 ab_block_steps: int = 0) -> None:
         self.holders = list(holders)
         self.token = token
         self._socks: dict[str, Any] = {}
@@ -101,7 +101,6 @@ class Replicator:
         self._busy = False
         self._closed = False
         self._thread: threading.Thread | None = None
-        self._idle_sender = idle_sender
         self._lag_logged = False
 
     def after_step(self, step: int, state: Any, *, persist: dict | None = None,
@@ -155,7 +154,7 @@ class Replicator:
                 self.stats.persist_requests += 1
             self._cv.notify_all()
         if self._thread is None:
-            self._start_sender(idle=self._idle_sender)
+            self._start_sender(idle=True)
         dt = time.perf_counter() - t0
         self.stats.blocking_s += dt
         return dt
@@ -189,8 +188,8 @@ class Replicator:
     # ---- the sender thread -------------------------------------------------------------------
 
     def _start_sender(self, *, idle: bool, why: str = "") -> None:
-        """Start the sender thread; a later call (the idle one starved, ``why``) replaces it.
-        Called with nothing queued or in flight, so one thread sends at a time."""
+        """Start the sender thread. A replacement (the idle one starved: ``why``) is started
+        only with nothing queued or in flight, so one thread sends at a time."""
         if why:
             log.warning("RAM copy sender moved to normal priority: %s (the host's cores are "
                         "busy with other work; copies now compete with the step)", why)
