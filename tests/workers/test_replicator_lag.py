@@ -6,9 +6,11 @@ is asserted: an acknowledgement is held back behind an event."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
+from collections.abc import Iterator
 
 from workers import ram_wire, replicator
 from workers.ram_holder import RamHolder
@@ -49,20 +51,27 @@ def _hold_first_ack(monkeypatch) -> threading.Event:
     return gate
 
 
-def _wait_busy(rep: replicator.Replicator) -> None:
-    """Until the sender has taken copy 1 off the queue (it then waits for the ack)."""
-    deadline = time.monotonic() + 30
-    while not rep._busy:
-        assert time.monotonic() < deadline, "the sender never took copy 1"
-        time.sleep(0.01)
-
-
-def test_a_step_waits_for_the_previous_copy_instead_of_replacing_it(monkeypatch):
+@contextlib.contextmanager
+def _copy_1_in_flight(monkeypatch, nbytes: int
+                      ) -> Iterator[tuple[threading.Event, RamHolder, replicator.Replicator]]:
+    """Copy 1 sent and taken by the sender, its acknowledgement held until the event is set
+    (and always set, and the replicator closed, on the way out)."""
     gate = _hold_first_ack(monkeypatch)
     holder, rep = _holder_and_replicator()
     try:
-        rep.after_step(1, b"\x01" * 100_000)
-        _wait_busy(rep)
+        rep.after_step(1, b"\x01" * nbytes)
+        deadline = time.monotonic() + 30
+        while not rep._busy:  # the sender took copy 1 off the queue and waits for the ack
+            assert time.monotonic() < deadline, "the sender never took copy 1"
+            time.sleep(0.01)
+        yield gate, holder, rep
+    finally:
+        gate.set()
+        rep.close()
+
+
+def test_a_step_waits_for_the_previous_copy_instead_of_replacing_it(monkeypatch):
+    with _copy_1_in_flight(monkeypatch, 100_000) as (gate, holder, rep):
         seen: dict[str, object] = {}
 
         def step_2() -> None:
@@ -80,18 +89,11 @@ def test_a_step_waits_for_the_previous_copy_instead_of_replacing_it(monkeypatch)
         assert rep.settle(5.0)
         assert sorted(c["step"] for c in holder.inventory()) == [1, 2]
         assert rep.stats.replaced == 0 and rep.stats.sent == 2
-    finally:
-        gate.set()
-        rep.close()
 
 
 def test_past_the_bound_the_newer_copy_replaces_the_waiting_one(monkeypatch):
-    gate = _hold_first_ack(monkeypatch)
     monkeypatch.setattr(replicator, "LAG_WAIT_S", 0.1)
-    holder, rep = _holder_and_replicator()
-    try:
-        rep.after_step(1, b"\x01" * 1000)
-        _wait_busy(rep)
+    with _copy_1_in_flight(monkeypatch, 1000) as (gate, holder, rep):
         rep.after_step(2, b"\x02" * 1000)  # gives up waiting: copy 2 is queued
         rep.after_step(3, b"\x03" * 1000)  # gives up again: replaces the queued copy 2
         assert not gate.is_set(), "both steps went on while copy 1 was still unacknowledged"
@@ -99,9 +101,6 @@ def test_past_the_bound_the_newer_copy_replaces_the_waiting_one(monkeypatch):
         gate.set()
         assert rep.settle(5.0)
         assert sorted(c["step"] for c in holder.inventory()) == [1, 3]
-    finally:
-        gate.set()
-        rep.close()
 
 
 def test_the_sender_stays_idle_while_copies_keep_up(monkeypatch):
@@ -120,11 +119,7 @@ def test_the_sender_stays_idle_while_copies_keep_up(monkeypatch):
 
 
 def test_a_step_kept_waiting_moves_the_sending_to_normal_priority(monkeypatch):
-    gate = _hold_first_ack(monkeypatch)
-    holder, rep = _holder_and_replicator()
-    try:
-        rep.after_step(1, b"\x01" * 1000)
-        _wait_busy(rep)
+    with _copy_1_in_flight(monkeypatch, 1000) as (gate, holder, rep):
         idle = rep._thread
         assert rep.stats.sender == "idle"
         # copy 1's acknowledgement comes 4x the bound late: step 2 waits for it, as a step
@@ -139,6 +134,3 @@ def test_a_step_kept_waiting_moves_the_sending_to_normal_priority(monkeypatch):
         assert os.sched_getscheduler(rep._thread.native_id) == os.SCHED_OTHER
         assert sorted(c["step"] for c in holder.inventory()) == [1, 2]
         assert rep.stats.sent == 2 and rep.stats.replaced == 0
-    finally:
-        gate.set()
-        rep.close()
