@@ -162,7 +162,7 @@ def recovery_vs_restart(orch: Sequence[dict], restart: Sequence[dict]) -> dict:
     return {"ratio": ratio(a["median"], b["median"]), "orchestrator_s": a, "full_restart_s": b,
             "steps_lost_orchestrator": [r.get("steps_lost") for r in orch],
             "steps_lost_full_restart": [r.get("steps_lost") for r in restart],
-            "runs_full_restart": list(restart), "target": "<= 0.5"}
+            "runs_full_restart": list(restart), "target": "<= 0.25"}
 
 
 def checkpoint_inflation(bare_runs: Sequence[dict], *, skip: int) -> dict:

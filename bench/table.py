@@ -46,17 +46,19 @@ def render(result: dict) -> str:
     a = f["2_announced_preemption"]
     row("2 announced: steps lost", str(a["steps_lost"]), "0")
     row("  notice -> checkpoint committed s", fmt_spread(a["notice_to_committed_s"]))
-    row("  notice -> first productive step s", fmt_spread(a["notice_to_first_step_s"]))
+    row("  notice -> first productive step s", fmt_spread(a["notice_to_first_step_s"]),
+        "<= 3 (warm standby)")
     for k, v in a["phases_s"].items():
         row(f"    phase {k} s", fmt_spread(v))
     r = f["3_recovery_vs_full_restart"]
-    row("3 to first step: orch/full restart", fmt(r.get("ratio")), "<= 0.5")
+    row("3 to first step: orch/full restart", fmt(r.get("ratio")), "<= 0.25")
     row("  orchestrator s", fmt_spread(r["orchestrator_s"]))
     row("  full restart s", fmt_spread(r["full_restart_s"]))
     row("  steps lost orch | restart",
         f"{r['steps_lost_orchestrator']} | {r['steps_lost_full_restart']}")
     g = f["4_goodput_under_preemptions"]
-    row("4 goodput", g.get("mode", "")[:44])
+    row("4 goodput", g.get("mode", "")[:44],
+        ">= 0.90 (one per 100 s), >= 0.95 (per 5 min); +15 points")
     for name, s in (g.get("systems") or {}).items():
         gp = s.get("goodput")
         value = fmt_spread(gp) if isinstance(gp, dict) else fmt(gp)
@@ -64,6 +66,9 @@ def render(result: dict) -> str:
         row(f"  {name} wall s | steps lost",
             f"{fmt_spread(s['wall_s']) if isinstance(s['wall_s'], dict) else fmt(s['wall_s'])}"
             f" | {s.get('steps_lost')}")
+        if s.get("useful_steps") is not None and s.get("step_s"):
+            row(f"  {name} useful | step s",
+                f"{s['useful_steps']} | {fmt(s['step_s'])}")
     c = f["5_checkpoint_inflation"]
     row("5 checkpoint: step during save/without", fmt(c.get("ratio")))
     row("  during-save step s", fmt_spread(c["during_save_step_s"]))
