@@ -71,8 +71,22 @@ def summarize(records: Sequence[dict], *, t0: float, seconds: float, skip: int,
     step_s = spread([r["step_time_s"] for r in steps[skip:]])["median"]
     useful = recs[-1]["step"] if recs else 0  # where a resumed job would continue from
     return {"goodput": goodput(useful_steps=useful, step_s=step_s, wall_s=seconds),
+            "useful_step_time_share": useful_step_time(steps, useful) / seconds,
             "wall_s": seconds, "useful_steps": useful, "steps_lost": lost_steps(recs),
             "step_s": step_s, "steps_executed": len(steps), **extra}
+
+
+def useful_step_time(steps: Sequence[dict], useful: int) -> float:
+    """Seconds spent in the steps that count: the last run of each step up to ``useful``.
+
+    Goodput weighs useful steps by the run's median step, which charges slow steps (saves, a
+    standby starting, the VM's drift within the window) as lost time; this share does not, so
+    the two together say how much of a gap is steps lost or waited for and how much is step
+    speed."""
+    last: dict[int, float] = {}
+    for r in sorted(steps, key=lambda r: r["wall_time"]):
+        last[r["step"]] = r["step_time_s"]
+    return sum(t for s, t in last.items() if s <= useful)
 
 
 def wait_first_step(path: Path, proc, *, until: float) -> float:

@@ -63,6 +63,8 @@ def render(result: dict) -> str:
         gp = s.get("goodput")
         value = fmt_spread(gp) if isinstance(gp, dict) else fmt(gp)
         row(f"  {name} goodput", value)
+        if isinstance(s.get("useful_step_time_share"), float):
+            row(f"  {name} time in useful steps", fmt(s["useful_step_time_share"]))
         row(f"  {name} wall s | steps lost",
             f"{fmt_spread(s['wall_s']) if isinstance(s['wall_s'], dict) else fmt(s['wall_s'])}"
             f" | {s.get('steps_lost')}")

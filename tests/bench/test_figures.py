@@ -9,7 +9,7 @@ import pytest
 from bench import figures, machine, table
 from bench.config import BenchConfig, preset
 from bench.orchestrated import RunDir
-from bench.schedule import lost_steps
+from bench.schedule import lost_steps, summarize
 from bench.stats import ratio, spread
 from orchestrator.errors import ConfigError
 
@@ -38,6 +38,16 @@ def test_lost_steps_counts_redone_steps():
     assert lost_steps(_recs([1, 2, 3])) == 0
     restored = {"step": 5, "wall_time": 1e9, "restored": True}
     assert lost_steps([*_recs([5, 6, 7]), restored]) == 2
+
+
+def test_schedule_summary_counts_only_the_last_run_of_each_useful_step():
+    """Steps 1-3 at 0.5 s, step 3 redone at 2.0 s after a restore, then step 4 at 0.5 s:
+    goodput = 4 useful steps x median 0.5 s / 10 s; time in useful steps = (0.5 x 3 + 2.0) / 10."""
+    recs = [*_recs([1, 2, 3]), *_recs([3], t0=104.0, st=2.0), *_recs([4], t0=105.0)]
+    out = summarize(recs, t0=100.0, seconds=10.0, skip=0)
+    assert out["useful_steps"] == 4 and out["steps_lost"] == 1
+    assert out["goodput"] == pytest.approx(0.2)
+    assert out["useful_step_time_share"] == pytest.approx(0.35)
 
 
 def test_overhead_compares_steady_medians():
