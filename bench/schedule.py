@@ -77,14 +77,15 @@ def summarize(records: Sequence[dict], *, t0: float, seconds: float, skip: int,
 
 
 def useful_step_time(steps: Sequence[dict], useful: int) -> float:
-    """Seconds spent in the steps that count: the last run of each step up to ``useful``.
+    """Seconds spent in the steps that count: the last run of each step up to ``useful``
+    (``steps`` in wall-time order, as ``summarize`` has them).
 
     Goodput weighs useful steps by the run's median step, which charges slow steps (saves, a
     standby starting, the VM's drift within the window) as lost time; this share does not, so
     the two together say how much of a gap is steps lost or waited for and how much is step
     speed."""
     last: dict[int, float] = {}
-    for r in sorted(steps, key=lambda r: r["wall_time"]):
+    for r in steps:
         last[r["step"]] = r["step_time_s"]
     return sum(t for s, t in last.items() if s <= useful)
 

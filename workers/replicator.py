@@ -134,9 +134,9 @@ class Replicator:
             return time.perf_counter() - t0
         layout, data = self._packer.pack(state)
         copy = _Copy(step=step, layout=layout, data=data, persist=persist)
-        waited = time.perf_counter()
+        t_wait = time.perf_counter()
         settled = self.settle(LAG_WAIT_S)  # the promise: <= 1 step lost
-        waited = time.perf_counter() - waited
+        waited = time.perf_counter() - t_wait
         if not settled and not self._lag_logged:
             self._lag_logged = True
             log.warning("RAM copy before step %d still in flight after %.0fs: it may be "
