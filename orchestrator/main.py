@@ -24,6 +24,7 @@ import structlog
 
 from orchestrator import configtools, logs
 from orchestrator.config import RunConfig, load_config
+from orchestrator.driver.lock import RunDirBusy, RunDirLock
 from orchestrator.errors import (
     CheckpointError,
     ClusterUnreachableError,
@@ -53,7 +54,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 def explain(exc: OrchestratorError) -> str:
     """The one-paragraph message a user sees for bad input."""
     kind = {ConfigError: "Configuration error", ClusterUnreachableError: "Ray cluster unreachable",
-            CheckpointError: "Checkpoint problem", TopologyError: "Cluster too small"}
+            CheckpointError: "Checkpoint problem", TopologyError: "Cluster too small",
+            RunDirBusy: "Run directory in use"}
     title = next((v for k, v in kind.items() if isinstance(exc, k)), "Cannot start the run")
     body = exc.message + (f" Fix: {exc.fix}" if exc.fix else "")
     return textwrap.fill(f"{title}: {body}", width=100)
@@ -81,9 +83,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(explain(exc), file=sys.stderr)
         return EXIT_BAD_INPUT
     driver = Driver(cfg, argv=list(sys.argv[1:] if argv is None else argv))
+    bad_input = (ConfigError, ClusterUnreachableError, CheckpointError, TopologyError, RunDirBusy)
     try:
         return driver.run()
-    except (ConfigError, ClusterUnreachableError, CheckpointError, TopologyError) as exc:
+    except bad_input as exc:
         print(explain(exc), file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
@@ -106,6 +109,7 @@ class Driver:
         self.node_watcher: Any = None
         self.cloud: Any = None
         self._ray_started = False
+        self.lock = RunDirLock(self.run_dir)
 
     def run(self) -> int:
         from orchestrator.controller import Controller, Hooks
@@ -113,6 +117,7 @@ class Driver:
         from orchestrator.ray_cluster import RayClusterView
         from orchestrator.ray_groups import ray_group_factory
 
+        self.lock.acquire(submission_id=_submission_id())  # before anything reads or writes
         self._check_checkpoint()
         self._connect()
         _interrupt_on_signals()  # Ray's in-process head node installs its own SIGTERM handler
@@ -198,7 +203,7 @@ class Driver:
             "entrypoint": ["python", "-m", "orchestrator.main", *self.argv],
             "entrypoint_shell": shlex.join(["python", "-m", "orchestrator.main", *self.argv]),
             "cwd": os.getcwd(),
-            "runtime_env": redact_runtime_env(_current_runtime_env()),  # no secrets in run.json
+            "runtime_env": redact_runtime_env(_job_config().get("runtime_env") or {}),  # no secrets
             "incarnation": int(prev.get("incarnation", 0)) + 1,
             "config_digest": self.cfg.digest(),
             "run_dir": str(self.run_dir),
@@ -370,6 +375,7 @@ class Driver:
             ray.shutdown()
         if self.emulated is not None:
             self.emulated.shutdown()
+        self.lock.release()  # last: nothing of this driver writes the run dir any more
 
 
 def _job_config() -> dict:
@@ -379,11 +385,6 @@ def _job_config() -> dict:
     except ValueError:
         return {}
     return data if isinstance(data, dict) else {}
-
-
-def _current_runtime_env() -> dict:
-    """The Ray job's runtime env when launched by ``ray job submit`` (else empty)."""
-    return _job_config().get("runtime_env") or {}
 
 
 def _submission_id() -> str | None:

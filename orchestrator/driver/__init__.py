@@ -1,0 +1,1 @@
+"""Driver-side parts that guard the run directory (one driver per run dir)."""
