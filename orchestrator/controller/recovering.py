@@ -60,7 +60,8 @@ def after_failure(run: Run, status: Failure) -> Next:
         run.reactions.collect_notices()
     run.ledger.open_unannounced(cause=cause, error=message, now=run.now())
     prev = run.pending
-    keep_stop = prev is not None and prev.stop  # an operator stop still ends it
+    # an operator stop still ends it; a final save that failed is recovered and done again
+    keep_stop = prev is not None and prev.stop and not prev.final
     if prev is not None and not prev.stop and prev.event is not None and run.reactions:
         # a notice not drained yet (a maintenance window hours ahead, a preemption due) must
         # outlive this failure: its hosts stay out if imminent, else it is decided again on

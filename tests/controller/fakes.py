@@ -92,6 +92,7 @@ class FakeFleet:
         self.form_failures: list[GroupFailed] = []
         self.compile_error: Exception | None = None
         self.compile_failures: list[GroupFailed] = []
+        self.save_failures: list[GroupFailed] = []  # raised by the next durable saves
         self.formed_instance_ids: dict[str, str] = {}
         self.copy_s = 0.05
         self.ram_copies: list[int] = []  # steps copied to the RAM tier (copy_to_ram)
@@ -226,6 +227,8 @@ class FakeGroup:
 
     def save(self) -> Saved:
         self.fleet.clock.sleep(self.fleet.save_s)
+        if self.fleet.save_failures:
+            raise self.fleet.save_failures.pop(0)
         for s, _ in self.pending_saves:
             self.fleet.disk.committed.append(s)
         self.pending_saves.clear()
