@@ -186,15 +186,17 @@ class Reactions:
             handover_until=prev.handover_until if prev else None,
             handover=prev.handover if prev else "")
 
-    def carry_over(self, pending: Pending) -> None:
+    def carry_over(self, pending: Pending, *, fulfilled: bool = False) -> None:
         """A failure came before this event's drain: a drain due now keeps its hosts out of
         the next mesh; one planned at a step (a window ahead) is decided again on the next
-        mesh, from the step time then."""
+        mesh, from the step time then. ``fulfilled``: the failure was the noticed hosts dying
+        inside the window (the preemption itself)."""
         ev = pending.event
-        if pending.at_step is None:
+        if fulfilled or pending.at_step is None:
             self.run.placement.excluded |= set(pending.doomed)
-            self.record(ev, "excluded", reason="the group failed before the drain",
-                        hosts=sorted(pending.doomed))
+            reason = ("the noticed hosts died inside their notice window: the preemption "
+                      "came early" if fulfilled else "the group failed before the drain")
+            self.record(ev, "excluded", reason=reason, hosts=sorted(pending.doomed))
             return
         self._deferred.append(ev)
         self.record(ev, "deferred", reason="the group failed before the drain step "

@@ -26,12 +26,28 @@ from policies.restart_budget import GiveUp, RestartObservation, RestartRecord
 S = RunState
 
 
-def classify(run: Run, status: Failure) -> StopCause:
+def classify(run: Run, status: Failure, *, noticed: str | None = None) -> StopCause:
+    """``noticed``: the kind of a pending notice the failure fulfils (it wins, as events do)."""
     kind = (FailureKind.HUNG if isinstance(status, Hung) else
             FailureKind.CHECKPOINT_CORRUPT if isinstance(status, CorruptCheckpoint) else
             status.kind)
     return run.policies.classifier.decide(
-        StopObservation(failure=kind, message=describe(status))).cause
+        StopObservation(event_kind=noticed, failure=kind, message=describe(status))).cause
+
+
+def noticed_death(run: Run, status: Failure) -> str | None:
+    """The event kind of the pending preemption or maintenance notice whose doomed hosts are
+    exactly the ones that died, before its deadline: spot hosts do crash inside their notice
+    window, and that death is the preemption (its budget, no backoff), not a host failure."""
+    p = run.pending
+    if (not isinstance(status, HostsLost) or p is None or p.stop or p.event is None
+            or run.plan is None or p.deadline is None or run.now() > p.deadline
+            or p.cause not in (StopCause.SPOT_PREEMPTION, StopCause.MAINTENANCE)):
+        return None
+    hosts = run.plan.hosts
+    dead = {hosts[i].node_id for i in status.hosts if 0 <= i < len(hosts)}
+    dead |= set(status.nodes_gone)
+    return p.event.kind.value if dead and dead <= set(p.doomed) else None
 
 
 def after_failure(run: Run, status: Failure) -> Next:
@@ -40,7 +56,8 @@ def after_failure(run: Run, status: Failure) -> Next:
     if isinstance(status, Fatal):
         log.error("run_failed", error=status.message, hosts=list(status.hosts))
         return Next(S.FAILED, status.message, Failed(reason=status.message, cause=None))
-    cause = classify(run, status)
+    noticed = noticed_death(run, status)
+    cause = classify(run, status, noticed=noticed)
     message = describe(status)
     log.warning("group_failed", cause=cause.value, error=message,
                 hosts=list(getattr(status, "hosts", ())))
@@ -66,7 +83,7 @@ def after_failure(run: Run, status: Failure) -> Next:
         # a notice not drained yet (a maintenance window hours ahead, a preemption due) must
         # outlive this failure: its hosts stay out if imminent, else it is decided again on
         # the next mesh
-        run.reactions.carry_over(prev)
+        run.reactions.carry_over(prev, fulfilled=noticed is not None)
     run.pending = Pending(cause=cause, reason=message, announced=False, stop=keep_stop)
     committed = run.ledger.last_committed or 0
     lost = max(0, run.ledger.max_step_reached - committed)

@@ -19,3 +19,29 @@ def test_a_host_lost_in_the_final_save_is_recovered_and_the_save_done_again(tmp_
     assert states[first_final:first_final + 2] == ["CHECKPOINTING", "RELEASING"]
     assert states[-2:] == ["CHECKPOINTING", "SUCCEEDED"]
     assert 20 in sim.fleet.disk.committed and len(sim.fleet.groups) == 2
+
+
+def test_a_noticed_host_that_crashes_inside_its_window_is_the_preemption(tmp_path):
+    """SIGSEGV of host 1 one step after its 30 s preemption notice: the announced recovery
+    (spot_preemption budget, no backoff), not a host_lost failure."""
+    sim = make(tmp_path, spare=("s1",))
+    sim.fleet.on_step(7, lambda g: sim.notice(host="vm-s0-1", deadline_in=30.0, id="n1"))
+    sim.fleet.on_step(8, lambda g: lost(hosts=(1,)))
+    summary = sim.run()
+    assert summary.state == "SUCCEEDED"
+    releasing = sim.payloads("RELEASING")[0]
+    assert releasing.cause.value == "spot_preemption"
+    assert "BACKOFF" not in sim.states()
+    assert set(summary.restarts) == {"spot_preemption"}
+    actions = [e for e in sim.events() if e.get("event_id") == "n1" and e.get("action")]
+    assert any("inside their notice window" in str(e) for e in actions), actions
+
+
+def test_a_crash_of_a_host_without_notice_stays_a_host_loss(tmp_path):
+    """The other host of the slice dies after host 1's notice: not the preemption."""
+    sim = make(tmp_path, spare=("s1",))
+    sim.fleet.on_step(7, lambda g: sim.notice(host="vm-s0-1", deadline_in=30.0, id="n1"))
+    sim.fleet.on_step(8, lambda g: lost(hosts=(0,)))
+    summary = sim.run()
+    assert sim.payloads("RELEASING")[0].cause.value == "host_lost"
+    assert "host_lost" in summary.restarts
