@@ -17,6 +17,7 @@ import ray
 import structlog
 from ray.exceptions import RayTaskError
 
+from orchestrator import ray_results
 from orchestrator.controller.seam import (
     Compiled,
     CorruptCheckpoint,
@@ -373,6 +374,8 @@ class RayWorkerGroup:
         cause = exc.cause if isinstance(exc, RayTaskError) and hasattr(exc, "cause") else exc
         if isinstance(cause, CheckpointCorrupt):
             return CorruptCheckpoint(step=cause.step, reason=cause.reason)
+        if (full := ray_results.storage_fault(exc)) is not None:  # ENOSPC, quota: no retry
+            return Fatal(message=ray_results.storage_message(full), hosts=hosts)
         if isinstance(cause, OrchestratorError) and not cause.retryable:
             return Fatal(message=str(cause), hosts=hosts)
         kind = failure_kind(exc)

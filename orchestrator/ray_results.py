@@ -7,6 +7,7 @@ The one place a Ray exception becomes a ``FailureKind`` and the hosts' per-call 
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Sequence
 
 import structlog
@@ -28,6 +29,39 @@ def failure_kind(exc: BaseException) -> FailureKind:
     if isinstance(exc, (ActorDiedError, RayActorError)):
         return FailureKind.ACTOR_DIED
     return FailureKind.STEP_ERROR
+
+
+_STORAGE_ERRNOS = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded"}
+_STORAGE_TEXT = ("no space left on device", "disk quota exceeded", "[errno 28]", "[errno 122]")
+
+
+def storage_fault(exc: BaseException) -> str | None:
+    """What filled up, when ``exc`` (or what it wraps: Orbax, tensorstore, Ray's task error)
+    is a full disk or an exhausted quota; else None. Retrying cannot fix it, so the run stops
+    with the fix instead of spending its restart budget."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc, getattr(exc, "cause", None)]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in _STORAGE_ERRNOS:
+            return f"{_STORAGE_ERRNOS[e.errno]}: {e}"[:500]
+        todo += [e.__cause__, e.__context__]
+    text = str(exc).lower()
+    hit = next((t for t in _STORAGE_TEXT if t in text), None)
+    if hit is None:
+        return None
+    line = next(x.strip() for x in str(exc).splitlines() if hit in x.lower())
+    return line[:500]
+
+
+def storage_message(what: str) -> str:
+    return (f"A host ran out of storage while writing ({what}). Committed checkpoints are "
+            "intact and the run resumes from the last one. Fix: free space on the checkpoint "
+            "storage (checkpoint.dir, else run.run_dir) or raise its quota, then run the same "
+            "command again; retrying before that would only fail the same way.")
 
 
 def lost_kind(kind: FailureKind, gone: set[str], hosts: Sequence[HostRef]) -> FailureKind:

@@ -34,3 +34,40 @@ def test_dead_nodes_refine_the_failure_kind():
     assert lost_kind(FailureKind.ACTOR_DIED, set(), hosts) is FailureKind.ACTOR_DIED
     assert lost_kind(FailureKind.ACTOR_UNAVAILABLE, {"a-n1"}, hosts) is FailureKind.NODE_DIED
     assert lost_kind(FailureKind.ACTOR_DIED, {"a-n0", "a-n1"}, hosts) is FailureKind.SLICE_LOST
+
+
+def test_a_full_disk_is_a_storage_fault_with_its_own_fix_not_an_application_error():
+    """ENOSPC / EDQUOT, raised as itself, chained under Orbax's error, or only in the text of
+    Ray's task error, stops the run naming the fix (free space), never a retry loop."""
+    import errno
+
+    from ray.exceptions import RayTaskError
+
+    from orchestrator.ray_results import storage_fault, storage_message
+
+    enospc = OSError(errno.ENOSPC, "No space left on device", "/ckpt/150/d/x")
+    assert "no space left" in storage_fault(enospc)
+    try:
+        try:
+            raise OSError(errno.EDQUOT, "Disk quota exceeded")
+        except OSError as inner:
+            raise ValueError("orbax: save failed") from inner
+    except ValueError as wrapped:
+        assert "quota" in storage_fault(wrapped)
+    text_only = RayTaskError("HostActor.save", "Traceback ...\nOSError: [Errno 28] No space "
+                             "left on device: '/ckpt/150'\n", RuntimeError("save failed"))
+    assert "[Errno 28]" in storage_fault(text_only)
+    assert storage_fault(RuntimeError("step failed: NaN loss")) is None
+    assert storage_fault(OSError(errno.EACCES, "Permission denied")) is None
+    assert "free space" in storage_message("x") and "budget" not in storage_message("x")
+
+
+def test_the_ray_group_maps_a_full_disk_to_a_fatal_status():
+    import errno
+
+    from orchestrator.controller.seam import Fatal
+    from orchestrator.ray_group import RayWorkerGroup
+
+    group = object.__new__(RayWorkerGroup)
+    status = group._failure(OSError(errno.ENOSPC, "No space left on device"), (1,))
+    assert isinstance(status, Fatal) and "free space" in status.message and status.hosts == (1,)
