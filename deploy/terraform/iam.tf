@@ -3,8 +3,12 @@
 #     defaultNodeServiceAccount and Artifact Registry reader, nothing else (not the Compute
 #     Engine default service account, often project Editor).
 #   tpu-orchestrator (driver + host actors, via Workload Identity): pull its run's events
-#     subscription, write metrics, read/write the runs bucket. It may NOT publish to the events
-#     topic: any Ray job could then drain every run. Operators publish with their own credentials.
+#     subscription, write metrics in the metrics project only, read/write the runs bucket. It may
+#     NOT publish to the events topic: any Ray job could then drain every run. Operators publish
+#     with their own credentials. It is the only metric writer of the metrics project, so the
+#     heartbeat alerts there can only be fed (or kept quiet) by this cluster's own jobs: Cloud
+#     Monitoring has no narrower grant than a project (no per-metric or per-series IAM, no IAM
+#     condition on time series), and a time series records no writer an alert could filter on.
 #   tpu-autoresume: pull the alerts subscription, read the runs bucket.
 
 resource "google_service_account" "nodes" {
@@ -49,9 +53,15 @@ resource "google_pubsub_subscription_iam_member" "orchestrator_events_subscriber
 }
 
 resource "google_project_iam_member" "orchestrator_metric_writer" {
-  project = var.project_id
+  project = var.metrics_project_id
   role    = "roles/monitoring.metricWriter"
   member  = "serviceAccount:${google_service_account.orchestrator.email}"
+  lifecycle {
+    precondition {
+      condition     = var.metrics_project_id != var.project_id
+      error_message = "metrics_project_id must be a project of its own, not project_id: there the node service account and other workloads may write metrics too, and could fake or silence a run's heartbeat."
+    }
+  }
 }
 
 resource "google_storage_bucket_iam_member" "orchestrator_runs" {

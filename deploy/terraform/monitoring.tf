@@ -1,6 +1,12 @@
 # Alert policies on the orchestrator's custom metrics, notifying a Pub/Sub channel (the alerts
 # topic) that the autoresume service pulls.
 #
+# They live in the metrics project (var.metrics_project_id), and the driver writes its metrics
+# there (metrics.cloud_monitoring.project): a policy sees only the series of its own metrics scope,
+# and the only identity that may write series in that project is this cluster's orchestrator
+# service account (iam.tf). Autoresume accepts incidents only from that scoping project
+# (origin.project). Keep the project empty of other workloads and add no monitored projects to it.
+#
 # Contract with orchestrator/autoresume (deploy/README.md, "Alert labels"):
 #   * every condition aggregates by resource.label.job (generic_task, written by the metric
 #     exporter) and metric.label.run_id, so the incident's `resource.labels.job` /
@@ -9,19 +15,20 @@
 #     notification repeats them as `policy_user_labels`, and autoresume acts on the kind.
 
 resource "google_monitoring_notification_channel" "alerts_pubsub" {
+  project      = var.metrics_project_id
   display_name = "${var.name} alerts to Pub/Sub"
   type         = "pubsub"
   labels = {
     topic = google_pubsub_topic.alerts.id
   }
-  depends_on = [google_project_service.apis]
+  depends_on = [google_project_service.apis, google_project_service.metrics_monitoring]
 }
 
-# Cloud Monitoring publishes as its notification service agent.
+# Cloud Monitoring publishes as the notification service agent of the metrics project.
 resource "google_pubsub_topic_iam_member" "monitoring_notifier_publisher" {
   topic  = google_pubsub_topic.alerts.id
   role   = "roles/pubsub.publisher"
-  member = "serviceAccount:service-${data.google_project.this.number}@gcp-sa-monitoring-notification.iam.gserviceaccount.com"
+  member = "serviceAccount:service-${data.google_project.metrics.number}@gcp-sa-monitoring-notification.iam.gserviceaccount.com"
 }
 
 locals {
@@ -30,6 +37,7 @@ locals {
 }
 
 resource "google_monitoring_alert_policy" "heartbeat_absent" {
+  project      = var.metrics_project_id
   display_name = "${var.name}: heartbeat absent"
   combiner     = "OR"
   user_labels = {
@@ -68,6 +76,7 @@ resource "google_monitoring_alert_policy" "heartbeat_absent" {
 }
 
 resource "google_monitoring_alert_policy" "mfu_low" {
+  project      = var.metrics_project_id
   display_name = "${var.name}: MFU below threshold"
   combiner     = "OR"
   user_labels = {
@@ -108,6 +117,7 @@ resource "google_monitoring_alert_policy" "mfu_low" {
 }
 
 resource "google_monitoring_alert_policy" "loss_not_finite" {
+  project      = var.metrics_project_id
   display_name = "${var.name}: loss not finite"
   combiner     = "OR"
   user_labels = {

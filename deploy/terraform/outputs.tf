@@ -16,6 +16,11 @@ output "dead_letters_topic" {
   value = google_pubsub_topic.dead_letters.id
 }
 
+output "metrics_project" {
+  description = "metrics.cloud_monitoring.project of every run, and autoresume's origin.project."
+  value       = var.metrics_project_id
+}
+
 output "runs_bucket" {
   value = google_storage_bucket.runs.name
 }

@@ -3,6 +3,15 @@ variable "project_id" {
   type        = string
 }
 
+variable "metrics_project_id" {
+  description = "Project that receives the orchestrator's custom metrics and holds the alert policies autoresume trusts: one per cluster, holding no workloads, with no other project in its metrics scope, so that this cluster's orchestrator service account is its only metric writer. Not project_id (there the node service account and any other workload may write metrics). Cloud Monitoring grants metric writes per project, never per metric or time series (deploy/README.md, Security)."
+  type        = string
+  validation {
+    condition     = can(regex("^[a-z][-a-z0-9]{4,28}[a-z0-9]$", var.metrics_project_id))
+    error_message = "metrics_project_id: a project id (6-30 lowercase letters, digits, hyphens)."
+  }
+}
+
 variable "region" {
   description = "Region of the GKE cluster (TPU v6e: e.g. us-east5, europe-west4)."
   type        = string

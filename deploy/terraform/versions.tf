@@ -16,3 +16,7 @@ provider "google" {
 data "google_project" "this" {
   project_id = var.project_id
 }
+
+data "google_project" "metrics" {
+  project_id = var.metrics_project_id
+}

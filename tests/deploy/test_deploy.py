@@ -189,7 +189,7 @@ def test_ray_head_not_publicly_exposed():
 
 def test_ray_token_auth_on_every_pod():
     """Head, workers and the RayJob submitter: RAY_AUTH_MODE=token, the token as a read-only
-    file from the Secret (RAY_AUTH_TOKEN_PATH), never as an env var value."""
+    file from the cluster's own Secret (RAY_AUTH_TOKEN_PATH), never as an env var value."""
     for path in (KUBERAY / "raycluster-tpu.yaml", KUBERAY / "rayjob-example.yaml"):
         for doc in yaml_docs(path):
             groups = [head_group(doc), *worker_groups(doc)]
@@ -205,7 +205,7 @@ def test_ray_token_auth_on_every_pod():
                 mount = next(m for m in c["volumeMounts"] if m["mountPath"] == token_dir)
                 assert mount["readOnly"] is True
                 vol = next(v for v in pod["volumes"] if v["name"] == mount["name"])
-                assert vol["secret"]["secretName"] == "ray-auth-token"
+                assert vol["secret"]["secretName"] == f"{doc['metadata']['name']}-ray-auth-token"
 
 
 def test_autoresume_manifest_config_loads_and_matches():
