@@ -4,11 +4,17 @@ Holders are named ``ram-<run key>-<node id>`` in the ``tpu-orchestrator`` namesp
 so they outlive the host actors of an incarnation (kill -9, re-form) and the driver itself
 (autoresume finds them by name and restores from them). ``release`` kills them when the run is
 over; a run that ended in failure keeps them for the autoresume that brings it back.
+
+The run's secret (``token``) authenticates hosts to holders and every copy end to end
+(``workers.ram_auth``). It lives in ``RUN_DIR/ram_secret`` (mode 0600; the run directory is
+trusted, like its checkpoints), so a later driver of the run (autoresume) can still use the
+holders and check the copies an earlier one left; a run directory started afresh gets a new one.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import secrets
 from collections.abc import Collection, Sequence
 from pathlib import Path
@@ -28,6 +34,7 @@ from workers.ram_holder import RamHolder
 log = structlog.get_logger(__name__)
 
 NAMESPACE = "tpu-orchestrator"
+SECRET_FILE = "ram_secret"
 _RemoteHolder = ray.remote(RamHolder)
 
 
@@ -36,34 +43,63 @@ def run_key(name: str, run_dir: str) -> str:
     return f"{name}-{hashlib.sha256(run_dir.encode()).hexdigest()[:8]}"
 
 
+def run_secret(run_dir: Path, *, fresh: bool = False) -> tuple[str, bool]:
+    """(the run's RAM-tier secret, whether it was made now): read from ``run_dir``, or made
+    and written there (owner-only, write + rename) when ``fresh`` or there is none."""
+    path = run_dir / SECRET_FILE
+    if not fresh:
+        try:
+            token = path.read_text().strip()
+        except FileNotFoundError:
+            token = ""
+        if token:
+            return token, False
+    token = secrets.token_hex(32)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tmp = run_dir / f".{SECRET_FILE}.{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(token + "\n")
+    tmp.replace(path)
+    return token, True
+
+
 class RamTier:
     """Creates, lists, asks and releases one run's holders."""
 
-    def __init__(self, cfg: RamTierConfig, *, key: str, timeout_s: float = 10.0) -> None:
+    def __init__(self, cfg: RamTierConfig, *, key: str, token: str, checkpoint_dir: str,
+                 checkpoint_keep: int, timeout_s: float = 10.0) -> None:
         self.cfg = cfg
         self.prefix = f"ram-{key}-"
-        self.token = secrets.token_hex(16)
-        """Hosts present it to the holders' wire; a new driver issues a new one."""
+        self.token = token
+        """The run's secret: hosts prove it to the holders and authenticate copies with it."""
+        self.persist_dir = (str(copy_store.copies_dir(checkpoint_dir))
+                            if cfg.durable_from_ram else None)
+        self.persist_keep = checkpoint_keep
         self.timeout_s = timeout_s
 
     @classmethod
-    def for_config(cls, cfg: Any) -> RamTier | None:
-        """The tier of a run config (``checkpoint.ram``), or None when it is off."""
+    def for_config(cls, cfg: Any, *, fresh: bool = False) -> RamTier | None:
+        """The tier of a run config (``checkpoint.ram``), or None when it is off; ``fresh``:
+        a new secret (the copies of an earlier one can no longer be used). Holders left with a
+        secret that is gone are released."""
         if not cfg.checkpoint.ram.enabled:
             return None
-        return cls(cfg.checkpoint.ram, key=run_key(cfg.run.name,
-                                                    str(Path(cfg.run.run_dir).absolute())))
+        run_dir = Path(cfg.run.run_dir).absolute()
+        token, made = run_secret(run_dir, fresh=fresh)
+        ram = cls(cfg.checkpoint.ram, key=run_key(cfg.run.name, str(run_dir)), token=token,
+                  checkpoint_dir=str(run_dir / "checkpoints"), checkpoint_keep=cfg.checkpoint.keep)
+        if made and (stale := ram.release()):
+            log.warning("ram_tier_stale_released", holders=stale,
+                        why="their copies were made under another secret")
+        return ram
 
     @classmethod
     def for_run(cls, cfg: Any, run_dir: Path) -> RamTier | None:
         """``for_config``, for a driver starting in ``run_dir``: a directory with no timeline is
-        a new run, so copies an earlier run of the same name and directory left are released."""
-        ram = cls.for_config(cfg)
-        if ram is not None and not (run_dir / "timeline.jsonl").exists():
-            stale = ram.release()
-            if stale:
-                log.warning("ram_tier_stale_released", holders=stale)
-        return ram
+        a new run, so copies an earlier run of the same name and directory left are released
+        (and a new secret made)."""
+        return cls.for_config(cfg, fresh=not (run_dir / "timeline.jsonl").exists())
 
     def finish(self, *, succeeded: bool) -> str:
         """The summary line on what the holders keep; release them when the run is over, keep
@@ -92,7 +128,9 @@ class RamTier:
             name=name, namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
             num_cpus=0, max_concurrency=4, max_restarts=0,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
-        ).remote(keep=self.cfg.keep)
+        ).remote(token=self.token, keep=self.cfg.keep,
+                 max_copy_bytes=max(1, self.cfg.max_host_bytes // (2 * self.cfg.keep)),
+                 persist_dir=self.persist_dir, persist_keep=self.persist_keep)
         return name, handle
 
     def assignments(self, plan: MeshPlan) -> list[list[tuple[str, Any]]]:
@@ -177,12 +215,12 @@ class RamTier:
         """Every host rebuilds ``choice.step`` from the copies (in RAM, or saved on disk for
         tier "copy"); [] if a holder is gone."""
         if choice.tier == "copy":
-            return [a.restore_from_disk_copy.remote(choice.step) for a in actors]
+            return [a.restore_from_disk_copy.remote(choice.step, self.token) for a in actors]
         live = self.holders()
         if any(name not in live for name in choice.holders.values()):
             return []
         holders = {src: (name, live[name]) for src, name in choice.holders.items()}
-        return [a.restore_from_ram.remote(choice.step, choice.incarnation, holders)
+        return [a.restore_from_ram.remote(choice.step, choice.incarnation, holders, self.token)
                 for a in actors]
 
     def restored(self, outs: list[dict], choice: TierChoice) -> Restored | str:

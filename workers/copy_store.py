@@ -2,11 +2,12 @@
 on its node, off the training processes.
 
 Layout: ``<dir>/<step>/source-<i>/`` (one Orbax checkpoint per source: the copy's bytes and its
-layout, step, incarnation and checksum) and ``<dir>/<step>/COMPLETE`` once every source of the
-step is there. Orbax renames each source directory into place only when it is fully written, so
-a listed source is whole; ``COMPLETE`` is written (tmp + rename) by whichever holder finishes
-the last source. A step without it is never restored. The copies are mesh-independent
-(``workers.replica``): a step saved on one mesh restores into any other.
+layout, step, incarnation and MAC, ``workers.ram_auth``: the restoring host checks it, so a copy
+changed on disk is refused like one changed in RAM) and ``<dir>/<step>/COMPLETE`` once every
+source of the step is there. Orbax renames each source directory into place only when it is
+fully written, so a listed source is whole; ``COMPLETE`` is written (tmp + rename) by whichever
+holder finishes the last source. A step without it is never restored. The copies are
+mesh-independent (``workers.replica``): a step saved on one mesh restores into any other.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def _checkpointer() -> Any:
 
 
 def write(directory: str | Path, *, step: int, source: int, sources: int, incarnation: int,
-          layout: dict, data: bytes, crc32: int) -> bool:
+          layout: dict, data: bytes | bytearray, mac: str) -> bool:
     """Save one source's copy of ``step``; returns True if this completed the step."""
     import orbax.checkpoint as ocp
 
@@ -43,7 +44,7 @@ def write(directory: str | Path, *, step: int, source: int, sources: int, incarn
     if not path.exists():
         step_dir.mkdir(parents=True, exist_ok=True)
         meta = {"step": step, "source": source, "sources": sources, "incarnation": incarnation,
-                "crc32": crc32, "nbytes": len(data), "layout": layout}
+                "mac": mac, "nbytes": len(data), "layout": layout}
         # Orbax refuses zero-size arrays: a source that holds no distinct shard saves one byte
         body = np.frombuffer(data, np.uint8) if data else np.zeros(1, np.uint8)
         _checkpointer().save(path, args=ocp.args.Composite(
@@ -77,7 +78,8 @@ def sources_of(directory: str | Path, step: int) -> int:
 
 
 def read(directory: str | Path, *, step: int, source: int) -> dict:
-    """One source's copy as ``RamHolder.get`` returns it (layout, data, crc32)."""
+    """One source's copy as ``RamHolder.get`` returns it (description, layout, data, mac), not
+    yet authenticated: ``ram_auth.verify_copy`` before use."""
     import orbax.checkpoint as ocp
 
     path = Path(directory) / str(step) / f"source-{source}"
@@ -87,12 +89,17 @@ def read(directory: str | Path, *, step: int, source: int) -> dict:
     if int(meta["step"]) != step or int(meta["source"]) != source:
         raise ValueError(f"{path} holds step {meta['step']} source {meta['source']}")
     data = np.asarray(out["data"]["bytes"]).tobytes()[: int(meta["nbytes"])]
-    return {"layout": meta["layout"], "data": data, "crc32": int(meta["crc32"])}
+    return {"incarnation": meta["incarnation"], "step": meta["step"], "source": meta["source"],
+            "sources": meta["sources"], "layout": meta["layout"], "data": data,
+            "mac": meta.get("mac")}
 
 
 def prune(directory: str | Path, keep: int) -> list[int]:
     """Delete complete steps beyond the newest ``keep`` and incomplete ones older than the
-    newest complete step; returns the steps deleted."""
+    newest complete step; returns the steps deleted. Only folders this module wrote are
+    deleted (``_ours``): a numeric folder of anything else (an Orbax step, say) stays."""
+    if keep < 1:
+        raise ValueError(f"keep={keep}: at least the newest complete step stays")
     done = complete_steps(directory)
     if not done:
         return []
@@ -101,6 +108,23 @@ def prune(directory: str | Path, keep: int) -> list[int]:
     root = Path(directory)
     gone |= {int(p.name) for p in root.iterdir() if p.name.isdigit() and int(p.name) < newest
              and not (p / COMPLETE).is_file()}
+    deleted = []
     for step in sorted(gone):
-        shutil.rmtree(root / str(step), ignore_errors=True)
-    return sorted(gone)
+        if _ours(root / str(step)):
+            shutil.rmtree(root / str(step), ignore_errors=True)
+            deleted.append(step)
+    return deleted
+
+
+def _ours(step_dir: Path) -> bool:
+    """A step folder holding only what ``write`` makes: ``source-<i>`` (and Orbax's temporary
+    ``source-<i>.orbax-checkpoint-tmp-*``), ``COMPLETE`` and its temporary file."""
+    if step_dir.is_symlink() or not step_dir.is_dir():
+        return False
+    try:
+        names = [p.name for p in step_dir.iterdir()]
+    except OSError:
+        return False
+    return all(n == COMPLETE or n.startswith(f".{COMPLETE}.")
+               or (n.startswith("source-") and n[7:].split(".", 1)[0].isdigit())
+               for n in names)

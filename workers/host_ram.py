@@ -35,8 +35,10 @@ class RamTierMethods:
         from workers import copy_store
         from workers.replicator import Replicator
 
-        self._persist = ({"directory": str(copy_store.copies_dir(self.spec.checkpoint_dir)),
-                          "keep_steps": self.spec.checkpoint.keep} if durable_from_ram else None)
+        # where this node's holder saves them (the driver told it when it created it): read
+        # here for the newest durable step
+        self._persist = ({"directory": str(copy_store.copies_dir(self.spec.checkpoint_dir))}
+                         if durable_from_ram else None)
 
         self._replicator = Replicator(holders, token=token, writer=self.host.node_id,
                                       incarnation=incarnation, source=self.host.index,
@@ -45,34 +47,45 @@ class RamTierMethods:
                                       ab_block_steps=ab_block_steps)
 
     def restore_from_ram(self, step: int, incarnation: int,
-                         holders: dict[int, tuple[str, Any]]) -> dict:
+                         holders: dict[int, tuple[str, Any]], token: str) -> dict:
         """Rebuild the state of ``step`` from every source's RAM copy (``holders``: source ->
-        (name, holder)), into this mesh. Never raises for a bad or missing copy: ``ok`` False
-        and ``reason`` tell the driver to use the durable tier instead (no collective ran, so
-        the group can still restore from Orbax in place)."""
+        (name, holder)), into this mesh; ``token``: the run's secret (the holders hand copies
+        only to it, and every copy is authenticated with it before use). Never raises for a
+        bad or missing copy: ``ok`` False and ``reason`` tell the driver to use the durable
+        tier instead (no collective ran, so the group can still restore from Orbax in
+        place)."""
         import ray
 
         t0 = time.perf_counter()
         try:
-            refs = {src: h.get.remote(incarnation=incarnation, step=step, source=src)
+            refs = {src: h.get.remote(token, incarnation=incarnation, step=step, source=src)
                     for src, (_, h) in sorted(holders.items())}
             copies = {f"source {src} from {holders[src][0]}": ray.get(ref, timeout=60)
                       for src, ref in refs.items()}
+            for src, got in zip(refs, copies.values(), strict=True):
+                if got.get("source") != src or got.get("incarnation") != incarnation:
+                    raise ValueError(f"asked for source {src} of incarnation {incarnation}, "
+                                     f"got source {got.get('source')} of "
+                                     f"{got.get('incarnation')}")
         except Exception as exc:
             return self._ram_refused(step, exc, t0)
-        return self.restore_copies(step, copies, started=t0)
+        return self.restore_copies(step, copies, token, started=t0)
 
-    def restore_copies(self, step: int, copies: dict[str, dict], *,
+    def restore_copies(self, step: int, copies: dict[str, dict], token: str, *,
                        started: float | None = None) -> dict:
-        """``restore_from_ram`` once the copies are here (label -> ``RamHolder.get``)."""
-        from workers.ram_holder import checksum
+        """``restore_from_ram`` once the copies are here (label -> ``RamHolder.get``): each is
+        authenticated (``ram_auth.verify_copy``) before any of its bytes is used."""
+        from workers import ram_auth
 
         t0 = time.perf_counter() if started is None else started
         tr = self._need_trainer("restore_from_ram")
         try:
+            key = ram_auth.Keys.from_token(token).copy
             for name, got in copies.items():
-                if checksum(got["data"]) != got["crc32"]:
-                    raise ValueError(f"the copy of {name} fails its checksum")
+                ram_auth.verify_copy(key, got, step=step, name=name)
+            sources = [got["source"] for got in copies.values()]
+            if len(set(sources)) != len(sources):
+                raise ValueError(f"the copies repeat a source ({sorted(sources)})")
             tr.restore_from_copies(step, [(got["layout"], got["data"])
                                           for got in copies.values()])
         except Exception as exc:
@@ -81,7 +94,7 @@ class RamTierMethods:
         return {"ok": True, "step": tr.step, "restore_s": time.perf_counter() - t0,
                 "nbytes": sum(len(got["data"]) for got in copies.values())}
 
-    def restore_from_disk_copy(self, step: int) -> dict:
+    def restore_from_disk_copy(self, step: int, token: str) -> dict:
         """``restore_from_ram`` from the copies the holders saved durably (copy_store)."""
         from workers import copy_store
 
@@ -92,7 +105,7 @@ class RamTierMethods:
                       for i in range(copy_store.sources_of(where, step))}
         except Exception as exc:
             return self._ram_refused(step, exc, t0)
-        return self.restore_copies(step, copies, started=t0)
+        return self.restore_copies(step, copies, token, started=t0)
 
     def _ram_refused(self, step: int, exc: Exception, t0: float) -> dict:
         reason = f"{type(exc).__name__}: {str(exc)[:300]}"

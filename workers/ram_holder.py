@@ -2,10 +2,14 @@
 
 Runs as a detached, named Ray actor per node (``orchestrator.ram_tier``), so a copy outlives
 both the host actor that sent it (kill -9, a new incarnation) and the driver (autoresume).
-Copies arrive over a TCP connection per sending host (``workers.ram_wire``, authenticated by the
-run's token) into buffers this process owns: nothing here points into an object-store buffer
-whose owner may die. Ray calls find the holder, list what it has and fetch copies for a restore.
-The durable writer imports Orbax (and so JAX, pinned to CPU); nothing else here does.
+Copies arrive over a TCP connection per sending host (``workers.ram_server``, authenticated by
+the run's secret) into buffers this process owns: nothing here points into an object-store
+buffer whose owner may die. Ray calls find the holder, list what it has and fetch copies for a
+restore; those that hand out or take copies, or re-key the holder, need the run's token too (Ray
+can call any method of an actor class, so the class has no other). Where durable copies go and
+how many steps stay there is the driver's choice, made when it creates the holder; a copy only
+asks to be saved. The durable writer imports Orbax (and so JAX, pinned to CPU); nothing else
+here does.
 """
 
 from __future__ import annotations
@@ -13,18 +17,20 @@ from __future__ import annotations
 import logging
 import os
 import queue
-import socket
 import threading
 import time
-import zlib
 from dataclasses import dataclass
 
+from workers import ram_auth
 from workers.niceness import LOWEST, idle_this_thread, lower_this_thread
+from workers.ram_server import CopyServer, Limits
 
 log = logging.getLogger(__name__)
 
 PERSIST_NICE = LOWEST
 """The durable writer's priority where Linux's idle scheduling class is unavailable."""
+MAX_COPY_BYTES = 512 * 1024**2
+"""A copy's size bound when the driver names none (its own: max_host_bytes / (2 x keep))."""
 
 
 @dataclass
@@ -33,9 +39,14 @@ class _Copy:
     step: int
     source: int
     sources: int
-    layout: list
+    layout: dict
     data: bytes | bytearray
-    crc32: int
+    mac: str
+
+    def as_dict(self) -> dict:
+        return {"incarnation": self.incarnation, "step": self.step, "source": self.source,
+                "sources": self.sources, "layout": self.layout, "data": self.data,
+                "mac": self.mac}
 
 
 def _node_ip() -> str:
@@ -48,112 +59,61 @@ def _node_ip() -> str:
         return "127.0.0.1"
 
 
-def checksum(data: bytes) -> int:
-    return zlib.crc32(data) & 0xFFFFFFFF
+def _whole(header: dict, name: str, low: int = 0) -> int:
+    value = header[name]
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise TypeError(f"{name} is {value!r}, not a whole number >= {low}")
+    return value
 
 
-class RamHolder:
-    """Keeps the newest ``keep`` copies per writer (the node that sent them)."""
+def parse_copy(header: dict, data: bytes | bytearray, *, max_copy_bytes: int) -> _Copy:
+    """A copy as a frame or a ``put`` describes it; ``KeyError``/``TypeError``/``ValueError``
+    for one that is malformed or larger than this holder takes."""
+    if len(data) > max_copy_bytes:
+        raise ValueError(f"the copy is {len(data)} bytes, this holder takes {max_copy_bytes}")
+    sources = _whole(header, "sources", 1)
+    source = _whole(header, "source")
+    if source >= sources:
+        raise ValueError(f"source {source} of {sources}")
+    layout, mac = header["layout"], header["mac"]
+    if not isinstance(layout, dict):
+        raise TypeError(f"layout is {type(layout).__name__}, not an object")
+    if not isinstance(mac, str) or len(mac) != 64:
+        raise TypeError("mac is not a hex HMAC-SHA256")
+    return _Copy(incarnation=_whole(header, "incarnation"), step=_whole(header, "step"),
+                 source=source, sources=sources, layout=layout, data=data, mac=mac)
 
-    def __init__(self, *, keep: int = 2) -> None:
-        if keep < 1:
-            raise ValueError("keep must be >= 1")
-        self.keep = keep
-        self._lock = threading.Lock()
-        self._copies: dict[str, list[_Copy]] = {}
-        self._persist: queue.Queue[tuple[_Copy, str, int]] = queue.Queue()
-        self._writer: threading.Thread | None = None
-        self.persisted: list[dict] = []
-        self.persist_errors: list[str] = []
-        self._token = ""
-        self._listener: socket.socket | None = None
 
-    def put(self, writer: str, *, incarnation: int, step: int, source: int, sources: int,
-            layout: list, data: bytes | bytearray, crc32: int,
-            persist: dict | None = None) -> int:
-        """Store one copy (replacing the same writer's copy of the same step); returns the
-        bytes this holder keeps in all. ``persist`` (``{"directory", "keep_steps"}``): also
-        save it durably (``workers.copy_store``), in the background in the idle scheduling
-        class (it runs when the step leaves a core idle); the queued save holds its own
-        reference, so eviction cannot lose it."""
-        copy = _Copy(incarnation=incarnation, step=step, source=source, sources=sources,
-                     layout=layout, data=data, crc32=crc32)
-        if persist is not None:
-            self._enqueue(copy, str(persist["directory"]), int(persist["keep_steps"]))
-        with self._lock:
-            mine = [c for c in self._copies.get(writer, [])
-                    if (c.incarnation, c.step) != (incarnation, step)]
-            mine.append(copy)
-            mine.sort(key=lambda c: (c.step, c.incarnation))
-            self._copies[writer] = mine[-self.keep:]
-            return self._nbytes()
+class _Durable:
+    """Saves copies with Orbax (``workers.copy_store``) in one background thread, in the idle
+    scheduling class; a copy is saved only if it is authentic."""
 
-    def serve(self, token: str, host: str = "", *, durable: bool = False) -> tuple[str, int]:
-        """Accept copies over the wire (``workers.ram_wire``) from hosts that present
-        ``token``; returns the (address, port) to connect to. A later call (a new driver)
-        replaces the token and keeps the port. ``durable``: copies will be saved durably, so
-        the writer imports Orbax now, in the idle class, rather than with the first save
-        (~2 s of CPU holding this process's GIL, while copies arrive: a drain's copy waited
-        for it)."""
-        if durable:
-            self._start_writer()
-        with self._lock:
-            self._token = token
-            if self._listener is None:
-                bind = host or _node_ip()
-                srv = socket.create_server((bind, 0))
-                srv.listen(64)
-                self._listener = srv
-                threading.Thread(target=self._accept_loop, name="ram-accept",
-                                 daemon=True).start()
-            return self._listener.getsockname()[:2]
+    def __init__(self, directory: str, keep_steps: int) -> None:
+        self.directory, self.keep_steps = directory, keep_steps
+        self.queue: queue.Queue[tuple[_Copy, bytes]] = queue.Queue()
+        self.thread: threading.Thread | None = None
+        self.saved: list[dict] = []
+        self.errors: list[str] = []
+        self.lock = threading.Lock()
 
-    def _accept_loop(self) -> None:
-        assert self._listener is not None
-        while True:
-            conn, _ = self._listener.accept()
-            threading.Thread(target=self._serve_conn, args=(conn,), name="ram-conn",
-                             daemon=True).start()
+    def start(self) -> None:
+        with self.lock:
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._loop, name="ram-persist",
+                                               daemon=True)
+                self.thread.start()
 
-    def _serve_conn(self, conn: socket.socket) -> None:
-        from workers import ram_wire
+    def enqueue(self, copy: _Copy, copy_key: bytes) -> None:
+        """The queued save holds its own reference: eviction cannot lose it."""
+        self.start()
+        self.queue.put((copy, copy_key))
 
-        with conn:
-            try:
-                hello, _ = ram_wire.recv_frame(conn)
-                if not self._token or hello.get("token") != self._token:
-                    log.warning("RAM-tier connection without the run's token refused")
-                    return
-                while True:
-                    h, data = ram_wire.recv_frame(conn)
-                    try:
-                        self.put(h["writer"], incarnation=int(h["incarnation"]),
-                                 step=int(h["step"]), source=int(h["source"]),
-                                 sources=int(h["sources"]), layout=h["layout"], data=data,
-                                 crc32=int(h["crc32"]), persist=h.get("persist"))
-                        conn.sendall(b"\x01")
-                    except (KeyError, TypeError, ValueError) as exc:
-                        log.warning("malformed RAM copy refused: %s", exc)
-                        conn.sendall(b"\x00")
-            except (OSError, ValueError) as exc:  # the host went away (or spoke nonsense)
-                log.debug("RAM-tier connection closed: %s", exc)
+    def status(self) -> dict:
+        with self.lock:
+            return {"pending": self.queue.qsize(), "saved": list(self.saved[-20:]),
+                    "errors": list(self.errors[-20:])}
 
-    def persist_status(self) -> dict:
-        """What the background writer did (seconds per save, errors) and has still to do."""
-        with self._lock:
-            return {"pending": self._persist.qsize(), "saved": list(self.persisted[-20:]),
-                    "errors": list(self.persist_errors[-20:])}
-
-    def flush(self, timeout_s: float = 60.0) -> bool:
-        """Wait (bounded) until every queued durable save is done; False on timeout."""
-        deadline = time.monotonic() + timeout_s
-        while self._persist.unfinished_tasks:
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.05)
-        return True
-
-    def _write_loop(self) -> None:
+    def _loop(self) -> None:
         os.environ["JAX_PLATFORMS"] = "cpu"  # Orbax imports JAX: never let it take a TPU
         # Linux: per thread, and inherited by the threads Orbax starts from here. The idle class,
         # not nice 19: at nice 19 the save still took ~20 ms from the step after each save step
@@ -164,75 +124,181 @@ class RamHolder:
 
         from workers import copy_store
         while True:
-            copy, directory, keep_steps = self._persist.get()
-            step, source = copy.step, copy.source
+            copy, key = self.queue.get()
             t0 = time.perf_counter()
             try:
-                if checksum(copy.data) != copy.crc32:
-                    raise ValueError("the copy fails its checksum; not saved")
+                if not ram_auth.copy_intact(key, copy.as_dict()):
+                    raise ram_auth.CopyRejected("the copy fails its authentication; not saved")
                 completed = copy_store.write(
-                    directory, step=step, source=source, sources=copy.sources,
+                    self.directory, step=copy.step, source=copy.source, sources=copy.sources,
                     incarnation=copy.incarnation, layout=copy.layout, data=copy.data,
-                    crc32=copy.crc32)
+                    mac=copy.mac)
                 if completed:
-                    copy_store.prune(directory, keep_steps)
-                with self._lock:
-                    self.persisted.append({"step": step, "source": source,
-                                           "seconds": round(time.perf_counter() - t0, 4),
-                                           "nbytes": len(copy.data), "completed": completed})
+                    copy_store.prune(self.directory, self.keep_steps)
+                with self.lock:
+                    self.saved.append({"step": copy.step, "source": copy.source,
+                                       "seconds": round(time.perf_counter() - t0, 4),
+                                       "nbytes": len(copy.data), "completed": completed})
             except Exception as exc:  # a full disk must not kill the RAM copies with it
-                log.error("durable save of step %d source %d failed: %s", step, source, exc)
-                with self._lock:
-                    self.persist_errors.append(f"step {step} source {source}: "
-                                               f"{type(exc).__name__}: {str(exc)[:300]}")
+                log.error("durable save of step %d source %d failed: %s", copy.step,
+                          copy.source, exc)
+                with self.lock:
+                    self.errors.append(f"step {copy.step} source {copy.source}: "
+                                       f"{type(exc).__name__}: {str(exc)[:300]}")
             finally:
-                self._persist.task_done()
+                self.queue.task_done()
 
-    def _enqueue(self, copy: _Copy, directory: str, keep_steps: int) -> None:
-        self._start_writer()
-        self._persist.put((copy, directory, keep_steps))
 
-    def _start_writer(self) -> None:
+class _Store:
+    """The copies, newest ``keep`` per writer; what the server and ``put`` hand in."""
+
+    def __init__(self, *, keep: int, max_copy_bytes: int, durable: _Durable | None,
+                 copy_key: bytes) -> None:
+        self.keep, self.max_copy_bytes, self.durable = keep, max_copy_bytes, durable
+        self.copy_key = copy_key
+        self.lock = threading.Lock()
+        self.copies: dict[str, list[_Copy]] = {}
+        self.persist_refused = 0
+
+    def receive(self, writer: str, header: dict, data: bytearray) -> None:
+        persist = header.get("persist", False)
+        if not isinstance(persist, bool):
+            raise TypeError("persist is not true or false (the driver chose where durable "
+                            "copies go when it created this holder)")
+        self.add(writer, parse_copy(header, data, max_copy_bytes=self.max_copy_bytes), persist)
+
+    def add(self, writer: str, copy: _Copy, persist: bool) -> int:
+        """Store (replacing the writer's copy of the same step); the bytes kept in all."""
+        if persist:
+            if self.durable is None:
+                self.persist_refused += 1
+                log.error("a copy of step %d asks to be saved durably; this holder was "
+                          "created without a durable directory: kept in RAM only", copy.step)
+            else:
+                self.durable.enqueue(copy, self.copy_key)
+        with self.lock:
+            mine = [c for c in self.copies.get(writer, [])
+                    if (c.incarnation, c.step) != (copy.incarnation, copy.step)]
+            mine.append(copy)
+            mine.sort(key=lambda c: (c.step, c.incarnation))
+            self.copies[writer] = mine[-self.keep:]
+            return self.nbytes()
+
+    def all(self) -> list[_Copy]:
+        with self.lock:
+            return [c for mine in self.copies.values() for c in mine]
+
+    def nbytes(self) -> int:
+        return sum(len(c.data) for mine in self.copies.values() for c in mine)
+
+
+class RamHolder:
+    """The Ray actor. ``token``: the run's secret; ``max_copy_bytes``: the largest copy a host
+    sends (the driver's ``max_host_bytes / (2 x keep)``); ``persist_dir``/``persist_keep``: where
+    copies asked to be saved durably go and how many complete steps stay (None: nowhere).
+    ``max_connections``, ``hello_timeout_s``, ``idle_timeout_s``: the wire's limits."""
+
+    def __init__(self, *, token: str, keep: int = 2, max_copy_bytes: int = MAX_COPY_BYTES,
+                 persist_dir: str | None = None, persist_keep: int = 3,
+                 max_connections: int = 32, hello_timeout_s: float = 5.0,
+                 idle_timeout_s: float = 300.0) -> None:
+        if keep < 1:
+            raise ValueError("keep must be >= 1")
+        if persist_dir is not None and persist_keep < 1:
+            raise ValueError("persist_keep must be >= 1")
+        self._lock = threading.Lock()
+        self._token = token
+        self._keys = ram_auth.Keys.from_token(token)
+        self._limits = Limits(max_copy_bytes=max_copy_bytes, max_connections=max_connections,
+                              hello_timeout_s=hello_timeout_s, idle_timeout_s=idle_timeout_s)
+        durable = _Durable(str(persist_dir), persist_keep) if persist_dir is not None else None
+        self._store = _Store(keep=keep, max_copy_bytes=max_copy_bytes, durable=durable,
+                             copy_key=self._keys.copy)
+        self._server: CopyServer | None = None
+
+    def _check(self, token: str) -> None:
+        if not isinstance(token, str) or not ram_auth.same_token(token, self._token):
+            raise PermissionError("not this run's RAM-tier token: a holder answers only the "
+                                  "driver (and hosts) of the run that created it")
+
+    def serve(self, token: str, host: str = "", *, durable: bool = False,
+              replaces: str | None = None) -> tuple[str, int]:
+        """Accept copies over the wire from hosts that prove they hold ``token``; returns the
+        (address, port) to connect to. ``token`` must be the holder's, or ``replaces`` must be
+        (a new secret: the port stays, connections made with the old one end). ``durable``:
+        copies will be saved durably, so the writer imports Orbax now, in the idle class,
+        rather than with the first save (~2 s of CPU holding this process's GIL, while copies
+        arrive: a drain's copy waited for it)."""
         with self._lock:
-            if self._writer is None:
-                self._writer = threading.Thread(target=self._write_loop, name="ram-persist",
-                                                daemon=True)
-                self._writer.start()
+            if replaces is not None and not ram_auth.same_token(token, self._token):
+                self._check(replaces)
+                self._token, self._keys = token, ram_auth.Keys.from_token(token)
+                self._store.copy_key = self._keys.copy
+                if self._server is not None:
+                    self._server.rekey(self._keys.hello)
+            self._check(token)
+            if self._server is None:
+                self._server = CopyServer(self._store.receive, hello_key=self._keys.hello,
+                                          limits=self._limits, host=host or _node_ip())
+            address = self._server.address
+        if durable and self._store.durable is not None:
+            self._store.durable.start()
+        elif durable:
+            log.warning("serve(durable=True) on a holder created without a durable directory")
+        return address
 
-    def inventory(self) -> list[dict]:
-        """Every copy held, its checksum verified now (memory can rot; a copy may be bad)."""
-        with self._lock:
-            copies = [c for mine in self._copies.values() for c in mine]
-        return [{"incarnation": c.incarnation, "step": c.step, "source": c.source,
-                 "sources": c.sources, "nbytes": len(c.data),
-                 "intact": checksum(c.data) == c.crc32} for c in copies]
+    def put(self, token: str, *, writer: str, incarnation: int, step: int, source: int,
+            sources: int, layout: dict, data: bytes | bytearray, mac: str,
+            persist: bool = False) -> int:
+        """Store one copy as the wire would (tests, tools); returns the bytes kept in all."""
+        self._check(token)
+        header = {"incarnation": incarnation, "step": step, "source": source,
+                  "sources": sources, "layout": layout, "mac": mac}
+        copy = parse_copy(header, data, max_copy_bytes=self._store.max_copy_bytes)
+        return self._store.add(writer, copy, bool(persist))
 
-    def get(self, *, incarnation: int, step: int, source: int) -> dict:
-        """One copy with its layout and checksum (the reader verifies it again)."""
-        with self._lock:
-            for mine in self._copies.values():
-                for c in mine:
-                    if (c.incarnation, c.step, c.source) == (incarnation, step, source):
-                        return {"layout": c.layout, "data": c.data, "crc32": c.crc32}
+    def get(self, token: str, *, incarnation: int, step: int, source: int) -> dict:
+        """One copy with its description and MAC (the reader checks it before using it)."""
+        self._check(token)
+        for c in self._store.all():
+            if (c.incarnation, c.step, c.source) == (incarnation, step, source):
+                return c.as_dict()
         raise KeyError(f"no copy of source {source} at step {step} (incarnation {incarnation})")
 
+    def inventory(self) -> list[dict]:
+        """Every copy held, authenticated now (memory can rot; a copy may be bad)."""
+        key = self._store.copy_key
+        return [{"incarnation": c.incarnation, "step": c.step, "source": c.source,
+                 "sources": c.sources, "nbytes": len(c.data),
+                 "intact": ram_auth.copy_intact(key, c.as_dict())} for c in self._store.all()]
+
+    def persist_status(self) -> dict:
+        """What the background writer did (seconds per save, errors) and has still to do."""
+        durable = self._store.durable
+        if durable is None:
+            return {"pending": 0, "saved": [], "errors": []}
+        return durable.status()
+
+    def flush(self, timeout_s: float = 60.0) -> bool:
+        """Wait (bounded) until every queued durable save is done; False on timeout."""
+        durable = self._store.durable
+        deadline = time.monotonic() + timeout_s
+        while durable is not None and durable.queue.unfinished_tasks:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
     def stats(self) -> dict:
-        with self._lock:
-            saved = [p["seconds"] for p in self.persisted]
-            return {"copies": sum(len(m) for m in self._copies.values()),
-                    "nbytes": self._nbytes(), "persisted": len(saved),
-                    "persist_s_max": max(saved, default=0.0),
-                    "persist_errors": len(self.persist_errors)}
-
-    def damage(self, *, step: int, source: int) -> bool:
-        """Flip one byte of a copy (chaos/tests: a corrupted replica must be refused)."""
-        with self._lock:
-            for mine in self._copies.values():
-                for c in mine:
-                    if (c.step, c.source) == (step, source) and c.data:
-                        c.data = bytes([c.data[0] ^ 0xFF]) + c.data[1:]
-                        return True
-        return False
-
-    def _nbytes(self) -> int:
-        return sum(len(c.data) for mine in self._copies.values() for c in mine)
+        server, durable = self._server, self._store.durable
+        with self._store.lock:
+            copies = sum(len(m) for m in self._store.copies.values())
+            nbytes = self._store.nbytes()
+        saved, errors = [], 0
+        if durable is not None:
+            with durable.lock:
+                saved, errors = [p["seconds"] for p in durable.saved], len(durable.errors)
+        return {"copies": copies, "nbytes": nbytes, "persisted": len(saved),
+                "persist_s_max": max(saved, default=0.0),
+                "persist_errors": errors + self._store.persist_refused,
+                "refused": dict(server.refused) if server is not None else {}}

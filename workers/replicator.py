@@ -13,7 +13,7 @@ newer copy replaces the waiting one and the lag is logged (a copy asked to be sa
 never replaced). A holder that fails is dropped for the rest of
 this incarnation and logged: the RAM tier is an optimisation, it never stops training.
 
-The sender thread runs in Linux's idle scheduling class: its checksum and socket writes (with
+The sender thread runs in Linux's idle scheduling class: its HMAC and socket writes (with
 the kernel's loopback work they bring) then fill the gaps the step leaves on the cores instead
 of delaying the step's threads (bench figure 6, RAM tier every step / off: 1.09 at normal
 priority, 1.03 in the idle class; nice 19 did not help). A host whose cores are all busy with other
@@ -32,9 +32,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from policies.ram_tier import copy_due
-from workers import ram_wire, replica
+from workers import ram_auth, ram_wire, replica
 from workers.niceness import idle_this_thread
-from workers.ram_holder import checksum
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +42,8 @@ LAG_WAIT_S = 5.0
 IDLE_LAG_S = 0.05
 """A step that waited longer than this for the previous copy (normally ~0) moves the sending
 from the idle-class thread to one at normal priority."""
+_CLOSED = (ram_wire.Closed, ConnectionResetError, BrokenPipeError, ConnectionAbortedError)
+"""What a connection the holder closed looks like to its sender."""
 
 
 @dataclass
@@ -84,6 +85,7 @@ class Replicator:
                  ab_block_steps: int = 0) -> None:
         self.holders = list(holders)
         self.token = token
+        self._copy_key = ram_auth.Keys.from_token(token).copy
         self._socks: dict[str, Any] = {}
         self._packer: Any = None
         self.writer = writer
@@ -225,34 +227,63 @@ class Replicator:
                     self._cv.notify_all()
 
     def _send(self, copy: _Copy) -> None:
-        """Stream the copy to every holder, then read every acknowledgement."""
+        """Stream the copy to every holder, then read every acknowledgement. A connection the
+        holder closed since the last copy (idle too long) is made again once."""
         data = copy.data
-        # checksummed here, not in the step: zlib releases the GIL while it reads the bytes
-        header = {"writer": self.writer, "incarnation": self.incarnation, "step": copy.step,
-                  "source": self.source, "sources": self.sources, "layout": copy.layout,
-                  "crc32": checksum(data)}
+        # authenticated here, once per copy, not in the step: the HMAC releases the GIL while
+        # it reads the bytes
+        header = {"incarnation": self.incarnation, "step": copy.step, "source": self.source,
+                  "sources": self.sources, "layout": copy.layout,
+                  "mac": ram_auth.copy_mac(self._copy_key, incarnation=self.incarnation,
+                                           step=copy.step, source=self.source,
+                                           sources=self.sources, layout=copy.layout,
+                                           data=data)}
         sent = []
         for i, (name, address) in enumerate(self.holders):
+            frame = {**header, "persist": copy.persist is not None and i == 0}
+            reused = name in self._socks
             try:
-                sock = self._socket(name, address)
-                ram_wire.send_frame(sock, {**header, "persist": copy.persist if i == 0 else None},
-                                    data)
-                sent.append((name, sock))
+                sent.append((name, address, frame, reused, self._push(name, address, frame,
+                                                                      data)))
             except OSError as exc:
-                self._drop(name, exc)
-        for name, sock in sent:
+                self._again_or_drop(name, address, frame, data, reused, exc)
+        for name, address, frame, reused, sock in sent:
             try:
                 if not ram_wire.read_ack(sock):
-                    raise ram_wire.WireError("the holder refused the copy")
+                    raise ram_wire.CopyRefused("the holder refused the copy")
             except OSError as exc:
-                self._drop(name, exc)
+                self._again_or_drop(name, address, frame, data, reused, exc)
         self.stats.sent += 1
         self.stats.sent_bytes += len(data) * len(sent)
+
+    def _push(self, name: str, address: tuple[str, int], frame: dict,
+              data: bytes | bytearray) -> Any:
+        sock = self._socket(name, address)
+        ram_wire.send_frame(sock, frame, data)
+        return sock
+
+    def _again_or_drop(self, name: str, address: tuple[str, int], frame: dict,
+                       data: bytes | bytearray, reused: bool, exc: OSError) -> None:
+        """Send once more on a new connection if the one made for an earlier copy was closed
+        (a holder closes idle connections); otherwise (refused, timed out), or if that fails
+        too, drop the holder."""
+        if reused and isinstance(exc, _CLOSED):
+            stale = self._socks.pop(name, None)
+            if stale is not None:
+                stale.close()
+            try:
+                if ram_wire.read_ack(self._push(name, address, frame, data)):
+                    return
+                exc = ram_wire.CopyRefused("the holder refused the copy")
+            except OSError as again:
+                exc = again
+        self._drop(name, exc)
 
     def _socket(self, name: str, address: tuple[str, int]) -> Any:
         sock = self._socks.get(name)
         if sock is None:
-            sock = ram_wire.connect(tuple(address), self.token, timeout_s=self.deliver_timeout_s)
+            sock = ram_wire.connect(tuple(address), self.token, writer=self.writer,
+                                    timeout_s=self.deliver_timeout_s)
             self._socks[name] = sock
         return sock
 

@@ -2,7 +2,7 @@
 Orbax): a host killed with -9 costs at most one step and the run ends with the parameters of an
 uninterrupted run; a node lost with its holder restores from the peer's copy into the smaller
 mesh the run goes on with. Which tier, damaged copies and incomplete sets are decided by
-``policies.ram_tier`` (tests/policies/test_ram_tier.py); packing and checksums on real JAX in
+``policies.ram_tier`` (tests/policies/test_ram_tier.py); packing and authentication on real JAX in
 tests/workers/test_replica.py.
 """
 
@@ -89,9 +89,10 @@ def test_saves_written_from_ram_copies_restore_bit_identically(cluster, tmp_path
 
 
 def test_a_new_driver_restores_from_the_holders_the_old_one_left(cluster, tmp_path):
-    """Autoresume's case: the driver is gone, its holders (detached) are not. A new driver (a
-    new token, the holders re-keyed) on the same run directory with all durable steps removed
-    restores the newest RAM copies and goes on."""
+    """Autoresume's case: the driver is gone, its holders (detached) are not. A new driver on
+    the same run directory (the run's secret read back from it: the holders answer it and the
+    copies authenticate under it) with all durable steps removed restores the newest RAM copies
+    and goes on."""
     run = tmp_path / "run"
     cfg = fault_config(run, *TWO_SLICES, *RAM, "controller.checkpoint_interval.every_steps=50")
     first = run_controller(cfg, release_ram=False)

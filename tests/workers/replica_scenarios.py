@@ -36,8 +36,8 @@ def _flat(params: Any) -> dict:
 
 
 def run(tmp: Path) -> dict:
+    from tests.workers.ram_testing import TOKEN, damage, holder, put
     from workers import replica
-    from workers.ram_holder import RamHolder, checksum
 
     out: dict[str, Any] = {}
     plain = make_actor(tmp / "plain")
@@ -53,13 +53,15 @@ def run(tmp: Path) -> dict:
     layout, data = replica.pack(src.trainer.state)
     out["pieces"] = len(layout["pieces"])
     out["nbytes"] = len(data)
-    holder = RamHolder(keep=2)
-    holder.put("node-a", incarnation=1, step=3, source=0, sources=1, layout=layout, data=data,
-               crc32=checksum(data))
+    h = holder()
+    put(h, "node-a", 3, data, layout=layout)
+
+    def copy(step: int = 3) -> dict:
+        return {"node-a": h.get(TOKEN, incarnation=1, step=step, source=0)}
 
     # the same mesh: restore, train on, compare with the uninterrupted run
     same = make_actor(tmp / "same")
-    got = same.restore_copies(3, {"node-a": holder.get(incarnation=1, step=3, source=0)})
+    got = same.restore_copies(3, copy(), TOKEN)
     out["same_restore"] = got
     same.compile()
     same.run_steps(6, chunk=1)
@@ -68,16 +70,18 @@ def run(tmp: Path) -> dict:
     # another mesh: fsdp=2 x tensor=2 instead of fsdp=4
     other = make_actor(tmp / "other", overrides=("mesh.ici.fsdp=2", "mesh.ici.tensor=2"))
     out["other_axes"] = dict(other.trainer.mesh.shape)
-    out["other_restore"] = other.restore_copies(3, {"node-a": holder.get(incarnation=1, step=3,
-                                                                         source=0)})
+    out["other_restore"] = other.restore_copies(3, copy(), TOKEN)
     out["other_params_equal_at_3"] = _params_equal(_flat(other.params()),
                                                    _flat(src.params()))
 
+    # a copy of another step, or under another run's secret, is refused before it is used
+    bad = make_actor(tmp / "bad")
+    out["wrong_step_restore"] = bad.restore_copies(4, copy(), TOKEN)
+    out["other_secret_restore"] = bad.restore_copies(3, copy(), "another-run")
     # a damaged copy is refused by the reader, and by the holder's inventory
-    holder.damage(step=3, source=0)
-    out["inventory_after_damage"] = holder.inventory()
-    out["damaged_restore"] = make_actor(tmp / "bad").restore_copies(
-        3, {"node-a": holder.get(incarnation=1, step=3, source=0)})
+    damage(h, step=3, source=0)
+    out["inventory_after_damage"] = h.inventory()
+    out["damaged_restore"] = bad.restore_copies(3, copy(), TOKEN)
 
     # half the pieces: incomplete; another model: refused
     half = dict(layout, pieces=layout["pieces"][: len(layout["pieces"]) // 2])
@@ -88,9 +92,8 @@ def run(tmp: Path) -> dict:
                                                          bigger.trainer.abstract_state))
     # keep: a holder keeps the newest `keep` steps of each writer
     for step in (4, 5):
-        holder.put("node-a", incarnation=1, step=step, source=0, sources=1, layout=layout,
-                   data=data, crc32=checksum(data))
-    out["kept_steps"] = sorted(c["step"] for c in holder.inventory())
+        put(h, "node-a", step, data, layout=layout)
+    out["kept_steps"] = sorted(c["step"] for c in h.inventory())
     out["disk"] = _disk_copies(tmp / "copies", layout, data, src, tmp)
     # the sender's path: a Packer made once packs every later state like pack()
     packer = replica.Packer(src.trainer.state)
@@ -101,7 +104,7 @@ def run(tmp: Path) -> dict:
                                      src.trainer.state))
     # a state on another mesh: refused, never packed into the wrong places
     out["packer_other_mesh"] = _refusal(lambda: packer.pack(other.trainer.state))
-    for a in (plain, src, same, other, bigger):
+    for a in (plain, src, same, other, bigger, bad):
         a.shutdown()
     return out
 
@@ -109,22 +112,27 @@ def run(tmp: Path) -> dict:
 def _disk_copies(where: Path, layout: dict, data: bytes, src: Any, tmp: Path) -> dict:
     """The holders' durable save (copy_store): a step is complete only with every source;
     it reads back bit-identical and restores; prune keeps the newest."""
+    from tests.workers.ram_testing import TOKEN, copy_header
     from workers import copy_store
-    from workers.ram_holder import checksum
 
     out: dict[str, Any] = {}
-    crc = checksum(data)
-    kw = {"sources": 2, "incarnation": 1, "layout": layout, "data": data, "crc32": crc}
-    out["first_of_two_completes"] = copy_store.write(where, step=3, source=0, **kw)
+
+    def write(step: int, source: int) -> bool:
+        h = copy_header(step, data, source=source, sources=2, layout=layout)
+        return copy_store.write(where, step=step, source=source, sources=2, incarnation=1,
+                                layout=layout, data=data, mac=h["mac"])
+
+    out["first_of_two_completes"] = write(3, 0)
     out["complete_after_one"] = copy_store.complete_steps(where)
-    out["second_completes"] = copy_store.write(where, step=3, source=1, **kw)
+    out["second_completes"] = write(3, 1)
     out["complete_after_two"] = copy_store.complete_steps(where)
     back = copy_store.read(where, step=3, source=0)
-    out["read_back_equal"] = back["data"] == data and back["crc32"] == crc
-    restored = make_actor(tmp / "from-disk").restore_copies(3, {"disk": back})
+    want = copy_header(3, data, source=0, sources=2, layout=layout)["mac"]
+    out["read_back_equal"] = back["data"] == data and back["mac"] == want
+    restored = make_actor(tmp / "from-disk").restore_copies(3, {"disk": back}, TOKEN)
     out["restore_ok"] = restored["ok"]
     for source in (0, 1):
-        copy_store.write(where, step=4, source=source, **kw)
+        write(4, source)
     out["pruned"] = copy_store.prune(where, keep=1)
     out["after_prune"] = copy_store.complete_steps(where)
     return out

@@ -51,12 +51,13 @@ def test_the_idle_class_is_for_the_calling_thread_only():
     assert os.sched_getscheduler(threading.get_native_id()) == os.SCHED_OTHER
 
 
-def test_the_holders_durable_writer_runs_in_the_idle_class():
-    from workers.ram_holder import RamHolder
+def test_the_holders_durable_writer_runs_in_the_idle_class(tmp_path):
+    from tests.workers.ram_testing import holder
 
-    holder = RamHolder(keep=1)
-    holder._start_writer()
-    writer = holder._writer
+    durable = holder(keep=1, persist_dir=str(tmp_path / "copies"))._store.durable
+    assert durable is not None
+    durable.start()
+    writer = durable.thread
     assert writer is not None
     deadline = time.monotonic() + 30
     while os.sched_getscheduler(writer.native_id) != os.SCHED_IDLE:

@@ -1,5 +1,6 @@
 """The RAM tier's wire against a real holder in this process: copies stream over TCP, each is
-acknowledged, a connection without the run's token is refused, a new token replaces the old."""
+acknowledged, a connection without the run's secret is refused, a new token replaces the old
+one only with the old one's consent. Attacks from outside: tests/security/test_ram_boundary.py."""
 
 from __future__ import annotations
 
@@ -7,51 +8,57 @@ import socket
 
 import pytest
 
+from tests.workers.ram_testing import TOKEN, copy_header, holder
 from workers import ram_wire
-from workers.ram_holder import RamHolder, checksum
-
-
-def _copy(step: int, data: bytes) -> dict:
-    return {"writer": "node-a", "incarnation": 1, "step": step, "source": 0, "sources": 1,
-            "layout": {"leaves": [], "pieces": []}, "crc32": checksum(data), "persist": None}
 
 
 def test_copies_stream_and_are_acknowledged_and_kept():
-    holder = RamHolder(keep=2)
-    address = holder.serve("secret", host="127.0.0.1")
-    with ram_wire.connect(address, "secret", timeout_s=5) as sock:
+    h = holder()
+    address = h.serve(TOKEN, host="127.0.0.1")
+    with ram_wire.connect(address, TOKEN, writer="node-a", timeout_s=5) as sock:
         for step in (1, 2, 3):
             data = bytes([step]) * 200_000
-            ram_wire.send_frame(sock, _copy(step, data), data)
+            ram_wire.send_frame(sock, copy_header(step, data), data)
             assert ram_wire.read_ack(sock) is True
-    inventory = holder.inventory()
+    inventory = h.inventory()
     assert sorted(c["step"] for c in inventory) == [2, 3]
     assert all(c["intact"] for c in inventory)
-    assert holder.get(incarnation=1, step=3, source=0)["data"] == bytes([3]) * 200_000
+    assert h.get(TOKEN, incarnation=1, step=3, source=0)["data"] == bytes([3]) * 200_000
 
 
-def test_a_connection_without_the_token_is_closed_and_stores_nothing():
-    holder = RamHolder(keep=2)
-    address = holder.serve("secret", host="127.0.0.1")
-    data = b"x" * 10
-    with (pytest.raises((ram_wire.WireError, ConnectionError, OSError)),  # on write or read
-          ram_wire.connect(address, "wrong", timeout_s=5) as sock):
-        ram_wire.send_frame(sock, _copy(1, data), data)
-        ram_wire.read_ack(sock)
-    assert holder.inventory() == []
+def test_a_connection_without_the_token_is_refused_at_the_hello_and_stores_nothing():
+    h = holder()
+    address = h.serve(TOKEN, host="127.0.0.1")
+    with pytest.raises(ram_wire.WireError, match="during the hello"):
+        ram_wire.connect(address, "wrong", writer="node-a", timeout_s=5)
+    assert h.inventory() == []
 
 
-def test_a_new_token_keeps_the_port_and_refuses_the_old_one():
-    holder = RamHolder(keep=2)
-    first = holder.serve("one", host="127.0.0.1")
-    assert holder.serve("two", host="127.0.0.1") == first
-    # The holder closes a connection with the old token: the refusal shows on the write (the
-    # holder already closed: broken pipe) or on the read of the ack, whichever comes first.
-    with (pytest.raises((ram_wire.WireError, ConnectionError, OSError)),
-          ram_wire.connect(first, "one", timeout_s=5) as sock):
-        ram_wire.send_frame(sock, _copy(1, b"a"), b"a")
-        ram_wire.read_ack(sock)
-    assert holder.stats()["copies"] == 0
+def test_a_new_token_needs_the_old_one_keeps_the_port_and_refuses_the_old_one():
+    h = holder(token="one")
+    first = h.serve("one", host="127.0.0.1")
+    with pytest.raises(PermissionError, match="not this run's"):
+        h.serve("two", host="127.0.0.1")
+    with pytest.raises(PermissionError, match="not this run's"):
+        h.serve("two", host="127.0.0.1", replaces="three")
+    assert h.serve("two", host="127.0.0.1", replaces="one") == first
+    with pytest.raises(ram_wire.WireError, match="during the hello"):
+        ram_wire.connect(first, "one", writer="node-a", timeout_s=5)
+    with ram_wire.connect(first, "two", writer="node-a", timeout_s=5) as sock:
+        ram_wire.send_frame(sock, copy_header(1, b"a", token="two"), b"a")
+        assert ram_wire.read_ack(sock) is True
+    assert h.stats()["copies"] == 1
+
+
+def test_a_connection_made_before_the_token_was_replaced_ends_at_its_next_copy():
+    h = holder(token="one")
+    address = h.serve("one", host="127.0.0.1")
+    with ram_wire.connect(address, "one", writer="node-a", timeout_s=5) as sock:
+        h.serve("two", host="127.0.0.1", replaces="one")
+        with pytest.raises(OSError):
+            ram_wire.send_frame(sock, copy_header(1, b"a", token="one"), b"a")
+            ram_wire.read_ack(sock)
+    assert h.stats()["copies"] == 0
 
 
 def test_garbage_is_not_a_frame():
@@ -59,4 +66,4 @@ def test_garbage_is_not_a_frame():
     with a, b:
         a.sendall(b"HTTP/1.1 200 OK\r\n\r\n")
         with pytest.raises(ram_wire.WireError, match="not a RAM-tier frame"):
-            ram_wire.recv_frame(b)
+            ram_wire.recv_frame(b, max_data=0)

@@ -42,7 +42,14 @@ def test_damaged_copy_is_refused_by_holder_and_reader(seen):
     assert [c["intact"] for c in seen["inventory_after_damage"]] == [False]
     refused = seen["damaged_restore"]
     assert refused["ok"] is False
-    assert "checksum" in refused["reason"]
+    assert "fails its authentication" in refused["reason"]
+
+
+def test_a_copy_of_another_step_or_run_is_refused_before_use(seen):
+    assert seen["wrong_step_restore"]["ok"] is False
+    assert "is of step 3, not 4" in seen["wrong_step_restore"]["reason"]
+    assert seen["other_secret_restore"]["ok"] is False
+    assert "fails its authentication" in seen["other_secret_restore"]["reason"]
 
 
 def test_incomplete_and_foreign_copies_are_refused(seen):

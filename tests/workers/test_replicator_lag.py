@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Iterator
 
+from tests.workers.ram_testing import TOKEN, holder
 from workers import ram_wire, replicator
 from workers.ram_holder import RamHolder
 
@@ -27,11 +28,11 @@ class _Packer:
 
 
 def _holder_and_replicator() -> tuple[RamHolder, replicator.Replicator]:
-    holder = RamHolder(keep=2)
-    address = holder.serve("secret", host="127.0.0.1")
-    return holder, replicator.Replicator([("own", address)], token="secret", writer="node-a",
-                                         incarnation=1, source=0, sources=1, every=1, keep=2,
-                                         max_host_bytes=1 << 30)
+    h = holder()
+    address = h.serve(TOKEN, host="127.0.0.1")
+    return h, replicator.Replicator([("own", address)], token=TOKEN, writer="node-a",
+                                    incarnation=1, source=0, sources=1, every=1, keep=2,
+                                    max_host_bytes=1 << 30)
 
 
 def _hold_first_ack(monkeypatch) -> threading.Event:

@@ -1,0 +1,104 @@
+"""The RAM tier's keys and copy authentication (standard library only).
+
+Every key is derived from the run's secret (``RamTier.token``: the driver keeps it in the run
+directory, so a later driver of the same run can still check the copies an earlier one made).
+Two keys, one per use, so a value made for one cannot pass for the other:
+
+- the *hello* key answers a holder's challenge (``workers.ram_wire``): the secret never
+  crosses the wire;
+- the *copy* key authenticates each copy end to end: HMAC-SHA256 over what the copy claims to
+  be (incarnation, step, source, sources, layout) and its bytes, computed once by the sending
+  host and checked by the restoring host before any byte is used (and by a holder before it
+  saves a copy durably). A holder, the wire or the disk can lose a copy, never change it
+  unnoticed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+_HELLO = b"tpu-orchestrator/ram-tier/hello/v1"
+_COPY = b"tpu-orchestrator/ram-tier/copy/v1"
+
+
+class CopyRejected(ValueError):
+    """A copy that fails its authentication or is not the one asked for."""
+
+
+@dataclass(frozen=True, repr=False)
+class Keys:
+    """The keys of one run's secret (no ``repr``: keys must not reach a log)."""
+
+    hello: bytes
+    copy: bytes
+
+    @classmethod
+    def from_token(cls, token: str) -> Keys:
+        if not isinstance(token, str) or not token:
+            raise ValueError("the RAM tier's token is empty: the driver issues one per run "
+                             "(RamTier.token); pass it through")
+        secret = token.encode()
+        return cls(hello=hmac.new(secret, _HELLO, hashlib.sha256).digest(),
+                   copy=hmac.new(secret, _COPY, hashlib.sha256).digest())
+
+
+def same_token(given: str, held: str) -> bool:
+    """Constant-time comparison of two tokens."""
+    return hmac.compare_digest(given.encode(), held.encode())
+
+
+def hello_proof(key: bytes, nonce: bytes, writer: str) -> str:
+    """The answer to a holder's challenge ``nonce``, binding the connection to ``writer``."""
+    msg = struct.pack("!I", len(nonce)) + nonce + writer.encode()
+    return hmac.new(key, msg, hashlib.sha256).hexdigest()
+
+
+def check_hello(key: bytes, nonce: bytes, hello: Any) -> str:
+    """The writer a hello frame authenticates; ``CopyRejected`` if it does not."""
+    if not isinstance(hello, dict):
+        raise CopyRejected("the hello is not an object")
+    writer, proof = hello.get("writer"), hello.get("proof")
+    if not isinstance(writer, str) or not writer or not isinstance(proof, str):
+        raise CopyRejected("the hello names no writer or carries no proof")
+    if not hmac.compare_digest(proof.encode(), hello_proof(key, nonce, writer).encode()):
+        raise CopyRejected("the hello's proof does not match this run's secret")
+    return writer
+
+
+def copy_mac(key: bytes, *, incarnation: int, step: int, source: int, sources: int,
+             layout: Any, data: bytes | bytearray | memoryview) -> str:
+    """HMAC-SHA256 (hex) of a copy: its description, then its bytes (read in place; the C
+    implementation releases the GIL over a large buffer)."""
+    meta = json.dumps([int(incarnation), int(step), int(source), int(sources), layout],
+                      sort_keys=True, separators=(",", ":")).encode()
+    mac = hmac.new(key, struct.pack("!Q", len(meta)) + meta, "sha256")
+    mac.update(data)
+    return mac.hexdigest()
+
+
+def copy_intact(key: bytes, got: dict) -> bool:
+    """Whether ``got`` (``RamHolder.get`` / ``copy_store.read``) carries its own valid MAC."""
+    mac = got.get("mac")
+    if not isinstance(mac, str):
+        return False
+    try:
+        want = copy_mac(key, incarnation=got["incarnation"], step=got["step"],
+                        source=got["source"], sources=got["sources"], layout=got["layout"],
+                        data=got["data"])
+    except (KeyError, TypeError, ValueError):
+        return False
+    return hmac.compare_digest(mac.encode(), want.encode())
+
+
+def verify_copy(key: bytes, got: dict, *, step: int, name: str) -> None:
+    """Refuse (``CopyRejected``) a copy that is not authentic or not of ``step``."""
+    if not copy_intact(key, got):
+        raise CopyRejected(f"the copy of {name} fails its authentication (HMAC-SHA256 under "
+                           "this run's secret): damaged, forged, or made by another run")
+    if got["step"] != step:
+        raise CopyRejected(f"the copy of {name} is of step {got['step']}, not {step}")
