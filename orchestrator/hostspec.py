@@ -34,6 +34,9 @@ class HostSpec:
     """Digest of the driver's RunConfig, written into every checkpoint's run metadata."""
     executables_dir: str | None = None
     """RUN_DIR/executables: compiled steps stored and loaded there; None compiles every time."""
+    executables_key: str | None = None
+    """Path of the key that signs the store's files (``workers.exec_auth``; never the key
+    itself). None: the host's ``$TPU_ORCH_EXECUTABLES_KEY`` or per-user default."""
     share_compile: bool = True
     """One process of the group compiles, the others load its executable (``compile.share``;
     the CPU emulation only, ``workers.compile_share``)."""
@@ -68,13 +71,18 @@ class HostSpec:
     @classmethod
     def for_host(cls, cfg: RunConfig, plan: MeshPlan, host: HostRef, *, checkpoint_dir: str,
                  accum_steps: int = 1, executables_dir: str | None = None,
-                 survive_peers: bool = False) -> HostSpec:
+                 executables_key: str | None = None, survive_peers: bool = False) -> HostSpec:
         """The spec for ``host`` (one of ``plan.hosts``) from the driver's config.
 
-        ``executables_dir`` is dropped when ``compile.cache`` is off. ``survive_peers``: only
+        ``executables_dir`` is dropped when ``compile.cache`` is off; with it goes the path of
+        the key that signs it (``executables_key``, default the driver's
+        ``$TPU_ORCH_EXECUTABLES_KEY`` or per-user key, so hosts verify with the driver's key
+        where they share its filesystem or Secret mount). ``survive_peers``: only
         for groups whose processes are released in order or killed (the driver's, with
         ``controller.warm`` reuse on): processes that exit on their own with it on can abort
         at exit when process 0's service went first."""
+        from workers.exec_auth import key_path  # standard library only
+
         use_store = executables_dir and cfg.compile.cache == "on"
         return cls(host=host, plan=plan, model=cfg.model, train=cfg.train,
                    checkpoint=cfg.checkpoint, checkpoint_dir=str(checkpoint_dir),
@@ -82,6 +90,7 @@ class HostSpec:
                    init_timeout_s=cfg.timeouts.init_s, heartbeat_s=cfg.timeouts.heartbeat_s,
                    config_digest=cfg.digest(),
                    executables_dir=str(executables_dir) if use_store else None,
+                   executables_key=(executables_key or key_path()) if use_store else None,
                    share_compile=cfg.compile.share,
                    share_wait_s=0.5 * min(cfg.timeouts.compile_s, cfg.timeouts.restore_s),
                    survive_peers=survive_peers)

@@ -2,7 +2,8 @@
 
 Every run the suite starts shares one executable store (``TPU_ORCH_EXECUTABLES_DIR``), as a
 team would share one: a run of a model and mesh an earlier test compiled loads its step. Tests
-of the store itself pass their own directories.
+of the store itself pass their own directories. Its signing key (``TPU_ORCH_EXECUTABLES_KEY``) is
+a temporary file too, so no test writes the real ``~/.config``.
 """
 
 from __future__ import annotations
@@ -21,6 +22,10 @@ if "TPU_ORCH_EXECUTABLES_DIR" not in os.environ:
     _store = tempfile.mkdtemp(prefix="tpuo-executables-")
     os.environ["TPU_ORCH_EXECUTABLES_DIR"] = _store
     atexit.register(shutil.rmtree, _store, True)
+if "TPU_ORCH_EXECUTABLES_KEY" not in os.environ:  # the store's signing key: never the home dir
+    _keys = tempfile.mkdtemp(prefix="tpuo-exec-key-")
+    os.environ["TPU_ORCH_EXECUTABLES_KEY"] = os.path.join(_keys, "executables.key")
+    atexit.register(shutil.rmtree, _keys, True)
 
 
 @pytest.fixture(autouse=True)

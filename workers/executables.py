@@ -13,7 +13,11 @@ mismatched, corrupt or unloadable file means "compile", with the reason logged, 
 the store is an optimisation, never a reason to fail a run.
 
 The key functions are pure (no JAX); JAX is imported only where executables are read or written.
-Loading unpickles the file: like checkpoints, the run directory must be trusted.
+Loading unpickles the file, so the store is treated as writable by others (``workers.exec_auth``):
+every file is signed (HMAC-SHA256 over magic, header and body, with a key kept outside the
+store) and is unpickled only once its signature verifies; a store or file that someone else could
+have written is refused where the filesystem can tell. A refused file is compiled afresh, the
+reason logged.
 """
 
 from __future__ import annotations
@@ -34,15 +38,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from workers.exec_auth import (
+    MAC_HEX,
+    Untrusted,
+    key_path,
+    load_key,
+    sign,
+    store_problem,
+    verify,
+    writable_by_others,
+)
+
 log = logging.getLogger(__name__)
 
 DIR_NAME = "executables"
 ENV_DIR = "TPU_ORCH_EXECUTABLES_DIR"
 """A store shared by every run started with it set (compile.dir overrides it)."""
 """Under the run directory: RUN_DIR/executables."""
-FORMAT = 1
+FORMAT = 2
 """Bumped when the file layout or the key's shape changes: older files then never match."""
-MAGIC = b"tpu-orchestrator executable v1\n"
+MAGIC = b"tpu-orchestrator executable v2\n"
+"""Then the MAC line (64 hex digits), the JSON header line, the pickled body."""
 SUFFIX = ".xla"
 KEEP_PER_PROCESS = 8
 """Newest files kept per (function, process index/count): enough for the few meshes a run moves
@@ -171,11 +187,18 @@ class Lookup:
 
 
 class ExecutableStore:
-    """``root`` holds one file per (key, process); written atomically (temp file + rename)."""
+    """``root`` holds one file per (key, process); written atomically (temp file + rename) and
+    signed with the key in ``key_file`` (default ``exec_auth.key_path()``)."""
 
-    def __init__(self, root: str | Path, *, keep: int = KEEP_PER_PROCESS) -> None:
+    def __init__(self, root: str | Path, *, keep: int = KEEP_PER_PROCESS,
+                 key_file: str | None = None) -> None:
         self.root = Path(root)
         self.keep = keep
+        self.key_file = key_file or key_path()
+
+    def _key(self) -> bytes:
+        """The signing key (read each time: a replaced key takes effect at once)."""
+        return load_key(self.key_file)
 
     def path(self, key: Mapping[str, Any]) -> Path:
         return self.root / file_name(key)
@@ -191,10 +214,12 @@ class ExecutableStore:
         """
         t0 = time.perf_counter()
         path = self.path(key)
+        if (problem := store_problem(self.root)) is not None:
+            return Lookup(None, f"refused: {problem}", damaged=True)
         try:
             if not path.is_file():
                 return Lookup(None, self._why_absent(key))
-            header, body = _read(path)
+            header, body = _read(path, key=self._key())
             if header.get("key") != key:  # a digest collision or a hand-copied file
                 diff = key_differences(header.get("key") or {}, key)
                 return Lookup(None, f"{path.name} holds another key ({'; '.join(diff)})",
@@ -213,6 +238,8 @@ class ExecutableStore:
             if _avals(compiled.args_info) != _avals((args, {})):
                 return Lookup(None, f"{path.name} was compiled for other argument shapes or "
                                     "dtypes", damaged=True)
+        except Untrusted as exc:  # never unpickled: compile afresh, and say why
+            return Lookup(None, f"{path.name} refused, compiled afresh: {exc}", damaged=True)
         except Exception as exc:  # corrupt, truncated, or not loadable here: compile instead
             return Lookup(None, f"{path.name} is unreadable ({type(exc).__name__}: "
                                 f"{str(exc)[:300]})", damaged=True)
@@ -225,23 +252,25 @@ class ExecutableStore:
         t0 = time.perf_counter()
         path = self.path(key)
         tmp = path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
+        if (problem := store_problem(self.root)) is not None:
+            log.warning("executable %s not stored: %s", path.name, problem)
+            return None
         try:
+            signing_key = self._key()
             from jax.experimental import serialize_executable
 
             payload, in_tree, out_tree = serialize_executable.serialize(compiled)
             body = pickle.dumps((payload, in_tree, out_tree), protocol=pickle.HIGHEST_PROTOCOL)
             header = {"key": dict(key), "digest": key_digest(key), "meta": dict(meta or {}),
-                      "body_sha256": hashlib.sha256(body).hexdigest(), "body_len": len(body),
                       "written_at": time.time()}
-            self.root.mkdir(parents=True, exist_ok=True)
-            with tmp.open("wb") as f:
-                f.write(MAGIC)
-                f.write(json.dumps(header, sort_keys=True, default=str).encode() + b"\n")
-                f.write(body)
+            self.root.mkdir(mode=0o755, parents=True, exist_ok=True)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+            with os.fdopen(fd, "wb") as f:
+                f.write(encode(signing_key, header, body))
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
-        except Exception as exc:  # a full disk or an unserialisable executable: keep training
+        except Exception as exc:  # no key, a full disk, an unserialisable executable: go on
             log.warning("executable %s not stored (%s: %s); the next group compiles it",
                         path.name, type(exc).__name__, exc)
             with contextlib.suppress(OSError):
@@ -267,7 +296,7 @@ class ExecutableStore:
         process (the ingredient that invalidated it)."""
         for f in self._siblings(key):
             try:
-                header, _ = _read(f, body=False)
+                header, _ = _read(f)  # unverified: only for the log, never loaded
             except Exception as exc:
                 log.debug("unreadable sibling %s: %s", f.name, exc)
                 continue
@@ -287,27 +316,46 @@ def _avals(tree: Any) -> list[tuple[tuple[int, ...], str]]:
     return [(tuple(a.shape), str(a.dtype)) for a in jax.tree.leaves(tree)]
 
 
-def _read(path: Path, *, body: bool = True) -> tuple[dict, bytes]:
-    """(header, body) of a stored file; raises ValueError when it is not one or is damaged."""
-    with path.open("rb") as f:
+def encode(signing_key: bytes, header: Mapping[str, Any], body: bytes) -> bytes:
+    """A stored file's bytes: magic, MAC over (magic, header line, body), header line (with the
+    body's length and sha256 added), body."""
+    header = {**header, "body_len": len(body), "body_sha256": hashlib.sha256(body).hexdigest()}
+    line = json.dumps(header, sort_keys=True, default=str).encode() + b"\n"
+    return MAGIC + sign(signing_key, MAGIC, line, body) + b"\n" + line + body
+
+
+def _read(path: Path, *, key: bytes | None = None) -> tuple[dict, bytes]:
+    """(header, body) of a stored file; ValueError when it is not one or is damaged.
+
+    With ``key``: the body too, returned only when the file is one nobody else could have
+    written (where the filesystem can tell) and its MAC verifies, else ``Untrusted``. Without:
+    the header alone, unverified (for the log; never for loading)."""
+    with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK), "rb") as f:
+        if key is not None and (why := writable_by_others(os.fstat(f.fileno()))) is not None:
+            raise Untrusted(f"the file {why}; fix: remove it (the next compile rewrites it)")
         if f.read(len(MAGIC)) != MAGIC:
             raise ValueError("not an executable file of this format")
+        mac = f.readline(MAC_HEX + 1)
         line = f.readline(1 << 20)
-        if not line.endswith(b"\n"):
+        if len(mac) != MAC_HEX + 1 or not mac.endswith(b"\n") or not line.endswith(b"\n"):
             raise ValueError("truncated header")
         header = json.loads(line)
-        if not body:
+        if key is None:
             return header, b""
         data = f.read()
     if len(data) != header.get("body_len") or \
             hashlib.sha256(data).hexdigest() != header.get("body_sha256"):
         raise ValueError(f"body is damaged ({len(data)} bytes, checksum mismatch)")
+    if not verify(key, mac[:-1], MAGIC, line, data):
+        raise Untrusted("its signature does not verify with this store's key (forged, or "
+                        "written with another key); fix: remove it, or give every run sharing "
+                        "the store the same key file ($TPU_ORCH_EXECUTABLES_KEY)")
     return header, data
 
 
 def read_header(path: str | Path) -> dict:
-    """The JSON header of a stored file (key, digest, meta) without loading the executable."""
-    return _read(Path(path), body=False)[0]
+    """The JSON header of a stored file (key, digest, meta), unverified, without loading it."""
+    return _read(Path(path))[0]
 
 
 def store_dir(configured: str, run_dir: str | Path, env: Mapping[str, str]) -> str:

@@ -133,8 +133,8 @@ class Trainer:
         )
         self._compiled = None
         self._init_compiled = None
-        self.executables = (ExecutableStore(spec.executables_dir) if spec.executables_dir
-                            else None)
+        self.executables = (ExecutableStore(spec.executables_dir, key_file=spec.executables_key)
+                            if spec.executables_dir else None)
         self._key_parts: tuple[dict, dict] | None = None
         self.share = share_for(list(self.mesh.devices.flat), platform=spec.plan.platform,
                                enabled=spec.share_compile, store=self.executables is not None,

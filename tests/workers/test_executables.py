@@ -1,10 +1,10 @@
 """The executable store (workers/executables.py): keys, fallbacks, and a real round trip.
 
-Pure tests of the key and of the store's refusals need no JAX. The JAX parts run in
-subprocesses (``exec_scenarios``): one process with 4 CPU devices for the store's behaviour
-(load, corrupt file, other key, store off, unwritable store), and distributed groups of 2
-processes (gloo, 2 CPU devices each): one process compiling for the group, a NEW group of the
-same shape loading, per-process files without sharing; losses bit-identical throughout.
+Pure tests of the key and of the store's refusals need no JAX. The JAX parts run in subprocesses
+(``exec_scenarios``): one process with 4 CPU devices (load, corrupt file, other key, store off,
+unwritable store), and distributed groups of 2 processes (gloo, 2 CPU devices each): one compiling
+for the group, a NEW group of the same shape loading, per-process files without sharing; losses
+bit-identical throughout. Signatures: tests/security/test_executables_boundary.py.
 """
 
 from __future__ import annotations
@@ -22,10 +22,12 @@ from orchestrator.hosts import HostRef
 from orchestrator.hostspec import HostSpec
 from orchestrator.plan import plan_mesh
 from tests.production.test_run_dir_contract import run_dir_rows
+from workers.exec_auth import key_path, load_key
 from workers.executables import (
     DIR_NAME,
     MAGIC,
     ExecutableStore,
+    encode,
     executable_key,
     file_name,
     key_differences,
@@ -128,11 +130,9 @@ def test_differences_name_the_ingredient_and_are_bounded():
 # ---- the store's refusals (no JAX: they fail before an executable is read) ----------------------
 
 def _write(path: Path, key: dict, body: bytes = b"x") -> None:
-    import hashlib
-
-    header = {"key": key, "body_len": len(body), "body_sha256": hashlib.sha256(body).hexdigest()}
+    """A file as the store writes it, signed with the suite's key (conftest)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(MAGIC + json.dumps(header).encode() + b"\n" + body)
+    path.write_bytes(encode(load_key(key_path()), {"key": key}, body))
 
 
 def test_nothing_stored_says_so(tmp_path):
@@ -170,7 +170,7 @@ def test_a_damaged_file_is_refused_with_the_reason(tmp_path, damage):
     elif damage == "magic":
         path.write_bytes(b"X" + data[1:])
     elif damage == "header":
-        path.write_bytes(MAGIC + b"{broken")
+        path.write_bytes(MAGIC + data[len(MAGIC):len(MAGIC) + 65] + b"{broken")
     elif damage == "body":
         path.write_bytes(data[:-1] + b"Q")
     else:
@@ -211,9 +211,9 @@ def test_spec_carries_the_store_only_when_the_cache_is_on(cache, expected):
     plan = plan_mesh(cfg, hosts, platform="cpu")
     spec = HostSpec.for_host(cfg, plan, plan.hosts[0], checkpoint_dir="/r/checkpoints",
                              executables_dir="/r/executables")
-    assert spec.executables_dir == expected
+    assert (spec.executables_dir, spec.executables_key) == (expected, expected and key_path())
     bare = HostSpec.for_host(cfg, plan, plan.hosts[0], checkpoint_dir="/r/checkpoints")
-    assert bare.executables_dir is None
+    assert bare.executables_dir is None and bare.executables_key is None
 
 
 def test_store_dir_setting_then_environment_then_run_dir():
