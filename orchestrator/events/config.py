@@ -151,7 +151,9 @@ class EventsConfig:
 
     pubsub: PubSubConfig = field(default_factory=PubSubConfig)
     metadata: MetadataConfig = field(default_factory=MetadataConfig)
-    inbox: bool = True  # RUN_DIR/inbox, written by `python -m orchestrator.events publish`
+    inbox: bool | None = None
+    """RUN_DIR/inbox, written by `python -m orchestrator.events publish`. None: on unless Pub/Sub
+    is configured (``inbox_on``); true or false as set."""
     inbox_poll_s: float = 0.2
     dedupe_window: int = 10000  # event ids remembered (persisted in RUN_DIR/event_dedupe.json)
     notice_s: float = 30.0  # notice assumed for log-sink preemption/maintenance entries
@@ -159,7 +161,22 @@ class EventsConfig:
     cluster: str | None = None  # this job's cluster (GKE cluster_name): cluster-wide events
     max_payload_depth: int = 32  # JSON nesting limit; deeper payloads are dead letters
 
+    @property
+    def inbox_on(self) -> bool:
+        """Whether the RUN_DIR/inbox watcher runs. Unset, it is off where Pub/Sub is configured
+        (a subscription or topic, not the local emulator): there the run directory is on a
+        bucket every job can write, and file ownership cannot tell who wrote a file, so the
+        inbox would let any job stop or drain any run. ``events.inbox=true`` turns it on."""
+        if self.inbox is not None:
+            return self.inbox
+        ps = self.pubsub
+        return not ((ps.subscription or ps.topic) and not ps.emulator)
+
     def __post_init__(self) -> None:
+        if self.inbox is not None and not isinstance(self.inbox, bool):
+            raise ConfigError("events.inbox", f"{self.inbox!r} is not true, false or null",
+                              "set `events.inbox` to true, false, or leave it unset (on unless "
+                              "Pub/Sub is configured)")
         if isinstance(self.dedupe_window, bool) or self.dedupe_window < 1:
             raise ConfigError("events.dedupe_window", f"must be >= 1, got {self.dedupe_window!r}",
                               "set `events.dedupe_window` to e.g. 10000")

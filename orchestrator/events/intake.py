@@ -32,7 +32,7 @@ from orchestrator.events.eventlog import (
     read_jsonl,
     recent_event_ids,
 )
-from orchestrator.events.inbox import InboxWatcher
+from orchestrator.events.inbox import PUBLISH_FIX, InboxWatcher
 from orchestrator.events.model import Event, MalformedEvent
 from orchestrator.events.pubsub_side import PUBSUB_INFO_FILE as PUBSUB_INFO_FILE  # re-export
 from orchestrator.events.pubsub_side import PubSubSide
@@ -128,17 +128,21 @@ class EventIntake:
         self._dedupe.load(recent_event_ids(self.run_dir / EVENTS_FILE))
         self._start_seq = self._events.seq
         self._started = True
-        if self.cfg.inbox:
+        if self.cfg.inbox_on:
             self._inbox = InboxWatcher(self.run_dir, self._on_inbox_file,
+                                       refuse=self._on_inbox_refused,
                                        poll_s=self.cfg.inbox_poll_s,
                                        max_bytes=self.cfg.pubsub.max_payload_bytes)
             self._inbox.start()
+        elif self.cfg.inbox is None:
+            log.info("event_inbox_off", reason="Pub/Sub is configured",
+                     fix="set events.inbox=true to also take RUN_DIR/inbox files")
         if (fix := self.cfg.pubsub.shared_subscription_fix(self.job)) is not None:
             log.warning("pubsub_subscription_not_per_run", job=self.job,
                         subscription=self.cfg.pubsub.subscription, fix=fix)
         self._side.start()
         log.info("event_intake_started", run_dir=str(self.run_dir), job=self.job,
-                 inbox=self.cfg.inbox, pubsub=self._pubsub is not None,
+                 inbox=self.cfg.inbox_on, pubsub=self._pubsub is not None,
                  remembered_ids=len(self._dedupe))
 
     def close(self) -> None:
@@ -174,6 +178,16 @@ class EventIntake:
 
     def _on_inbox_file(self, data: bytes, ack: Callable[[], None], name: str) -> None:
         self._ingest(data, via="inbox", source="inbox", ack=ack, message_id=name)
+
+    def _on_inbox_refused(self, data: bytes, reason: str, name: str) -> None:
+        """A file the inbox refused (not the run user's): a dead letter, never an event."""
+        try:
+            self._dead_letter(data, MalformedEvent(reason, fix=PUBLISH_FIX), via="inbox",
+                              source="inbox", attributes=None, message_id=name)
+            if self._dead is not None:
+                self._dead.sync()
+        except Exception:
+            log.exception("event_dead_letter_failed", via="inbox", message_id=name)
 
     def _on_delivery(self, delivery: Delivery) -> None:
         self._ingest(delivery.data, via="pubsub", source="pubsub", ack=delivery.ack,
