@@ -71,3 +71,65 @@ def test_node_env_drops_what_stops_a_host_joining(tmp_path, monkeypatch):
     env = _node_env(state)
     assert "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER" not in env and "RAY_ADDRESS" not in env
     assert env["RAY_AUTH_MODE"] == "token" and env["RAY_AUTH_TOKEN_PATH"] == str(tmp_path / "t")
+
+
+# ---- the token file (issue 29, item 9): never written through a link or into an open file ------
+
+class _NoRay(Exception):
+    """Raised where `up` would start the head: these tests stop before Ray."""
+
+
+def _up_until_the_head(tmp_path, monkeypatch):
+    """Run `up` to the point where it would start Ray; what it raised (or _NoRay)."""
+    import shutil
+
+    from orchestrator.cluster import local
+
+    def no_head(state, state_dir, port):
+        shutil.rmtree(state.temp_dir, ignore_errors=True)
+        raise _NoRay
+
+    monkeypatch.setattr(local, "_start_head", no_head)
+    with pytest.raises((_NoRay, local.LocalClusterError)) as info:
+        local.up(Shape(slices=1, hosts_per_slice=1, devices_per_host=1), state_dir=tmp_path)
+    return info.value
+
+
+def test_up_never_writes_the_token_through_a_symlink(tmp_path, monkeypatch):
+    """auth_token is a link to another file: refused naming the fix; the target is untouched."""
+    victim = tmp_path / "victim"
+    victim.write_text("someone else's file\n")
+    (tmp_path / "auth_token").symlink_to(victim)
+    err = _up_until_the_head(tmp_path, monkeypatch)
+    assert "is a symbolic link" in str(err) and f"remove {tmp_path / 'auth_token'}" in err.fix
+    assert victim.read_text() == "someone else's file\n"
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604])
+def test_up_refuses_an_existing_token_file_others_can_read(tmp_path, monkeypatch, mode):
+    """A token file left with a wider mode keeps it: refused, nothing written into it."""
+    import os
+
+    token = tmp_path / "auth_token"
+    token.write_text("old\n")
+    os.chmod(token, mode)
+    err = _up_until_the_head(tmp_path, monkeypatch)
+    assert f"has mode {mode:04o}, not 0600" in str(err)
+    assert token.read_text() == "old\n" and (token.stat().st_mode & 0o777) == mode
+
+
+def test_up_writes_a_fresh_token_0600_whatever_the_umask(tmp_path, monkeypatch):
+    """No file: created exclusively with mode 0600 (umask 0 does not widen it); an own 0600
+    file from a crashed `up` gets a new token."""
+    import os
+
+    old = os.umask(0)
+    try:
+        assert isinstance(_up_until_the_head(tmp_path, monkeypatch), _NoRay)
+    finally:
+        os.umask(old)
+    token = tmp_path / "auth_token"
+    first = token.read_text()
+    assert (token.stat().st_mode & 0o777) == 0o600 and len(first.strip()) == 64
+    assert isinstance(_up_until_the_head(tmp_path, monkeypatch), _NoRay)
+    assert token.read_text() != first and (token.stat().st_mode & 0o777) == 0o600
