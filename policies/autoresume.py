@@ -166,9 +166,24 @@ def restart_number(submission_id: str) -> int:
     return int(m.group(1)) if m else -1
 
 
+def restart_of(run_id: str, submission_id: str) -> int | None:
+    """n when ``submission_id`` is exactly ``<run_id>-r<n>`` (n decimal digits), else None.
+
+    The one rule for "this id is one of the run's restarts" (ray_jobs.belongs_to and
+    :func:`next_submission_id`): the whole id is matched, so ``llm-run-7-r0`` is not run
+    ``llm``'s."""
+    prefix = f"{run_id}-r"
+    digits = submission_id[len(prefix):]
+    if (not run_id or not submission_id.startswith(prefix) or not digits
+            or not all("0" <= c <= "9" for c in digits)):
+        return None
+    return int(digits)
+
+
 def next_submission_id(run_id: str, known_ids: tuple[str, ...]) -> str:
-    """One above every restart number seen in Ray or in the history, so ids never repeat."""
-    numbers = [restart_number(s) for s in known_ids if s.startswith(f"{run_id}-r")]
+    """One above every restart number of this run seen in Ray or in the history, so ids never
+    repeat; ids of other runs (even ones that start with this run's id) do not count."""
+    numbers = [n for n in (restart_of(run_id, s) for s in known_ids) if n is not None]
     return submission_id_for(run_id, max([0, *numbers]) + 1)
 
 

@@ -24,7 +24,7 @@ import structlog
 
 from orchestrator.autoresume.config import RayJobsConfig
 from orchestrator.errors import ClusterUnreachableError, ConfigError
-from policies.autoresume import JobStatus, Submission, restart_number
+from policies.autoresume import JobStatus, Submission, restart_of
 
 log = structlog.get_logger(__name__)
 
@@ -112,14 +112,14 @@ def same_program(job_entrypoint: object, argv: Sequence[str]) -> bool:
 def belongs_to(run_id: str, submission_id: str | None, metadata: Mapping[str, str] | None,
                recorded_ids: tuple[str, ...] = (), entrypoint: Sequence[str] = (),
                job_entrypoint: object = None) -> bool:
-    """Tagged with the run id, named <run_id>[-r<n>], or recorded in run.json and running the
-    run's entrypoint. A job name is no alias: names are not unique."""
+    """Tagged with the run id, named exactly <run_id> or <run_id>-r<n> (``restart_of``: the
+    whole id, so ``llm-run-7-r0`` is not run ``llm``'s), or recorded in run.json and running
+    the run's entrypoint. A job name is no alias: names are not unique."""
     if (metadata or {}).get(RUN_ID_METADATA) == run_id:
         return True
     if not submission_id:
         return False
-    if submission_id == run_id or (submission_id.startswith(f"{run_id}-r")
-                                   and restart_number(submission_id) >= 0):
+    if submission_id == run_id or restart_of(run_id, submission_id) is not None:
         return True
     return submission_id in recorded_ids and same_program(job_entrypoint, entrypoint)
 

@@ -197,3 +197,9 @@ def test_submission_ids_never_repeat():
     hist = RunHistory(submissions=("run-a-r7",))
     assert decide(obs(sub("run-a-r3", JobStatus.FAILED), hist=hist), RULES).submission_id == (
         "run-a-r8")
+
+
+def test_look_alike_ids_of_another_run_are_not_counted():
+    """`run-a-run-7-r9` starts with `run-a-r` but is another run's: not a restart of run-a."""
+    assert next_submission_id("run-a", ("run-a-run-7-r9", "run-a-r2")) == "run-a-r3"
+    assert next_submission_id("run-a", ("run-a-r\u0669",)) == "run-a-r1"  # a non-ASCII digit
