@@ -187,7 +187,7 @@ class Driver:
     def _prepare_run_dir(self) -> None:
         import yaml
 
-        from orchestrator.autoresume.runenv import redact_runtime_env
+        from orchestrator.autoresume.runenv import redact_argv, redact_runtime_env
 
         self.run_dir.mkdir(parents=True, exist_ok=True)
         meta_path = self.run_dir / "run.json"
@@ -197,11 +197,12 @@ class Driver:
                 prev = json.loads(meta_path.read_text())
             except (OSError, ValueError):
                 prev = {}
+        argv = redact_argv(["python", "-m", "orchestrator.main", *self.argv])  # no secrets
         meta = {
             "run_id": prev.get("run_id") or self.cfg.run.name,  # = the exported metrics' job
             "job": self.cfg.run.name,
-            "entrypoint": ["python", "-m", "orchestrator.main", *self.argv],
-            "entrypoint_shell": shlex.join(["python", "-m", "orchestrator.main", *self.argv]),
+            "entrypoint": argv,
+            "entrypoint_shell": shlex.join(argv),
             "cwd": os.getcwd(),
             "runtime_env": redact_runtime_env(_job_config().get("runtime_env") or {}),  # no secrets
             "incarnation": int(prev.get("incarnation", 0)) + 1,

@@ -127,12 +127,14 @@ class Observation:
     @property
     def latest(self) -> Submission | None:
         """The newest submission: by start time, then by restart number in the id."""
-        if not self.submissions:
+        return self.newest(self.submissions)
+
+    @staticmethod
+    def newest(submissions: tuple[Submission, ...]) -> Submission | None:
+        if not submissions:
             return None
-        return max(
-            self.submissions,
-            key=lambda s: (s.start_time or 0.0, restart_number(s.submission_id)),
-        )
+        return max(submissions,
+                   key=lambda s: (s.start_time or 0.0, restart_number(s.submission_id)))
 
     @property
     def live(self) -> tuple[Submission, ...]:
@@ -194,9 +196,11 @@ def backoff_s(rules: AutoresumeRules, restarts_in_window: int) -> float:
     return min(rules.backoff_max_s, rules.backoff_base_s * 2.0 ** (restarts_in_window - 1))
 
 
-def decide(obs: Observation, rules: AutoresumeRules) -> Decision:
-    """The one decision for this incident now. Order matters: cheap refusals first."""
-    inc, hist = obs.incident, obs.history
+def precheck(inc: Incident, hist: RunHistory, rules: AutoresumeRules) -> Decision | None:
+    """The refusals that need only the incident and the history: a NOTHING decision, or None.
+
+    The service asks this before it scans run directories or lists Ray jobs, so a duplicate,
+    closed or ignored incident costs nothing; :func:`decide` asks it first too."""
     if hist.gave_up:
         return Decision(action=Action.NOTHING, reason="restart budget already spent for this run")
     if inc.state is IncidentState.CLOSED or inc.incident_id in hist.closed_incidents:
@@ -207,6 +211,25 @@ def decide(obs: Observation, rules: AutoresumeRules) -> Decision:
         return Decision(
             action=Action.NOTHING, reason=f"incident kind {inc.kind.value} is not acted on"
         )
+    return None
+
+
+def confirms_close(submissions: tuple[Submission, ...]) -> bool:
+    """Ray agrees that a CLOSED incident's run needs no resume: one of its submissions is live,
+    or the newest one succeeded. A CLOSED claim that Ray contradicts (the run is dead) is not
+    honoured, so a forged or stale CLOSED cannot keep a dead run down."""
+    if any(s.status.live for s in submissions):
+        return True
+    latest = Observation.newest(submissions)
+    return latest is not None and latest.status is JobStatus.SUCCEEDED
+
+
+def decide(obs: Observation, rules: AutoresumeRules) -> Decision:
+    """The one decision for this incident now. Order matters: cheap refusals first."""
+    inc, hist = obs.incident, obs.history
+    early = precheck(inc, hist, rules)
+    if early is not None:
+        return early
 
     if obs.hold is not None:
         return Decision(action=Action.NOTHING, reason=f"run is on hold: {obs.hold}")

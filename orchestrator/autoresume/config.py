@@ -127,6 +127,9 @@ class AutoresumeConfig:
     """Globs of run directories; each holds the run.json the driver writes."""
     tick_s: float = 1.0
     """How often scheduled retries (backoff, unreachable cluster) are looked at."""
+    config_roots: tuple[str, ...] = ("/app/configs",)
+    """Absolute, read-only directories (the image's) a resubmitted run's ``--config`` may lie in;
+    a relative --config (inside the job's working directory) is always allowed."""
     ray: RayJobsConfig = field(default_factory=RayJobsConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     origin: OriginConfig = field(default_factory=OriginConfig)
@@ -146,6 +149,11 @@ class AutoresumeConfig:
             raise ConfigError("run_dirs", "is empty",
                               "list the globs of run directories, e.g. [/runs/*]")
         _positive("tick_s", self.tick_s)
+        for i, root in enumerate(self.config_roots):
+            if not root.startswith("/") or root.rstrip("/") == "":
+                raise ConfigError(f"config_roots[{i}]", f"{root!r} is not an absolute directory "
+                                  "below /", "list read-only directories of the image that hold "
+                                  "run configs, e.g. [/app/configs]")
 
 
 def load(path: str | None, overrides: list[str]) -> AutoresumeConfig:

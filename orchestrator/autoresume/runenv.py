@@ -3,67 +3,112 @@
 run.json lives in the runs bucket, which every Ray job can write. Autoresume submits with the
 cluster's token, so whatever it resubmits must not be more than "this run again":
 
-* the entrypoint must be ``python -m orchestrator.main ...`` (no shell, no other program);
+* the entrypoint must be ``python -m orchestrator.main ...`` with allow-listed arguments
+  (``orchestrator/autoresume/entrypoint.py``);
 * only the runtime_env keys in ``ALLOWED_RUNTIME_ENV_KEYS``; ``working_dir`` only as a package
-  already uploaded to this cluster (``gcs://_ray_pkg_*``); no env var that changes which code or
-  interpreter runs (``PATH``, ``LD_*``, ``PYTHON*`` other than a few harmless ones);
-* env var values whose names look like secrets are redacted when run.json is written
-  (:func:`redact_runtime_env`); on resubmission those variables are left out, because secrets
-  reach the pods from Kubernetes Secrets (deploy/README.md), not from run.json.
+  already uploaded to this cluster (``gcs://_ray_pkg_*``); env vars only by name from
+  ``ALLOWED_ENV_VARS`` (knobs of JAX/XLA/TPU and Python's output: never a path, a proxy, a
+  certificate or anything that picks which code runs);
+* secrets are redacted when run.json is written, in one place (:func:`redact_runtime_env`,
+  :func:`redact_argv`): env var values whose names look secret or that hold a credential, URL
+  credentials (``https://user:secret@host``) anywhere in the runtime_env or the argv, and the
+  values of secret-looking overrides and flags (``foo.password=...``, ``--token X``). On
+  resubmission redacted variables are left out, because secrets reach the pods from Kubernetes
+  Secrets (deploy/README.md), not from run.json.
 """
 
 from __future__ import annotations
 
 import re
-import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 REDACTED = "<redacted>"
 ALLOWED_RUNTIME_ENV_KEYS = frozenset({"env_vars", "working_dir", "config"})
+ALLOWED_ENV_VARS = frozenset({
+    "JAX_PLATFORMS", "JAX_TRACEBACK_FILTERING", "JAX_LOG_COMPILES", "JAX_DEBUG_NANS",
+    "JAX_ENABLE_X64", "JAX_DEFAULT_MATMUL_PRECISION", "XLA_FLAGS", "LIBTPU_INIT_ARGS",
+    "TPU_STDERR_LOG_LEVEL", "TPU_MIN_LOG_LEVEL", "TPU_VMODULE", "TF_CPP_MIN_LOG_LEVEL",
+    "TF_CPP_MAX_VLOG_LEVEL", "PYTHONUNBUFFERED", "PYTHONHASHSEED", "PYTHONFAULTHANDLER",
+    "OMP_NUM_THREADS", "GRPC_VERBOSITY",
+})
 _SECRET_NAME = re.compile(
     r"(secret|token|passw(or)?d|passwd|pwd|credential|api_?key|private_?key|access_?key|"
-    r"auth_?token|authorization|cookie|signature|(^|_)key$|_dsn$)", re.IGNORECASE)
-_URL_WITH_PASSWORD = re.compile(r"^[a-z][a-z0-9+.-]*://[^/@\s]+:[^/@\s]+@", re.IGNORECASE)
-_DENIED_ENV = re.compile(r"^(PATH|LD_.*|DYLD_.*|BASH_ENV|ENV|PYTHON.*|RAY_RUNTIME_ENV_HOOK)$")
-_ALLOWED_PYTHON_ENV = frozenset({"PYTHONUNBUFFERED", "PYTHONHASHSEED", "PYTHONFAULTHANDLER"})
+    r"auth_?token|authorization|bearer|cookie|signature|jwt|(^|_)key$|_dsn$|(^|_)pass$|"
+    r"(^|_)pat$|(^|_)sas($|_))", re.IGNORECASE)
+_URL_CREDENTIALS = re.compile(r"([a-z][a-z0-9+.-]*://)[^/@\s]+@", re.IGNORECASE)
+_JWT = re.compile(r"eyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]{4,}\.")
 _RAY_PACKAGE = re.compile(r"^gcs://_ray_pkg_[0-9a-f]+\.zip$")
-_ENTRYPOINT_PREFIX = ("-m", "orchestrator.main")
-_PYTHONS = frozenset({"python", "python3"})
 
 
 class RefusedResubmission(ValueError):
     """run.json asks for something autoresume will not submit; the message names the fix."""
 
 
+def secret_name(name: str) -> bool:
+    """A name like *_TOKEN / *PASSWORD / *_API_KEY / *_PASS / *_PAT / JWT / *_SAS, as an env var,
+    a dotted override key (``foo.password``) or a flag (``--api-key``)."""
+    return bool(_SECRET_NAME.search(re.sub(r"[-.]", "_", name.lstrip("-"))))
+
+
+def holds_credential(value: object) -> bool:
+    """A URL with credentials in it (anywhere, e.g. the second of several index URLs), or a JWT."""
+    return isinstance(value, str) and bool(
+        _URL_CREDENTIALS.search(value) or _JWT.search(value))
+
+
 def looks_secret(name: str, value: object) -> bool:
-    """A name like *_TOKEN / *PASSWORD / *API_KEY, or a URL with a password in it."""
-    return bool(_SECRET_NAME.search(name)) or (
-        isinstance(value, str) and bool(_URL_WITH_PASSWORD.match(value)))
+    """A secret-looking name, or a value holding a credential."""
+    return secret_name(name) or holds_credential(value)
+
+
+def _scrub(value: Any) -> Any:
+    """``value`` with URL credentials and JWTs replaced, in every string it holds."""
+    if isinstance(value, str):
+        return _JWT.sub(REDACTED + ".", _URL_CREDENTIALS.sub(rf"\1{REDACTED}@", value))
+    if isinstance(value, Mapping):
+        return {k: _scrub(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_scrub(v) for v in value]
+    return value
 
 
 def redact_runtime_env(runtime_env: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy of ``runtime_env`` whose secret-looking env var values are ``<redacted>``.
+    """A copy of ``runtime_env`` fit for run.json: secret-looking env var values (by name or by
+    content) are ``<redacted>``, and URL credentials anywhere else (pip index URLs, ...) too.
 
     Called where the driver writes run.json, so no secret lands in the bucket in clear text.
     """
-    out = dict(runtime_env)
+    out = {k: _scrub(v) for k, v in runtime_env.items() if k != "env_vars"}
     env = runtime_env.get("env_vars")
     if isinstance(env, Mapping):
         out["env_vars"] = {k: (REDACTED if looks_secret(str(k), v) else v)
                            for k, v in env.items()}
+    elif "env_vars" in runtime_env:
+        out["env_vars"] = _scrub(env)
     return out
 
 
-def vet_entrypoint(argv: Sequence[str]) -> str:
-    """The shell line to submit for ``argv``, or RefusedResubmission if it is not the driver."""
-    if (len(argv) < 3 or argv[0].rsplit("/", 1)[-1] not in _PYTHONS
-            or tuple(argv[1:3]) != _ENTRYPOINT_PREFIX):
-        raise RefusedResubmission(
-            f"entrypoint {shlex.join(argv)[:200]!r} is not `python -m orchestrator.main ...`; "
-            "autoresume only resubmits the orchestrator's driver. Fix: submit the run as "
-            "`ray job submit -- python -m orchestrator.main ...` and let the driver write run.json")
-    return shlex.join(["python", *argv[1:]])
+def redact_argv(argv: Sequence[str]) -> list[str]:
+    """``argv`` fit for run.json: ``key=value`` and ``--flag=value`` with a secret-looking key
+    keep the key only, the word after a secret-looking ``--flag`` is redacted, and URL
+    credentials are replaced wherever they appear."""
+    out: list[str] = []
+    hide_next = False
+    for word in argv:
+        if hide_next:
+            out.append(REDACTED)
+            hide_next = False
+            continue
+        key, eq, _value = word.partition("=")
+        if eq and secret_name(key):
+            out.append(f"{key}={REDACTED}")
+        elif word.startswith("-") and not eq and secret_name(word):
+            out.append(word)
+            hide_next = True
+        else:
+            out.append(_scrub(word))
+    return out
 
 
 def vet_runtime_env(runtime_env: Mapping[str, Any]) -> dict[str, Any]:
@@ -95,12 +140,14 @@ def vet_runtime_env(runtime_env: Mapping[str, Any]) -> dict[str, Any]:
         kept: dict[str, str] = {}
         for name, value in env.items():
             name = str(name)
-            if _DENIED_ENV.match(name) and name not in _ALLOWED_PYTHON_ENV:
-                raise RefusedResubmission(
-                    f"env var {name} changes which program or code runs; autoresume does not "
-                    "resubmit it. Fix: set it in the image or the pod spec")
             if value == REDACTED:
                 continue  # a secret: the pods get it from a Kubernetes Secret
+            if name not in ALLOWED_ENV_VARS:
+                raise RefusedResubmission(
+                    f"env var {name[:100]} is not one autoresume resubmits (it may pick which "
+                    "code, interpreter, certificate, proxy or directory is used; allowed are "
+                    "knobs of JAX/XLA/TPU and Python output: runenv.ALLOWED_ENV_VARS). Fix: set "
+                    "it in the image or the pod spec, or drop it from the job's runtime_env")
             if not isinstance(value, str):
                 raise RefusedResubmission(f"env var {name} is not a string")
             kept[name] = value

@@ -4,6 +4,17 @@ The registry scans configured globs each time it is asked: runs come and go, and
 few stat calls. A run matches by its ``run_id`` alone (a job name is not unique); two run
 directories claiming the same id are refused as ambiguous. An operator stops autoresume for a run
 by creating ``RUN_DIR/DO_NOT_RESUME`` (its text, if any, is the reason).
+
+Two rules keep other writers of the runs area from steering a run (:func:`check_hold`,
+:meth:`RunRegistry.find`):
+
+* a ``DO_NOT_RESUME`` marker is honoured only if it is a regular file owned by the run's user
+  (run.json's owner) in a run directory that others cannot write; a stray one (a symlink,
+  another user's, or in a directory writable by others) is ignored, logged and audited, so
+  it cannot keep the run down. On a bucket mounted by GCS FUSE every file shows the mount's
+  user, so there this rule cannot tell writers apart: limit who may write the bucket.
+* a submission id run.json records counts for the run only if no other run directory records
+  it too (a run.json copied from another run, ids and all, claims nothing).
 """
 
 from __future__ import annotations
@@ -12,7 +23,8 @@ import contextlib
 import glob
 import json
 import os
-from dataclasses import dataclass, field
+import stat
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import structlog
@@ -86,6 +98,7 @@ class RunRegistry:
     def find(self, run_id: str) -> RunRecord | None:
         """The one run with this id; None if none; AmbiguousRunError if several claim it."""
         found: dict[str, RunRecord] = {}
+        claims: dict[str, set[str]] = {}  # submission id -> run directories recording it
         for pattern in self._patterns:
             for run_dir in sorted(glob.glob(pattern)):
                 if not os.path.isfile(os.path.join(run_dir, "run.json")):
@@ -95,27 +108,81 @@ class RunRegistry:
                 except RunMetadataError as exc:
                     log.warning("autoresume_bad_run_json", run_dir=run_dir, reason=str(exc))
                     continue
+                real = os.path.realpath(run_dir)
+                for sid in record.submission_ids:
+                    claims.setdefault(sid, set()).add(real)
                 if record.run_id == run_id:
-                    found[os.path.realpath(run_dir)] = record
+                    found[real] = record
         if len(found) > 1:
             raise AmbiguousRunError(
                 f"run id {run_id!r} is claimed by {len(found)} run directories "
                 f"({', '.join(sorted(found))}); autoresume resubmits none of them. Fix: give "
                 "each run its own run.name (the run id) and remove the stray run.json")
-        return next(iter(found.values()), None)
+        if not found:
+            return None
+        real, record = next(iter(found.items()))
+        contested = [s for s in record.submission_ids if claims.get(s, set()) - {real}]
+        if contested:
+            log.warning("autoresume_recorded_ids_contested", run=run_id, run_dir=record.run_dir,
+                        submission_ids=contested,
+                        reason="other run directories record these ids too; they are not "
+                               "counted as this run's")
+            record = replace(record, submission_ids=tuple(
+                s for s in record.submission_ids if s not in contested))
+        return record
 
 
-def hold_reason(run_dir: str) -> str | None:
-    """Why the operator put the run on hold (RUN_DIR/DO_NOT_RESUME), or None."""
+@dataclass(frozen=True)
+class Hold:
+    """``reason``: why the operator put the run on hold (None: not on hold); ``ignored``: why a
+    DO_NOT_RESUME that is there was not honoured (None: none was ignored)."""
+
+    reason: str | None = None
+    ignored: str | None = None
+
+
+def check_hold(run_dir: str) -> Hold:
+    """RUN_DIR/DO_NOT_RESUME, honoured only as the module docstring says."""
     path = os.path.join(run_dir, HOLD_FILE)
-    if not os.path.exists(path):
-        return None
+    try:
+        marker = os.lstat(path)
+    except FileNotFoundError:
+        return Hold()
+    except OSError as exc:
+        return Hold(ignored=f"{HOLD_FILE} in {run_dir} unreadable ({exc})")
+    why = _stray(run_dir, marker)
+    if why:
+        log.warning("autoresume_hold_ignored", run_dir=run_dir, reason=why)
+        return Hold(ignored=f"{HOLD_FILE} in {run_dir} ignored: {why}")
     try:
         with open(path, encoding="utf-8", errors="replace") as fh:
             text = fh.read(500).strip()
     except OSError:
         text = ""
-    return f"{HOLD_FILE} in {run_dir}" + (f": {text}" if text else "")
+    return Hold(reason=f"{HOLD_FILE} in {run_dir}" + (f": {text}" if text else ""))
+
+
+def _stray(run_dir: str, marker: os.stat_result) -> str | None:
+    fix = (f"Fix: as the run's user, `chmod o-w {run_dir}` and recreate {HOLD_FILE} if the "
+           "run must stay down")
+    if not stat.S_ISREG(marker.st_mode):
+        return f"it is not a regular file (a symlink or other). {fix}"
+    try:
+        owner = os.stat(os.path.join(run_dir, "run.json")).st_uid
+        folder = os.stat(run_dir).st_mode
+    except OSError as exc:
+        return f"cannot check its owner ({exc})"
+    if marker.st_uid != owner:
+        return f"owned by uid {marker.st_uid}, not the run's user (uid {owner}, run.json's). {fix}"
+    if folder & stat.S_IWOTH:
+        return (f"the run directory is writable by others (mode {stat.S_IMODE(folder):o}), so "
+                f"anyone could have put it there. {fix}")
+    return None
+
+
+def hold_reason(run_dir: str) -> str | None:
+    """Why the run is on hold (an honoured RUN_DIR/DO_NOT_RESUME), or None."""
+    return check_hold(run_dir).reason
 
 
 def last_heartbeat(run_dir: str, *, tail_bytes: int = 16384) -> Heartbeat | None:

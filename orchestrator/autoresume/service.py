@@ -6,6 +6,12 @@ retry with backoff; a decision with a delay (policy backoff) schedules a re-eval
 ``process_due`` runs what is due. State is written before a message is acknowledged, so a restart
 of the service repeats nothing it already did. One lock serialises all of it: the service is
 small and correctness beats throughput here.
+
+Cheap things first: a duplicate, closed or ignored incident is answered from the state alone,
+before run directories are scanned or Ray is asked. A CLOSED notification is honoured (its
+incident ends, a scheduled retry of it is dropped, a late OPEN of it is ignored) only when Ray
+agrees the run needs no resume (``policies.autoresume.confirms_close``): a CLOSED for a run
+that is dead is audited as ``closed_unverified`` and blocks nothing.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from typing import Any
 import structlog
 
 from orchestrator.autoresume.config import AutoresumeConfig
+from orchestrator.autoresume.entrypoint import vet_entrypoint
 from orchestrator.autoresume.incidents import (
     incident_from_json,
     incident_from_notification,
@@ -31,12 +38,12 @@ from orchestrator.autoresume.ray_jobs import (
     RayJobsApi,
     SubmissionRefused,
 )
-from orchestrator.autoresume.runenv import RefusedResubmission, vet_entrypoint, vet_runtime_env
+from orchestrator.autoresume.runenv import RefusedResubmission, vet_runtime_env
 from orchestrator.autoresume.runs import (
     AmbiguousRunError,
     RunRecord,
     RunRegistry,
-    hold_reason,
+    check_hold,
     last_heartbeat,
 )
 from orchestrator.autoresume.state import JsonlLog, Pending, StateStore
@@ -48,7 +55,10 @@ from policies.autoresume import (
     Incident,
     IncidentState,
     Observation,
+    Submission,
+    confirms_close,
     decide,
+    precheck,
 )
 
 log = structlog.get_logger(__name__)
@@ -121,6 +131,18 @@ class AutoresumeService:
 
     def _consider(self, incident: Incident, *, attempts: int, message_id: str = "") -> str:
         now = self.clock()
+        hist = self.state.history(incident.run_id)
+        if incident.state is IncidentState.CLOSED:
+            if incident.incident_id in hist.closed_incidents | hist.handled_incidents:
+                self._record(incident, Decision(
+                    action=Action.NOTHING, reason="incident already closed or handled"),
+                    now, message_id=message_id)
+                return "nothing"
+        else:
+            early = precheck(incident, hist, self.rules)
+            if early is not None:
+                self._record(incident, early, now, message_id=message_id)
+                return "nothing"
         try:
             run = self.registry.find(incident.run_id)
         except AmbiguousRunError as exc:
@@ -136,29 +158,63 @@ class AutoresumeService:
                 now, message_id=message_id)
             return "unknown_run"
         incident = replace(incident, run_id=run.run_id)
-        if incident.state is IncidentState.CLOSED:
-            hist = self.state.history(run.run_id)
-            self.state.pending.pop(incident.incident_id, None)
-            self.state.update(run.run_id,
-                              closed_incidents=hist.closed_incidents | {incident.incident_id})
-            self._record(incident, Decision(action=Action.NOTHING, reason="incident is closed"),
-                         now, message_id=message_id)
-            return "closed"
         try:
-            submissions = self.ray.run_submissions(run.run_id, run.submission_ids,
-                                                   run.entrypoint)
+            submissions = self._submissions(run)
         except ClusterUnreachableError as exc:
+            if incident.state is IncidentState.CLOSED:
+                return self._close(incident, (), now, message_id, unreachable=str(exc))
             return self._retry_unreachable(incident, attempts, exc, now, message_id)
+        if incident.state is IncidentState.CLOSED:
+            return self._close(incident, submissions, now, message_id)
+        hold = check_hold(run.run_dir)
         obs = Observation(incident=incident, submissions=submissions,
                           history=self.state.history(run.run_id),
-                          heartbeat=last_heartbeat(run.run_dir), now=now,
-                          hold=hold_reason(run.run_dir))
+                          heartbeat=last_heartbeat(run.run_dir), now=now, hold=hold.reason)
         decision = decide(obs, self.rules)
+        if hold.ignored:
+            decision = replace(decision, reason=f"{decision.reason} ({hold.ignored})")
         if decision.action in (Action.RESUBMIT, Action.STOP_AND_RESUBMIT) and decision.delay_s > 0:
             self._schedule(incident, now + decision.delay_s, 0, f"backoff: {decision.reason}")
             self._record(incident, decision, now, message_id=message_id, outcome="scheduled")
             return "scheduled"
         return self._act(run, incident, decision, attempts, now, message_id)
+
+    def _submissions(self, run: RunRecord) -> tuple[Submission, ...]:
+        """The run's Ray submissions. Ids run.json records count only when its entrypoint is one
+        autoresume would resubmit for this directory (a copied run.json claims nothing)."""
+        try:
+            self._vet_entrypoint(run)
+            entrypoint = run.entrypoint
+        except RefusedResubmission:
+            entrypoint = ()
+        return self.ray.run_submissions(run.run_id, run.submission_ids if entrypoint else (),
+                                        entrypoint)
+
+    def _vet_entrypoint(self, run: RunRecord) -> str:
+        return vet_entrypoint(run.entrypoint, run_dir=run.run_dir, run_id=run.run_id,
+                              config_roots=self.cfg.config_roots)
+
+    def _close(self, incident: Incident, submissions: tuple[Submission, ...], now: float,
+               message_id: str, unreachable: str = "") -> str:
+        """Honour a CLOSED only when Ray confirms the run needs no resume (module docstring)."""
+        if unreachable or not confirms_close(submissions):
+            why = (f"Ray could not be asked ({unreachable})" if unreachable else
+                   "Ray shows no live or succeeded submission of the run")
+            self._record(incident, Decision(
+                action=Action.NOTHING,
+                reason=f"CLOSED not honoured: {why}, so the run may still need a resume; a "
+                       "later OPEN of this incident is still acted on"),
+                now, message_id=message_id, outcome="closed_unverified")
+            log.warning("autoresume_close_unverified", run=incident.run_id,
+                        incident_id=incident.incident_id, reason=why)
+            return "closed_unverified"
+        hist = self.state.history(incident.run_id)
+        self.state.pending.pop(incident.incident_id, None)  # saved by the update below
+        self.state.update(incident.run_id,
+                          closed_incidents=hist.closed_incidents | {incident.incident_id})
+        self._record(incident, Decision(action=Action.NOTHING, reason="incident is closed"),
+                     now, message_id=message_id)
+        return "closed"
 
     # ---- actions ------------------------------------------------------------------------
 
@@ -181,7 +237,7 @@ class AutoresumeService:
             return "gave_up"
         assert decision.submission_id is not None
         try:
-            entrypoint = vet_entrypoint(run.entrypoint)
+            entrypoint = self._vet_entrypoint(run)
             runtime_env = vet_runtime_env(run.runtime_env)
         except RefusedResubmission as exc:
             self.state.update(run.run_id,
@@ -256,9 +312,16 @@ class AutoresumeService:
         return "ray_unreachable"
 
     def _schedule(self, incident: Incident, at: float, attempts: int, why: str) -> None:
-        self.state.pending[incident.incident_id] = Pending(
-            incident=incident_to_json(incident), not_before=at, attempts=attempts, why=why)
-        self.state.save()
+        full = self.state.add_pending(incident.incident_id, Pending(
+            incident=incident_to_json(incident), not_before=at, attempts=attempts, why=why))
+        if full:
+            self.audit.write({"at": self.clock(), "incident_id": incident.incident_id,
+                              "run_id": incident.run_id, "action": "NOTHING",
+                              "outcome": "not_scheduled", "reason": f"{full}; {why}"})
+            log.error("autoresume_not_scheduled", run=incident.run_id,
+                      incident_id=incident.incident_id, reason=full,
+                      fix="find why the run's incidents pile up (Ray unreachable? audit log); "
+                          "the next notification of the run is acted on as usual")
 
     # ---- records ------------------------------------------------------------------------
 

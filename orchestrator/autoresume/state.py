@@ -2,7 +2,9 @@
 
 One JSON file, replaced atomically after every change, so a restarted service makes the same
 decisions (no second resubmission for an incident it already handled). The audit log and the dead
-letters are append-only JSONL beside it.
+letters are JSONL beside it, rotated by size (``<name>.1`` ... ``<name>.<keep>``, oldest dropped).
+Scheduled retries are capped, in all and per run, so a flood of incidents cannot grow the state
+without bound.
 """
 
 from __future__ import annotations
@@ -16,6 +18,10 @@ from typing import Any
 from policies.autoresume import RunHistory
 
 MAX_REMEMBERED_INCIDENTS = 1000  # per run; old ids fall off (incidents auto-close in hours)
+MAX_PENDING = 1000  # scheduled retries in all
+MAX_PENDING_PER_RUN = 8  # one incident resumes a run; a few more are only repeats
+LOG_MAX_BYTES = 16 * 1024 * 1024  # per JSONL file before it is rotated
+LOG_KEEP = 3  # rotated files kept
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -94,6 +100,20 @@ class StateStore:
             os.fsync(fh.fileno())
         os.replace(tmp, self.path)
 
+    def add_pending(self, key: str, pending: Pending) -> str | None:
+        """Schedule ``pending`` under ``key`` and save; or, when the caps are reached, leave the
+        state alone and return why (a retry of an incident already scheduled always fits)."""
+        if key not in self.pending:
+            run = pending.incident.get("run_id")
+            of_run = sum(1 for p in self.pending.values() if p.incident.get("run_id") == run)
+            if of_run >= MAX_PENDING_PER_RUN:
+                return f"{of_run} retries of run {run!r} are already scheduled"
+            if len(self.pending) >= MAX_PENDING:
+                return f"{len(self.pending)} retries are already scheduled (MAX_PENDING)"
+        self.pending[key] = pending
+        self.save()
+        return None
+
     def history(self, run_id: str) -> RunHistory:
         return self.runs.get(run_id, RunHistory())
 
@@ -109,19 +129,47 @@ class StateStore:
 
 
 class JsonlLog:
-    """Append-only JSON lines (audit log, dead letters)."""
+    """JSON lines, appended; past ``max_bytes`` the file becomes ``<path>.1`` (older ones shift
+    up to ``<path>.<keep>``, the oldest is dropped), so the log stays under
+    ``(keep + 1) * max_bytes``."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, *, max_bytes: int = LOG_MAX_BYTES, keep: int = LOG_KEEP) -> None:
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         self.path = path
+        self.max_bytes = max_bytes
+        self.keep = keep
 
     def write(self, record: dict[str, Any]) -> None:
+        line = json.dumps(record, sort_keys=True, default=str) + "\n"
+        try:
+            size = os.path.getsize(self.path)
+        except OSError:
+            size = 0
+        if size and size + len(line.encode("utf-8")) > self.max_bytes:
+            self._rotate()
         with open(self.path, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps(record, sort_keys=True, default=str) + "\n")
+            fh.write(line)
+
+    def _rotate(self) -> None:
+        for n in range(self.keep, 0, -1):
+            older = f"{self.path}.{n - 1}" if n > 1 else self.path
+            if os.path.exists(older):
+                os.replace(older, f"{self.path}.{n}")
+        if self.keep <= 0:
+            os.remove(self.path)
+
+    def files(self) -> list[str]:
+        """The log's files, oldest first."""
+        rotated = [f"{self.path}.{n}" for n in range(self.keep, 0, -1)]
+        return [p for p in (*rotated, self.path) if os.path.exists(p)]
 
     def read(self) -> list[dict[str, Any]]:
-        try:
-            with open(self.path, encoding="utf-8") as fh:
-                return [json.loads(line) for line in fh if line.strip()]
-        except FileNotFoundError:
-            return []
+        """Every record still kept, oldest first."""
+        out: list[dict[str, Any]] = []
+        for path in self.files():
+            try:
+                with open(path, encoding="utf-8") as fh:
+                    out.extend(json.loads(line) for line in fh if line.strip())
+            except FileNotFoundError:
+                continue
+        return out

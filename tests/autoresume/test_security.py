@@ -14,12 +14,12 @@ import threading
 import pytest
 
 from orchestrator.autoresume.config import AutoresumeConfig, OriginConfig, RayJobsConfig, load
+from orchestrator.autoresume.entrypoint import vet_entrypoint
 from orchestrator.autoresume.ray_jobs import RayJobs
 from orchestrator.autoresume.runenv import (
     REDACTED,
     RefusedResubmission,
     redact_runtime_env,
-    vet_entrypoint,
     vet_runtime_env,
 )
 from orchestrator.autoresume.service import AutoresumeService
@@ -224,8 +224,9 @@ def test_allowed_runtime_env_passes_and_redacted_values_are_left_out():
     assert vet_runtime_env(env) == {
         "working_dir": "gcs://_ray_pkg_0123abcd.zip", "config": {"setup_timeout_seconds": 60},
         "env_vars": {"JAX_PLATFORMS": "tpu", "PYTHONUNBUFFERED": "1"}}
-    assert vet_entrypoint(["/usr/bin/python3", "-m", "orchestrator.main", "a b"]) == (
-        "python -m orchestrator.main 'a b'")
+    assert vet_entrypoint(["/usr/bin/python3", "-m", "orchestrator.main", "run.name=a b"],
+                          run_dir="/runs/a b", run_id="a b") == (
+        "python -m orchestrator.main 'run.name=a b' 'run.run_dir=/runs/a b'")
 
 
 def test_secret_looking_env_values_are_redacted():

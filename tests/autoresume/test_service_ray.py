@@ -41,12 +41,13 @@ def test_alert_resubmits_dead_job_once(tmp_path, pubsub_emulator_host, tpu_clust
 
     cluster = tpu_cluster
     run_id = f"run-{uuid.uuid4().hex[:6]}"
-    argv = ["python", "-m", "orchestrator.main", "--config", str(tmp_path / "missing.yaml")]
     run_dir = tmp_path / "runs" / run_id
     run_dir.mkdir(parents=True)
+    argv = ["python", "-m", "orchestrator.main", "--config", "missing.yaml",
+            f"run.run_dir={run_dir}"]
     (run_dir / "run.json").write_text(json.dumps({
         "run_id": run_id, "job": run_id, "entrypoint": argv, "incarnation": 0,
-        "runtime_env": {"env_vars": {"AUTORESUME_TEST": "1", "HF_TOKEN": REDACTED}}}))
+        "runtime_env": {"env_vars": {"TPU_STDERR_LOG_LEVEL": "0", "HF_TOKEN": REDACTED}}}))
 
     with pytest.raises(Exception, match=r"(?i)auth"):  # auth is on: no token, no job API
         JobSubmissionClient(cluster.url, headers={"Authorization": "Bearer wrong"}).list_jobs()
@@ -84,7 +85,7 @@ def test_alert_resubmits_dead_job_once(tmp_path, pubsub_emulator_host, tpu_clust
 
     info = client.get_job_info(second)
     assert info.entrypoint == shlex.join(argv)
-    assert info.runtime_env["env_vars"] == {"AUTORESUME_TEST": "1"}
+    assert info.runtime_env["env_vars"] == {"TPU_STDERR_LOG_LEVEL": "0"}
     assert info.metadata[RUN_ID_METADATA] == run_id
     ours = sorted(j.submission_id for j in client.list_jobs()
                   if j.submission_id and j.submission_id.startswith(run_id))

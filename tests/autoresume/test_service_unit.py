@@ -72,7 +72,7 @@ def make_run(root: Path, run_id: str = "run-a") -> Path:
     (run_dir / "run.json").write_text(json.dumps({
         "run_id": run_id, "job": run_id, "incarnation": 0,
         "entrypoint": ["python", "-m", "orchestrator.main", "--config", "tiny yaml.yaml"],
-        "runtime_env": {"env_vars": {"X": "1"}}}))
+        "runtime_env": {"env_vars": {"JAX_PLATFORMS": "cpu"}}}))
     return run_dir
 
 
@@ -112,16 +112,18 @@ def test_notification_without_run_is_malformed():
 
 
 def test_dead_job_resubmitted_with_same_entrypoint_and_env(tmp_path):
-    """FAILED r0 -> submit r1 with run.json's argv and runtime_env; duplicate does nothing."""
-    make_run(tmp_path)
+    """FAILED r0 -> submit r1 with run.json's argv (pinned to its run directory) and
+    runtime_env; duplicate does nothing."""
+    run_dir = make_run(tmp_path)
     ray, clock = TableRay(), Clock()
     ray.jobs["run-a-r0"] = Submission(submission_id="run-a-r0", status=JobStatus.FAILED)
     svc = service(tmp_path, ray, clock)
     msg = encode(notification(incident_id="i-1", run_id="run-a"))
     assert svc.handle_message(msg) == "submitted"
     assert ray.submitted == [("run-a-r1",
-                              "python -m orchestrator.main --config 'tiny yaml.yaml'",
-                              {"env_vars": {"X": "1"}})]
+                              "python -m orchestrator.main --config 'tiny yaml.yaml' "
+                              f"run.run_dir={run_dir}",
+                              {"env_vars": {"JAX_PLATFORMS": "cpu"}})]
     assert svc.handle_message(msg) == "nothing"
     assert len(ray.submitted) == 1
     # a restarted service (same state dir) also treats it as a duplicate
@@ -131,15 +133,17 @@ def test_dead_job_resubmitted_with_same_entrypoint_and_env(tmp_path):
 
 
 def test_closed_before_open_does_nothing(tmp_path):
-    """Reordered delivery: the closed notification arrives first; the open one is then ignored."""
+    """Reordered delivery: the closed notification arrives first (Ray confirms the run is live);
+    the open one, though the run's heartbeat looks stalled, is then ignored."""
     make_run(tmp_path)
     ray, clock = TableRay(), Clock()
-    ray.jobs["run-a-r0"] = Submission(submission_id="run-a-r0", status=JobStatus.FAILED)
+    ray.jobs["run-a-r1"] = Submission(submission_id="run-a-r1", status=JobStatus.RUNNING,
+                                      start_time=clock.t - 5000)
     svc = service(tmp_path, ray, clock)
     assert svc.handle_message(encode(notification(incident_id="i-9", run_id="run-a",
                                                   state="closed"))) == "closed"
     assert svc.handle_message(encode(notification(incident_id="i-9", run_id="run-a"))) == "nothing"
-    assert ray.submitted == []
+    assert ray.submitted == [] and ray.stopped == []
 
 
 @pytest.mark.parametrize("data,reason", [
