@@ -52,7 +52,13 @@ def load_key(path: str | Path, *, create: bool = True) -> bytes:
     """
     path = Path(path)
     if create and not path.exists():
-        _create_key(path)
+        try:
+            _create_key(path)
+        except OSError as exc:
+            raise Untrusted(f"executables key {path} is missing and cannot be created "
+                            f"({exc.strerror}); fix: create it (`umask 077; openssl rand -hex "
+                            f"32 > {path}`), mount its Secret, or point ${ENV_KEY} at a "
+                            "writable place") from None
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as exc:

@@ -184,6 +184,19 @@ def test_key_others_can_read_or_write_is_refused(tmp_path, mode, words):
     assert "chmod" in str(info.value)
 
 
+def test_key_that_cannot_be_created_turns_the_store_off_saying_why(tmp_path):
+    """No key and nowhere to create one (its folder is a file): nothing loads, the reason names
+    the key's path and the fix."""
+    (tmp_path / "not-a-dir").write_text("")
+    store = ExecutableStore(tmp_path / "store", key_file=str(tmp_path / "not-a-dir" / "k"))
+    key = _key()
+    store.root.mkdir(mode=0o755)
+    _plant_unsigned(store.path(key), key, tmp_path / "PWNED")
+    got = store.load(key, args=())
+    assert got.compiled is None and not (tmp_path / "PWNED").exists()
+    assert "is missing and cannot be created" in got.reason and ENV_KEY in got.reason
+
+
 def test_key_path_comes_from_the_environment_and_never_the_home_dir_in_tests():
     """The suite's key is a temporary file (tests/conftest.py); the default is per user."""
     assert key_path() == os.environ[ENV_KEY]
