@@ -36,7 +36,8 @@ from orchestrator.errors import CheckpointCorrupt, OrchestratorError
 from orchestrator.hosts import HostRef
 from orchestrator.hostspec import HostSpec
 from orchestrator.ram_tier import RamTier
-from orchestrator.ray_cluster import dead_hosts, spawn, wait_listening
+from orchestrator.ray_cluster import dead_hosts, spawn
+from orchestrator.ray_init import join_group
 from orchestrator.ray_results import combine, compiled, failure_kind, lost_kind, restored
 from orchestrator.warm_pool import WarmPool
 from policies.causes import FailureKind
@@ -47,9 +48,7 @@ log = structlog.get_logger(__name__)
 
 _RemoteHost = ray.remote(HostActor)
 STOP_MARGIN_STEPS = 2
-FAILED_RELEASE_S = 5.0
-"""After a failure a survivor's release is short or not worth waiting for (a save stuck on a
-dead peer): a fresh process costs a few seconds."""
+FAILED_RELEASE_S = 5.0  # after a failure, a survivor's release (stuck on a dead peer) is cut
 
 
 class RayWorkerGroup:
@@ -63,8 +62,7 @@ class RayWorkerGroup:
                  unreachable: Callable[[Collection[str]], set[str]] | None = None,
                  ram: RamTier | None = None, pool: WarmPool | None = None,
                  reuse: bool = False) -> None:
-        """``pool``: warm processes shared by the run's groups (standbys, and with ``reuse``
-        this group's own processes parked for the next one)."""
+        """``pool``: warm processes shared by the run's groups (standbys; with ``reuse``, ours)."""
         self.spec = spec
         self.ram = ram
         self.pool = pool
@@ -277,8 +275,6 @@ class RayWorkerGroup:
                 log.debug("kill_failed", error=str(exc))
         self.actors, self._refs = [], []
 
-    # ---- internals ------------------------------------------------------------------------
-
     def _standby_now(self) -> None:
         """Start the standbys ``compile`` deferred (``__init__``), once."""
         if self._standby_due and self.pool is not None:
@@ -326,29 +322,7 @@ class RayWorkerGroup:
         self.origins = [origin for _, origin in got]
 
     def _initialize(self) -> None:
-        """Join one JAX distributed runtime, coordinator on host 0; bounded by init_s."""
-        t = self.timeouts
-        coord = self._wait([self.actors[0].coordinator_address.remote()], "init", t.init_s)[0]
-        started = time.monotonic()
-        refs = [self.actors[0].initialize.remote(coord, len(self.actors), 0)]
-        # A client that finds no service retries after ~1 s: ask the others once process 0's
-        # coordination service listens (bounded: they would still connect, only later).
-        host, port = coord.rsplit(":", 1)
-        wait_listening(host, int(port), timeout_s=min(5.0, t.init_s))
-        refs += [a.initialize.remote(coord, len(self.actors), i)
-                 for i, a in enumerate(self.actors) if i > 0]
-        try:
-            self._wait(refs, "init", t.init_s + 15)
-        except GroupFailed as exc:
-            # A host that never joins makes its peers' initialize fail when the coordinator
-            # gives up after init_s: then the hang is the cause, not the peers' deaths.
-            if isinstance(exc.status, Hung) or time.monotonic() - started < 0.9 * t.init_s:
-                raise
-            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=self.init_grace_s)
-            stuck = tuple(i for i, r in enumerate(refs) if r not in ready)
-            if stuck:
-                raise GroupFailed(Hung(phase="init", hosts=stuck, seconds=t.init_s)) from exc
-            raise
+        join_group(self.actors, init_s=self.timeouts.init_s, wait=self._wait)
 
     def _wait(self, refs: list[Any], phase: str, timeout_s: float) -> list[Any]:
         """All results, or ``GroupFailed`` with a typed status (first failure wins)."""

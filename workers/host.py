@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 
 _SINK_TRIES = 6  # a refused notice is retried after 0.1, 0.2, 0.4, 0.8, 1.6 s (3.1 s in all)
 _SINK_CALL_TIMEOUT_S = 2.0
+HOST_INIT_SHARE = 0.5  # of timeouts.init_s: JAX gives up ~3 s after; the driver names who hung
 
 
 def _put_bounded(sink: Any, event: dict, timeout_s: float) -> None:
@@ -115,12 +116,14 @@ class HostActor(RamTierMethods, WarmMethods, AheadMethods):
                 "index": self.host.index if self.host else None,
                 "hostname": socket.gethostname()}
 
+    def joining(self) -> bool:  # reached JAX's init (answers while it blocks)
+        return getattr(self, "_joining", False)
+
     def coordinator_address(self) -> str:
         return f"{self.host.node_ip}:{free_port()}"
 
     def initialize(self, coordinator: str, num_processes: int, process_id: int) -> dict:
-        """Join the JAX group; bounded by the spec's ``init_timeout_s`` (the coordinator waits
-        that long)."""
+        """Join the JAX group within ``HOST_INIT_SHARE`` of ``init_timeout_s`` (ray_init.py)."""
         import jax
 
         import workers.trainer  # noqa: F401  (the step's imports, before the freeze)
@@ -133,9 +136,10 @@ class HostActor(RamTierMethods, WarmMethods, AheadMethods):
         # a peer's death then fails our collectives instead of aborting this process (the
         # default), so ``release`` can keep it for the next group
         jax.config.update("jax_enable_recoverability", bool(self.spec.survive_peers))
+        self._joining = True
         jax.distributed.initialize(
             coordinator_address=coordinator, num_processes=num_processes, process_id=process_id,
-            initialization_timeout=max(1, int(self.spec.init_timeout_s)),
+            initialization_timeout=max(1, int(HOST_INIT_SHARE * self.spec.init_timeout_s)),
             heartbeat_timeout_seconds=max(2, int(self.spec.heartbeat_s)),
             # ``release`` shuts the runtime down with a barrier: bounded, never JAX's 300 s
             shutdown_timeout_seconds=RELEASE_BARRIER_S)
