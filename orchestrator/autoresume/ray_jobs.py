@@ -68,7 +68,8 @@ def auth_headers(cfg: RayJobsConfig, env: Mapping[str, str] | None = None) -> di
     if not token:
         raise ConfigError("ray.auth_mode", "is token but no Ray auth token was found",
                           "set ray.token_file, RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH (the token "
-                          "of the cluster: `ray get-auth-token` / the ray-auth-token Secret), or "
+                          "of the cluster: `ray get-auth-token` / its <cluster>-ray-auth-token "
+                          "Secret), or "
                           "ray.auth_mode=disabled if the cluster runs with RAY_AUTH_MODE=disabled")
     log.debug("autoresume_ray_token", source=source)
     return {"Authorization": f"Bearer {token}"}
