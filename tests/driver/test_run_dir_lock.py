@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from orchestrator.driver.lock import RunDirBusy, RunDirLock
-from orchestrator.main import EXIT_BAD_INPUT, main
+from orchestrator.main import EXIT_BAD_INPUT
 
 HOLD = """
 import sys, time
@@ -60,12 +60,12 @@ def test_release_frees_the_run_dir_in_process(tmp_path):
         pass
 
 
-def test_second_driver_exits_2_before_starting_anything(tmp_path, holder, capsys):
-    rc = main([f"run.run_dir={tmp_path}", "cluster.mode=emulate"])
-    assert rc == EXIT_BAD_INPUT
-    err = capsys.readouterr().err
-    assert "Run directory in use" in err and str(holder.pid) in err
-    import ray
-
-    assert not ray.is_initialized()  # refused before any cluster start
+def test_second_driver_exits_2_before_starting_anything(tmp_path, holder):
+    """A real second ``python -m orchestrator.main`` on the held run dir: exit 2, the holder
+    named, nothing of the run touched, no cluster started (it would take seconds and log it)."""
+    out = subprocess.run([sys.executable, "-m", "orchestrator.main", f"run.run_dir={tmp_path}",
+                          "cluster.mode=emulate"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == EXIT_BAD_INPUT, out.stderr[-2000:]
+    assert "Run directory in use" in out.stderr and str(holder.pid) in out.stderr
+    assert "emulated_cluster_started" not in out.stdout + out.stderr
     assert not (tmp_path / "run.json").exists()  # nothing of the holder's run was touched
