@@ -15,6 +15,11 @@ from orchestrator.errors import TopologyError
 from orchestrator.hosts import HostRef
 
 DEFAULT_MEGASCALE_PORT = "8081"
+MEGASCALE_KEYS = ("MEGASCALE_COORDINATOR_ADDRESS", "MEGASCALE_PORT", "MEGASCALE_NUM_SLICES",
+                  "MEGASCALE_SLICE_ID")
+"""The multislice keys a plan owns: a host process drops any of them its new plan does not set
+(a process reused from a 2-slice group, or a node env naming another mesh, would otherwise hand
+libtpu a stale coordinator and slice count: an init that hangs)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,12 +56,8 @@ class MeshPlan:
         """MEGASCALE_* for multislice on TPU (the same keys ray.util.tpu computes); {} otherwise."""
         if self.platform != "tpu" or self.num_slices < 2:
             return {}
-        return {
-            "MEGASCALE_COORDINATOR_ADDRESS": coordinator_ip,
-            "MEGASCALE_PORT": port,
-            "MEGASCALE_NUM_SLICES": str(self.num_slices),
-            "MEGASCALE_SLICE_ID": str(self.slice_id(host)),
-        }
+        values = (coordinator_ip, port, str(self.num_slices), str(self.slice_id(host)))
+        return dict(zip(MEGASCALE_KEYS, values, strict=True))
 
     def describe(self) -> dict:
         return {"slices": list(self.slice_names), "hosts": self.num_processes,

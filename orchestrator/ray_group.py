@@ -35,6 +35,7 @@ from orchestrator.controller.seam import (
 from orchestrator.errors import CheckpointCorrupt, OrchestratorError
 from orchestrator.hosts import HostRef
 from orchestrator.hostspec import HostSpec
+from orchestrator.plan import MeshPlan
 from orchestrator.ram_tier import RamTier
 from orchestrator.ray_cluster import dead_hosts, spawn
 from orchestrator.ray_init import join_group
@@ -49,6 +50,16 @@ log = structlog.get_logger(__name__)
 _RemoteHost = ray.remote(HostActor)
 STOP_MARGIN_STEPS = 2
 FAILED_RELEASE_S = 5.0  # after a failure, a survivor's release (stuck on a dead peer) is cut
+
+
+def host_envs(plan: MeshPlan) -> list[dict[str, str]]:
+    """Each host's process env for ``plan``, in host order: device count, platform and the
+    plan's own MEGASCALE_* (none for one slice). Fresh and reused processes alike get it, and
+    apply it so that no multislice key of an older mesh survives (``host_warm.apply_env``)."""
+    coordinator_ip = plan.hosts[0].node_ip
+    return [device_env(platform=plan.platform, devices_per_host=h.devices,
+                       extra=plan.megascale_env(h, coordinator_ip=coordinator_ip))
+            for h in plan.hosts]
 
 
 class RayWorkerGroup:
@@ -311,10 +322,7 @@ class RayWorkerGroup:
 
     def _start(self) -> None:
         plan = self.spec.plan
-        coordinator_ip = plan.hosts[0].node_ip
-        specs = [(h, device_env(platform=plan.platform, devices_per_host=h.devices,
-                                extra=plan.megascale_env(h, coordinator_ip=coordinator_ip)), s)
-                 for h, s in zip(plan.hosts, self._host_specs(self.spec), strict=True)]
+        specs = list(zip(plan.hosts, host_envs(plan), self._host_specs(self.spec), strict=True))
         fresh = functools.partial(spawn, self.actor_cls)
         got = (self.pool.acquire(specs, fresh) if self.pool is not None else
                [(fresh(*s), "fresh") for s in specs])

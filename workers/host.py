@@ -28,7 +28,7 @@ from orchestrator.hostspec import HostSpec
 from workers import ckpt_layout
 from workers.host_ahead import AheadMethods
 from workers.host_ram import RamTierMethods
-from workers.host_warm import RELEASE_BARRIER_S, WarmMethods
+from workers.host_warm import RELEASE_BARRIER_S, WarmMethods, apply_env
 from workers.stops import StopBoard
 
 log = logging.getLogger(__name__)
@@ -88,7 +88,7 @@ class HostActor(RamTierMethods, WarmMethods, AheadMethods):
         """``spec`` None makes a standby: a process with nothing to do until ``rejoin`` gives
         it a host (``warm`` imports JAX meanwhile). ``before_commit``: in-process tests only
         (see ``CheckpointStore``)."""
-        os.environ.update(env)
+        apply_env(env)  # the node's env may name another mesh's MEGASCALE_* too
         self._before_commit = before_commit
         if spec is not None and not isinstance(spec, HostSpec):
             raise TypeError(f"HostActor needs a HostSpec, got {type(spec).__name__}: build one "

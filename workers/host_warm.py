@@ -9,9 +9,11 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 from orchestrator.hostspec import HostSpec
+from orchestrator.plan import MEGASCALE_KEYS
 from workers.host_ahead import AHEAD_JOIN_S
 from workers.stops import StopBoard
 
@@ -19,6 +21,16 @@ log = logging.getLogger(__name__)
 
 RELEASE_BARRIER_S = 10
 """How long ``release`` waits for the other processes at the runtime's shutdown barrier."""
+
+
+def apply_env(env: Mapping[str, str], environ: MutableMapping[str, str] = os.environ) -> None:
+    """Set this host's ``env`` (``device_env``) in the process before JAX starts a backend:
+    the plan's multislice keys it does not set are removed, never kept from an older mesh or
+    the node (a stale ``MEGASCALE_NUM_SLICES`` makes libtpu wait for slices that are gone)."""
+    for key in MEGASCALE_KEYS:
+        if key not in env:
+            environ.pop(key, None)
+    environ.update(env)
 
 
 def _clear_orbax_caches() -> None:
@@ -143,7 +155,7 @@ class WarmMethods:
         if self.host is not None and spec.host.node_id != self.host.node_id:
             raise ValueError(f"this process runs on node {self.host.node_id}, not on "
                              f"{spec.host.node_id}: a process cannot change hosts")
-        os.environ.update(env)
+        apply_env(env)  # a parked process still has its old mesh's MEGASCALE_* (runtime_env)
         self.spec, self.host = spec, spec.host
         self._leaving = False
         return {"pid": os.getpid()}
