@@ -16,6 +16,7 @@ from typing import Any
 
 import structlog
 
+from orchestrator.emulated_reaper import Reaper, marking
 from orchestrator.errors import ClusterUnreachableError, ConfigError
 from orchestrator.hosts import HostRef
 
@@ -29,6 +30,7 @@ INSTANCE_LABEL = "tpu-orchestrator.dev/instance"
 EMULATED_LABEL = "tpu-orchestrator.dev/emulated"
 LOOPBACK = "127.0.0.1"
 _NODE_START_LOCK = threading.Lock()
+_MARK_LOCK = threading.Lock()
 
 
 JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # Ray sets it for a driver started by a Ray job
@@ -121,16 +123,29 @@ class EmulatedCluster:
     nodes: dict[tuple[str, int], Any] = None  # (slice, worker) -> ray node handle
     _next_slice: int = 0
 
+    reaper: Reaper | None = None
+
     def start(self, *, include_dashboard: bool = False) -> str:
+        """The head node, with a reaper that kills every process of this cluster when the
+        driver dies, however it dies (``orchestrator/emulated_reaper.py``)."""
         from ray.cluster_utils import Cluster
 
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         _pin_ray_to_loopback()
         self.nodes = {}
-        self.cluster = Cluster(initialize_head=True, head_node_args={
-            "num_cpus": 2, "include_dashboard": include_dashboard,
-            "node_ip_address": LOOPBACK, "object_store_memory": 150 * 1024 * 1024})
+        self.reaper = Reaper()
+        self.reaper.start()  # first: nothing may start before something reaps it
+        with self._marked():
+            self.cluster = Cluster(initialize_head=True, head_node_args={
+                "num_cpus": 2, "include_dashboard": include_dashboard,
+                "node_ip_address": LOOPBACK, "object_store_memory": 150 * 1024 * 1024})
         return self.cluster.address
+
+    @contextlib.contextmanager
+    def _marked(self) -> Iterator[None]:
+        """Processes a node starts inside carry this cluster's mark (one start at a time)."""
+        with _MARK_LOCK, marking(self.reaper.marker if self.reaper else "unreaped"):
+            yield
 
     def add_slice(self, hosts: int, *, name: str | None = None) -> str:
         name = name or f"emu-slice-{self._next_slice}"
@@ -142,7 +157,7 @@ class EmulatedCluster:
             resources = {"TPU": self.devices_per_host}
             if w == 0:
                 resources[f"TPU-cpu-emu-{hosts * self.devices_per_host}-head"] = 1
-            with _sigterm_hook_off_main_thread():
+            with _sigterm_hook_off_main_thread(), self._marked():
                 self.nodes[(name, w)] = self.cluster.add_node(
                     num_cpus=1, resources=resources, labels=labels, node_ip_address=LOOPBACK,
                     object_store_memory=80 * 1024 * 1024)
@@ -171,15 +186,17 @@ class EmulatedCluster:
         30 s on a loaded CI machine (a ``ray::HostActor`` the driver's ``ray.kill`` had not yet
         reached); no process of an emulated cluster may outlive the run that started it.
         """
-        if self.cluster is None:
-            return
-        nodes = [*self.cluster.worker_nodes]
-        if self.cluster.head_node is not None:
-            nodes.append(self.cluster.head_node)
-        workers = [p for node in nodes for p in _started_by(node)]
-        self.cluster.shutdown()
-        self.cluster = None
-        _kill_all(workers)
+        if self.cluster is not None:
+            nodes = [*self.cluster.worker_nodes]
+            if self.cluster.head_node is not None:
+                nodes.append(self.cluster.head_node)
+            workers = [p for node in nodes for p in _started_by(node)]
+            self.cluster.shutdown()
+            self.cluster = None
+            _kill_all(workers)
+        if self.reaper is not None:  # kills what is left (Ray leaves its agents running)
+            self.reaper.stop()
+            self.reaper = None
 
 
 def _started_by(node: Any) -> list[Any]:

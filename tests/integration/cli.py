@@ -32,11 +32,27 @@ class MainResult:
     """Command lines of processes of this run still alive after the grace period."""
 
 
-def run_main(args: list[str], *, timeout_s: float = 420.0, grace_s: float = 30.0) -> MainResult:
-    marker = uuid.uuid4().hex
+def _env(marker: str) -> dict[str, str]:
     env = {**os.environ, MARK: marker, "RAY_USAGE_STATS_ENABLED": "0", "NO_GCE_CHECK": "true",
            "GCE_METADATA_HOST": "127.0.0.1:9", "PYTHONUNBUFFERED": "1"}
     env.pop("RAY_ADDRESS", None)
+    return env
+
+
+def start_main(args: list[str], *, log_path: Path) -> tuple[subprocess.Popen, str]:
+    """The driver in the background (its own session, output to ``log_path``) and its run's
+    marker (for ``marked_pids``); the caller ends it."""
+    marker = uuid.uuid4().hex
+    with log_path.open("ab") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "orchestrator.main", "--log-format",
+                                 "json", *args], cwd=REPO, env=_env(marker), stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    return proc, marker
+
+
+def run_main(args: list[str], *, timeout_s: float = 420.0, grace_s: float = 30.0) -> MainResult:
+    marker = uuid.uuid4().hex
+    env = _env(marker)
     t0 = time.monotonic()
     try:
         proc = subprocess.run([sys.executable, "-m", "orchestrator.main", "--log-format", "json",
