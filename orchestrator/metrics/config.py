@@ -1,7 +1,7 @@
 """The ``metrics`` config section: which sinks run and how Cloud Monitoring is reached.
 
-Defaults give a local run console progress, ``metrics.jsonl`` and Ray metrics; Cloud Monitoring
-is opt-in because it needs a project (and, in tests, a local endpoint).
+Defaults give a local run console progress, ``metrics.jsonl``, TensorBoard event files and Ray
+metrics; Cloud Monitoring is opt-in because it needs a project (and, in tests, a local endpoint).
 """
 
 from __future__ import annotations
@@ -93,6 +93,9 @@ class MetricsConfig:
     """Write RUN_DIR/metrics.jsonl (the report reads it)."""
     ray_metrics: bool = True
     """Publish gauges through ray.util.metrics (Ray dashboard / Prometheus)."""
+    tensorboard: bool = True
+    """Write TensorBoard event files to RUN_DIR/tensorboard/ (``tensorboard --logdir RUN_DIR``):
+    step metrics, goodput, lifecycle transitions, eval results (docs/metrics.md)."""
     cloud_monitoring: CloudMonitoringConfig = field(default_factory=CloudMonitoringConfig)
     cpu_peak_flops_per_device: float | None = None
     """Peak FLOP/s per device to use for MFU instead of the chip table or a CPU measurement."""

@@ -2,8 +2,8 @@
 
 Each sink gets its own bounded queue and worker thread: a slow or failing sink (Cloud Monitoring
 retrying with backoff) fills only its own queue, and what no longer fits is dropped and counted
-for that sink alone. ``on_step`` / ``on_transition`` / ``on_event`` never block and never raise
-into the driver's loop.
+for that sink alone. ``on_step`` / ``on_transition`` / ``on_event`` / ``on_eval`` never block and
+never raise into the driver's loop.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import structlog
 
 from orchestrator.metrics.config import MetricsConfig
 from orchestrator.metrics.identity import ResourceIdentity
-from orchestrator.metrics.records import StepRecord
+from orchestrator.metrics.records import EvalRecord, StepRecord
 from orchestrator.metrics.sink import MetricSink
 
 log = structlog.get_logger(__name__)
@@ -114,6 +114,9 @@ class MetricsPipeline:
     def on_event(self, e: dict[str, Any]) -> None:
         self._offer(("on_event", dict(e)))
 
+    def on_eval(self, rec: EvalRecord) -> None:
+        self._offer(("on_eval", rec))
+
     def _offer(self, item: tuple[str, Any]) -> None:
         if self._closed:
             return
@@ -181,6 +184,11 @@ def build_sinks(cfg: MetricsConfig, *, run_dir: Path, identity: ResourceIdentity
         sinks.append(JsonlSink(Path(run_dir) / "metrics.jsonl"))
     if cfg.ray_metrics:
         sinks.append(RayMetricsSink(job=identity.job))
+    if cfg.tensorboard:
+        from orchestrator.metrics.tensorboard import TensorBoardSink
+
+        sinks.append(TensorBoardSink(Path(run_dir) / "tensorboard", clock=clock,
+                                     rolling_window_s=cfg.rolling_window_s))
     cm = cfg.cloud_monitoring
     if cm.enabled:
         from orchestrator.metrics.cloud.client import make_client

@@ -1,4 +1,5 @@
-"""The per-step record host 0 reports and every metric sink consumes (see docs/CONTRACTS.md).
+"""The per-step record host 0 reports and every metric sink consumes (see docs/CONTRACTS.md),
+and the eval record a task's evaluations produce.
 
 One frozen shape crosses the actor boundary and lands in ``metrics.jsonl``; readers of old or
 partial files go through ``StepRecord.from_dict`` so a missing optional field never crashes the
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -115,3 +117,43 @@ def _coerce(name: str, tp: Any, value: Any) -> Any:
 
 
 _FIELD_NAMES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(StepRecord))
+
+_SPLIT = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvalRecord:
+    """One evaluation of the model at ``step`` (the task API's eval results, driver-side).
+
+    ``loss`` is the mean per-token cross-entropy (nats) over ``tokens`` evaluated tokens;
+    ``perplexity`` is derived from it. ``split`` names the data evaluated ("eval", "val",
+    "test": a metric prefix, so lower-case letters, digits and ``_``); ``metrics`` holds any
+    further named scalars the task reports (accuracy, ...). Sinks receive it through
+    ``MetricSink.on_eval``.
+    """
+
+    step: int
+    loss: float
+    wall_time: float
+    tokens: int = 0
+    split: str = "eval"
+    metrics: Mapping[str, float] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not _SPLIT.match(self.split):
+            raise BadStepRecord(f"eval split {self.split!r} is not a metric name",
+                                fix="name the split with lower-case letters, digits and _, "
+                                    "e.g. eval or val")
+        for name in self.metrics:
+            if not _SPLIT.match(str(name)) or name in ("loss", "perplexity"):
+                raise BadStepRecord(f"eval metric {name!r} is not a metric name or is reserved",
+                                    fix="name extra eval metrics with lower-case letters, "
+                                        "digits and _, other than loss and perplexity")
+
+    @property
+    def perplexity(self) -> float:
+        """exp(loss); inf when that overflows, NaN when the loss is NaN."""
+        try:
+            return math.exp(self.loss)
+        except OverflowError:
+            return math.inf

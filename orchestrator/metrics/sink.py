@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestrator.metrics.records import StepRecord
+from orchestrator.metrics.records import EvalRecord, StepRecord
 
 
 class MetricSink:
@@ -27,6 +27,9 @@ class MetricSink:
 
     def on_event(self, e: dict[str, Any]) -> None:
         """An event the driver handled (preemption notice, host lost, operator drain...)."""
+
+    def on_eval(self, rec: EvalRecord) -> None:
+        """An evaluation finished (the task's eval results, forwarded by the driver)."""
 
     def flush(self) -> None:
         """Push out anything buffered."""

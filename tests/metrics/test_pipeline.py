@@ -195,13 +195,13 @@ def test_ray_sink_is_harmless_without_ray():
 
 
 def test_build_sinks_follows_the_config(tmp_path):
-    """Defaults: console, JSONL and Ray; Cloud Monitoring only when enabled."""
+    """Defaults: console, JSONL, Ray and TensorBoard; Cloud Monitoring only when enabled."""
     cfg = MetricsConfig()
     ident = identity_for(cfg, run_name="r1")
     names = [s.name for s in build_sinks(cfg, run_dir=tmp_path, identity=ident)]
-    assert names == ["console", "jsonl", "ray_metrics"]
+    assert names == ["console", "jsonl", "ray_metrics", "tensorboard"]
     cfg2 = configtools.build(MetricsConfig, {
-        "console_every_steps": 0, "jsonl": False, "ray_metrics": False,
+        "console_every_steps": 0, "jsonl": False, "ray_metrics": False, "tensorboard": False,
         "cloud_monitoring": {"enabled": True, "project": "p", "endpoint": "127.0.0.1:1"}},
         prefix="metrics")
     made: list[str | None] = []
