@@ -17,7 +17,7 @@ import ray
 import structlog
 from ray.exceptions import RayTaskError
 
-from orchestrator import ray_results
+from orchestrator import ray_hangs, ray_results
 from orchestrator.controller.seam import (
     Compiled,
     CorruptCheckpoint,
@@ -263,6 +263,9 @@ class RayWorkerGroup:
                 out[i] = f"<no stacks: {type(exc).__name__}: {exc}>"
         return out
 
+    def name_hung(self, status: Hung) -> Hung:
+        return ray_hangs.named(self.actors, status)
+
     def final_params(self) -> Any:
         """The gathered parameters (a collective: every host takes part; host 0's copy)."""
         return self._wait([a.params.remote() for a in self.actors], "save", 120.0)[0]
@@ -341,7 +344,8 @@ class RayWorkerGroup:
             left = deadline - time.monotonic()
             if left <= 0:
                 stuck = tuple(i for i, r in enumerate(refs) if r in pending)
-                raise GroupFailed(Hung(phase=phase, hosts=stuck, seconds=timeout_s))
+                raise GroupFailed(self.name_hung(Hung(phase=phase, hosts=stuck,
+                                                      seconds=timeout_s)))
             done, pending = ray.wait(pending, num_returns=1, timeout=left)
             for ref in done:
                 i = refs.index(ref)

@@ -11,15 +11,12 @@ from __future__ import annotations
 
 import faulthandler
 import gc
-import io
 import logging
 import os
 import signal
 import socket
-import sys
 import threading
 import time
-import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -29,6 +26,7 @@ from workers import ckpt_layout
 from workers.host_ahead import AheadMethods
 from workers.host_ram import RamTierMethods
 from workers.host_warm import RELEASE_BARRIER_S, WarmMethods, apply_env
+from workers.host_where import WhereMethods
 from workers.stops import StopBoard
 
 log = logging.getLogger(__name__)
@@ -77,7 +75,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class HostActor(RamTierMethods, WarmMethods, AheadMethods):
+class HostActor(RamTierMethods, WarmMethods, AheadMethods, WhereMethods):
     """One host's share of the run. Methods are the driver's only handle on JAX.
 
     Constructed as ``HostActor(spec, env)``: the spec is everything this host needs.
@@ -104,8 +102,8 @@ class HostActor(RamTierMethods, WarmMethods, AheadMethods):
         self._watcher: Any = None
         self._sink: Any = None
         self._stops = StopBoard()
-        self._step = 0
-        """The host-mirrored step, readable from any thread (no device sync)."""
+        self._step, self._in_step = 0, False
+        """The host-mirrored step (and whether the next one runs), readable from any thread."""
         self._replicator: Any = None
         self._persist: dict | None = None
 
@@ -248,8 +246,9 @@ class HostActor(RamTierMethods, WarmMethods, AheadMethods):
                     stopped = True
                     break
                 self._maybe_fault(tr.step)
+                self._in_step = True  # whereabouts: this host entered step tr.step + 1
                 out = tr.train_step()
-                self._step = out.step
+                self._step, self._in_step = out.step, False
                 saved, saved_s, ram_s = False, 0.0, 0.0
                 if out.step in saves and self._can_persist():
                     ram_s = self._replicator.after_step(out.step, tr.state,
@@ -378,14 +377,6 @@ class HostActor(RamTierMethods, WarmMethods, AheadMethods):
         log.error("metadata notice %s (%s) lost: the driver's queue refused it %d times "
                   "(%s: %s)", event.get("id"), event.get("kind"), _SINK_TRIES,
                   type(last).__name__, last)
-
-    def stacks(self) -> str:
-        """Python stacks of every thread (written to RUN_DIR/diagnostics on a timeout)."""
-        buf = io.StringIO()
-        for tid, frame in sys._current_frames().items():
-            buf.write(f"--- thread {tid}\n")
-            buf.write("".join(traceback.format_stack(frame)))
-        return buf.getvalue()
 
     def shutdown(self) -> None:
         """Finish pending saves so a drained host leaves complete checkpoints behind."""

@@ -140,7 +140,7 @@ class WarmMethods:
         backend.clear_backends()
         jax.clear_caches()
         _clear_orbax_caches()
-        self._stops, self._step, self._fault = StopBoard(), 0, None
+        self._stops, self._step, self._fault, self._in_step = StopBoard(), 0, None, False
         t3 = time.perf_counter()
         return {"pid": os.getpid(), "release_s": t3 - t0, "quiesce_s": t1 - t0,
                 "shutdown_s": t2 - t1, "clear_s": t3 - t2}

@@ -130,7 +130,7 @@ def _wait_chunk(run: Run, *, steps: int):
             group.request_stop(run.chunk)
             stop_sent = True
         if run.now() > deadline:
-            return Hung(phase="step", hosts=status.pending, seconds=bound)
+            return group.name_hung(Hung(phase="step", hosts=status.pending, seconds=bound))
 
 
 def _absorb(run: Run, status: Progress) -> None:

@@ -225,6 +225,10 @@ class WorkerGroup(Protocol):
 
     def stacks(self) -> dict[int, str]: ...
 
+    def name_hung(self, status: Hung) -> Hung:
+        """``status`` with its hosts narrowed to the ones the others wait for, and why (the
+        seam asks the hosts where they are); unchanged when it cannot tell them apart."""
+
     def shutdown(self, *, graceful: bool, keep_processes: bool = False) -> None:
         """Stop every actor (graceful: let pending saves finish first). ``keep_processes``: a
         drained group about to be re-formed; its processes may be kept warm for the next

@@ -21,6 +21,7 @@ from orchestrator.controller.seam import (
     GroupFailed,
     GroupSpec,
     HostsLost,
+    Hung,
     Progress,
     Restored,
     Running,
@@ -294,6 +295,9 @@ class SimGroup:
 
     def stacks(self) -> dict[int, str]:
         return {}
+
+    def name_hung(self, status: Hung) -> Hung:
+        return status
 
     def shutdown(self, *, graceful: bool, keep_processes: bool = False) -> None:
         self._call(self._shutdown, graceful)

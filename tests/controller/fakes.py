@@ -265,6 +265,9 @@ class FakeGroup:
     def stacks(self) -> dict[int, str]:
         return {i: "stack" for i in range(len(self.spec.plan.hosts))}
 
+    def name_hung(self, status: Hung) -> Hung:
+        return status
+
     def shutdown(self, *, graceful: bool, keep_processes: bool = False) -> None:
         self.shutdowns.append(graceful)
         self.kept_processes.append(keep_processes)

@@ -6,6 +6,7 @@ milliseconds on the fake seam (tests/controller/); these prove the real parts be
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 import numpy as np
@@ -93,6 +94,23 @@ def test_kill_mid_step_and_kill_during_async_save_restore_last_complete_checkpoi
     assert lost == [0, 2, 15 - restored[2]]
     assert s.lost_steps == sum(lost)
     assert all(n <= 5 for n in lost), "lost steps <= the checkpoint interval"
+
+
+def test_a_step_hang_names_the_host_that_hung(cluster, tmp_path):
+    """Host 1 stops before step 8 while host 0 waits in step 8's collective: the hang names
+    host 1, not both (issue 28, item 11), the stacks are dumped, the run recovers."""
+    chaos = [ChaosFaultConfig(at_step=7, host=1, kind="hang")]
+    result = run_controller(fault_config(tmp_path / "run", "timeouts.step_s=3", chaos=chaos))
+    s = result.summary
+    assert (s.state, s.step) == ("SUCCEEDED", 20)
+    assert s.restarts == {"timeout": 1}
+    hung = next(t for t in result.timeline if t["prev"] == "RUNNING" and t["state"] ==
+                "RELEASING")
+    assert re.search(r"within \d+s on hosts \[1\] \(host 1 never entered step 8",
+                     hung["reason"]), hung["reason"]
+    assert "hosts [0] waited for them" in hung["reason"], hung["reason"]
+    (dump,) = (tmp_path / "run" / "diagnostics").glob("stacks-step-*.txt")
+    assert "_maybe_fault" in dump.read_text(), "the hung host's stack is in the dump"
 
 
 def test_host_that_never_joins_init_times_out_and_is_retried(cluster, tmp_path):
