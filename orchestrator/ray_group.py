@@ -15,7 +15,7 @@ from typing import Any
 
 import ray
 import structlog
-from ray.exceptions import RayTaskError
+from ray.exceptions import RayActorError, RayTaskError
 
 from orchestrator import ray_hangs, ray_results
 from orchestrator.controller.seam import (
@@ -305,6 +305,8 @@ class RayWorkerGroup:
         if not graceful and self._refs:
             ready, _ = ray.wait(self._refs, num_returns=len(self._refs), timeout=0.5)
             busy = {i for i, r in enumerate(self._refs) if r not in ready}
+            # a host whose chunk ended in its own death is known dead: no release to try
+            busy |= {i for i, r in enumerate(self._refs) if r in ready and _died(r)}
         pairs = [(h.node_id, a) for i, (h, a) in
                  enumerate(zip(self.spec.plan.hosts, self.actors, strict=True))
                  if i not in busy]
@@ -381,3 +383,14 @@ class RayWorkerGroup:
             log.warning("nodes_gone", nodes=sorted(gone))
             kind = lost_kind(kind, gone, self.spec.plan.hosts)
         return HostsLost(hosts=hosts, kind=kind, message=message, nodes_gone=frozenset(gone))
+
+
+def _died(ref: Any) -> bool:
+    """Whether a finished call's actor died (its process is gone)."""
+    try:
+        ray.get(ref, timeout=0)
+    except RayActorError:
+        return True
+    except Exception:  # a live host's error
+        return False
+    return False

@@ -17,6 +17,7 @@ from typing import Any
 
 import ray
 import structlog
+from ray.exceptions import RayActorError
 
 from orchestrator.hosts import HostRef
 
@@ -76,6 +77,10 @@ class WarmPool:
                 if ref not in ready:
                     raise TimeoutError(f"release took over {bound:g} s")
                 out = ray.get(ref)
+            except RayActorError as exc:  # it died meanwhile: nothing failed to release
+                log.info("not_kept_dead", node=node_id[:12], error=str(exc)[:200])
+                _kill(actor)
+                continue
             except Exception as exc:
                 self.stats.release_failed += 1
                 log.warning("release_failed", node=node_id[:12], error=str(exc)[:300])

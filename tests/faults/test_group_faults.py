@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
+from structlog.testing import capture_logs
 
 from orchestrator.controller_config import ChaosFaultConfig
 from tests.faults.harness import (
@@ -78,7 +79,8 @@ def test_kill_mid_step_and_kill_during_async_save_restore_last_complete_checkpoi
     """kill -9 of host 1 before step 8, then right after step 15's async save started."""
     chaos = [ChaosFaultConfig(at_step=7, host=1, kind="kill"),
              ChaosFaultConfig(at_step=15, host=1, kind="kill_in_save")]
-    result = run_controller(fault_config(tmp_path / "run", chaos=chaos))
+    with capture_logs() as logs:
+        result = run_controller(fault_config(tmp_path / "run", chaos=chaos))
     print_recovery("unannounced", result)
 
     s = result.summary
@@ -94,6 +96,9 @@ def test_kill_mid_step_and_kill_during_async_save_restore_last_complete_checkpoi
     assert lost == [0, 2, 15 - restored[2]]
     assert s.lost_steps == sum(lost)
     assert all(n <= 5 for n in lost), "lost steps <= the checkpoint interval"
+    # the dead host is not asked to leave the runtime: no release_failed for it (issue 28)
+    dead = [e for e in logs if e["event"] == "release_failed" and "died" in e["error"].lower()]
+    assert dead == [], dead
 
 
 def test_a_step_hang_names_the_host_that_hung(cluster, tmp_path):
