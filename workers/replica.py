@@ -4,17 +4,17 @@
 replica count: every distinct shard is taken by exactly one device (so the copies of all
 processes are disjoint and together cover every array once), and arrays replicated across slices
 are spread over the slices' hosts instead of all landing on one. Their bytes are concatenated; the
-layout records, per piece, which array and which global index it is. ``unpack`` assembles the
-global arrays from every source's copy and places them with the *target* sharding, so a state
-copied from one mesh restores into another (a re-formed mesh). It assembles each array whole on
-every host: simple and right for the models this runs in tests; a large model would fetch only
-the pieces overlapping its own shards (not built).
+layout records, per piece, which array and which global index it is, and each array's key path
+(``names``). ``unpack`` assembles the global arrays from every source's copy and places them with
+the *target* sharding, so a state copied from one mesh restores into another (a re-formed mesh).
+It assembles each array whole on every host: simple and right for the models this runs in
+tests; a large model would fetch only the pieces overlapping its own shards (not built).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import jax
@@ -35,7 +35,8 @@ class Packer:
     shards to take and the layout are worked out once; each pack only copies bytes."""
 
     def __init__(self, state: Any) -> None:
-        leaves = jax.tree_util.tree_leaves(state)
+        paths, _ = jax.tree_util.tree_flatten_with_path(state)
+        leaves = [leaf for _, leaf in paths]
         self._count = len(leaves)
         # (leaf index, position among the leaf's addressable shards, offset, bytes), layout order
         self._take: list[tuple[int, int, int, int]] = []
@@ -57,7 +58,8 @@ class Packer:
         # device assignment, so the position holds as long as the sharding is the same.
         self._shardings = [leaf.sharding for leaf in leaves]
         self.layout = {"leaves": [[list(leaf.shape), np.dtype(leaf.dtype).str]
-                                  for leaf in leaves], "pieces": pieces}
+                                  for leaf in leaves], "pieces": pieces,
+                       "names": [leaf_name(path) for path, _ in paths]}
 
     def pack(self, state: Any) -> tuple[dict, bytearray]:
         """Copy the shards straight into one buffer: no pytree walk per shard and no second
@@ -82,6 +84,21 @@ class Packer:
         return self.layout, data
 
 
+def leaf_name(path: Sequence[Any]) -> str:
+    """``params/block0/q/kernel`` from a JAX key path (dict keys, attribute names, sequence
+    indices joined by ``/``): how a copy's layout names its leaves (``names``, read by
+    ``python -m orchestrator.export``) and how the export names Orbax's."""
+    parts = []
+    for key in path:
+        for attr in ("key", "name", "idx"):
+            if hasattr(key, attr):
+                parts.append(str(getattr(key, attr)))
+                break
+        else:
+            parts.append(str(key))
+    return "/".join(parts)
+
+
 def _replicas(leaf: Any) -> int:
     """How many devices hold each distinct shard of ``leaf`` (e.g. the DCN data-parallel size
     for parameters sharded only inside a slice)."""
@@ -94,9 +111,23 @@ def unpack(copies: Sequence[tuple[dict, bytes]], abstract_state: Any) -> Any:
     """The state ``abstract_state`` describes (shapes, dtypes, target shardings), from the copies
     of every source process; ``ReplicaMismatch`` if they do not fit or do not cover it."""
     targets, treedef = jax.tree_util.tree_flatten(abstract_state)
-    want = [[list(t.shape), np.dtype(t.dtype).str] for t in targets]
-    full = [np.empty(t.shape, t.dtype) for t in targets]
-    filled = [0] * len(targets)
+    full = assemble(copies, [(t.shape, t.dtype) for t in targets])
+    arrays = [jax.make_array_from_callback(t.shape, t.sharding, lambda idx, a=a: a[idx])
+              for t, a in zip(targets, full, strict=True)]
+    return jax.tree_util.tree_unflatten(treedef, arrays)
+
+
+def assemble(copies: Sequence[tuple[dict, bytes]], leaves: list, *,
+             only: Collection[int] | None = None) -> list[np.ndarray | None]:
+    """The global arrays (host numpy) of a state whose flattened leaves are ``leaves``
+    (``[(shape, dtype), ...]``), from the copies of every source; with ``only``, just those leaf
+    indices (the others None: an export of the parameters alone). ``ReplicaMismatch`` if the
+    copies do not fit or do not cover them."""
+    want = [[list(shape), np.dtype(dtype).str] for shape, dtype in leaves]
+    keep = set(range(len(want)) if only is None else only)
+    full = [np.empty(shape, dtype) if i in keep else None
+            for i, (shape, dtype) in enumerate(leaves)]
+    filled = [0] * len(want)
     for layout, data in copies:
         if layout["leaves"] != want:
             raise ReplicaMismatch("the RAM copy was written by a different model or optimizer: "
@@ -104,17 +135,18 @@ def unpack(copies: Sequence[tuple[dict, bytes]], abstract_state: Any) -> Any:
         for i, index, dtype, shape, offset, nbytes in layout["pieces"]:
             if offset + nbytes > len(data):
                 raise ReplicaMismatch(f"piece of array {i} runs past the copy's end")
+            target = full[i]
+            if target is None:
+                continue
             piece = np.frombuffer(data, dtype=np.dtype(dtype), count=math.prod(shape),
                                   offset=offset).reshape(shape)
-            full[i][tuple(slice(a, b) for a, b in index)] = piece
+            target[tuple(slice(a, b) for a, b in index)] = piece
             filled[i] += piece.size
     for i, (arr, n) in enumerate(zip(full, filled, strict=True)):
-        if n != arr.size:
+        if arr is not None and n != arr.size:
             raise ReplicaMismatch(f"array {i} is {n}/{arr.size} covered by the copies: a source "
                                   "is missing")
-    arrays = [jax.make_array_from_callback(t.shape, t.sharding, lambda idx, a=a: a[idx])
-              for t, a in zip(targets, full, strict=True)]
-    return jax.tree_util.tree_unflatten(treedef, arrays)
+    return full
 
 
 def _first_difference(got: list, want: list) -> str:
