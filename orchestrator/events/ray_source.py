@@ -1,9 +1,14 @@
-"""Ray as an event source: the run's hosts whose Ray node died become HOST_LOST events.
+"""Ray as an event source: the run's hosts whose Ray node died become HOST_LOST events, and nodes
+Ray Core is draining become PREEMPTION_NOTICE events with the drain's deadline.
 
 ``RayNodeWatcher`` polls the cluster's node table (a seam, ``ray.nodes`` by default) and reports
-mesh hosts whose node is no longer alive, once per node. A failed *call* on a host actor is not
-an event: the worker group maps it to the seam's ``FailureKind`` (``orchestrator.ray_results``,
-the one place a Ray exception is classified) and the controller takes its failure path.
+mesh hosts whose node is no longer alive, once per node. It also polls Ray Core's draining nodes
+(``ray drain-node``, KubeRay, the autoscaler; what Ray Train's ``PreemptionWatcher`` polls): a
+drain is a preemption notice for that node, targeted by Ray node id (Ray exposes no reason while
+a drain is under way and refuses an idle-termination drain of a node running actors); the
+intake decides whether it concerns the run. A failed *call* on a host actor is not an event:
+the worker group maps it to the seam's ``FailureKind`` (``orchestrator.ray_results``, the one
+place a Ray exception is classified) and the controller takes its failure path.
 """
 
 from __future__ import annotations
@@ -42,6 +47,30 @@ def _target(host: HostRef, job: str | None) -> Target:
     return Target(job=job, slice=host.slice_name, host=host.instance, host_kind="instance")
 
 
+def drain_event(node_id: str, deadline_ms: int, *, job: str | None, now: float,
+                host: HostRef | None) -> Event:
+    """Ray Core drains ``node_id`` (deadline 0: none given): a preemption notice for it."""
+    deadline = deadline_ms / 1000.0 if deadline_ms else None
+    return Event(
+        kind=EventKind.PREEMPTION_NOTICE,
+        target=Target(job=job, slice=host.slice_name if host else None, host=node_id,
+                      host_kind="ray_node"),
+        source=SOURCE, id=f"ray:drain:{node_id}:{deadline_ms}", observed_at=now,
+        deadline=deadline, message=f"Ray Core is draining node {node_id}"
+        + (f" (deadline in {deadline - now:.0f}s)" if deadline else " (no deadline)"),
+        labels={"ray.node_id": node_id, "ray.drain_deadline_ms": str(deadline_ms)},
+    )
+
+
+def draining_nodes() -> dict[str, int]:
+    """The default seam: Ray Core's draining nodes, ``{node_id_hex: deadline_ms}`` (0: none).
+    Ray 2.60 has no public API for it (Ray Train reads the same private accessor): one place,
+    pinned by ``tests/events/test_ray_source.py``."""
+    from ray._private.state import state
+
+    return dict(state.get_draining_nodes())
+
+
 def ray_nodes() -> list[dict[str, Any]]:
     """The default seam: Ray's node table (needs ``ray.init`` in this process)."""
     import ray
@@ -54,9 +83,12 @@ class RayNodeWatcher:
 
     def __init__(self, *, job: str | None = None,
                  nodes: Callable[[], list[dict[str, Any]]] = ray_nodes,
+                 draining: Callable[[], dict[str, int]] | None = draining_nodes,
                  clock: Callable[[], float] = time.time) -> None:
         self.job = job
         self._nodes = nodes
+        self._draining = draining
+        self._drains: set[tuple[str, int]] = set()
         self._clock = clock
         self._reported: set[str] = set()
         self._stop = threading.Event()
@@ -79,6 +111,30 @@ class RayNodeWatcher:
             state = "DEAD" if host.node_id in known else "MISSING"
             self._reported.add(host.node_id)
             out.append(node_lost_event(host, job=self.job, now=now, state=state))
+        return out + self.check_drains(hosts)
+
+    def check_drains(self, hosts: Sequence[HostRef]) -> list[Event]:
+        """A PREEMPTION_NOTICE per (node, deadline) Ray Core drains, once each; the intake
+        decides relevance (a node of ours or a spare: targeted by Ray node id)."""
+        if self._draining is None:
+            return []
+        try:
+            drains = self._draining()
+        except Exception as exc:  # GCS unreachable, or the private accessor moved
+            log.warning("ray_draining_nodes_unavailable", error=str(exc)[:300])
+            return []
+        by_node = {h.node_id: h for h in hosts}
+        now = self._clock()
+        out = []
+        for node_id, deadline_ms in sorted(drains.items()):
+            key = (str(node_id), int(deadline_ms or 0))
+            if key in self._drains:
+                continue
+            self._drains.add(key)
+            log.info("ray_node_draining", node=key[0], deadline_ms=key[1],
+                     ours=key[0] in by_node)
+            out.append(drain_event(key[0], key[1], job=self.job, now=now,
+                                   host=by_node.get(key[0])))
         return out
 
     def start(self, submit: Callable[[Event], None], hosts: Callable[[], Sequence[HostRef]],

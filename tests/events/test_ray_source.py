@@ -66,3 +66,68 @@ def test_real_actor_death_and_node_table():
         assert [e.target.host for e in events] == ["f" * 56]
     finally:
         ray.shutdown()
+
+
+def test_a_draining_node_is_a_preemption_notice_with_its_deadline_once():
+    """Ray Core's drain (node id -> deadline ms) -> PREEMPTION_NOTICE targeted by Ray node id,
+    deadline in seconds; a new deadline for the same node is a new notice; 0 means none."""
+    drains = {"node1": 1_000_000_030_000}
+    watcher = RayNodeWatcher(job="j", nodes=lambda: [{"NodeID": f"node{i}", "Alive": True}
+                                                     for i in range(3)],
+                             draining=lambda: drains, clock=lambda: 1_000_000_000.0)
+    (ev,) = watcher.check(hosts(3))
+    assert ev.kind.value == "preemption_notice" and ev.source == "ray"
+    assert (ev.target.host, ev.target.host_kind, ev.target.job) == ("node1", "ray_node", "j")
+    assert ev.deadline == 1_000_000_030.0
+    assert watcher.check(hosts(3)) == []
+    drains["node1"] = 1_000_000_020_000
+    drains["spare9"] = 0
+    again = {e.target.host: e.deadline for e in watcher.check(hosts(3))}
+    assert again == {"node1": 1_000_000_020.0, "spare9": None}
+
+
+def test_drain_polling_that_fails_reports_nothing_and_does_not_raise():
+    def broken():
+        raise AttributeError("moved in this Ray version")
+
+    watcher = RayNodeWatcher(nodes=lambda: [], draining=broken)
+    assert watcher.check_drains(hosts(1)) == []
+
+
+@pytest.mark.cluster
+def test_a_real_ray_drain_with_reason_preemption_becomes_a_notice(tmp_path):
+    """``ray drain-node``'s call (reason preemption, a deadline) on a node running an actor:
+    the watcher's default seam (Ray's private accessor, pinned here) reports it."""
+    from ray._raylet import GcsClient
+    from ray.cluster_utils import Cluster
+    from ray.core.generated import autoscaler_pb2
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+    try:
+        node = cluster.add_node(num_cpus=1, resources={"TPU": 1})
+        ray.init(address=cluster.address, log_to_driver=False)
+
+        @ray.remote(resources={"TPU": 1})
+        class Host:
+            def ping(self) -> int:
+                return 1
+
+        actor = Host.remote()
+        assert ray.get(actor.ping.remote(), timeout=60) == 1
+        deadline_ms = int(time.time() * 1000) + 60_000
+        gcs = GcsClient(address=cluster.gcs_address)
+        accepted, why = gcs.drain_node(
+            node.node_id, autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"),
+            "spot reclaim", deadline_ms)
+        assert accepted, why
+        watcher = RayNodeWatcher(job="j")
+        t_end = time.monotonic() + 30
+        events = []
+        while not events and time.monotonic() < t_end:
+            events = watcher.check_drains(hosts(1))
+            time.sleep(0.2)
+        assert [(e.target.host, e.deadline) for e in events] == [
+            (node.node_id, deadline_ms / 1000.0)]
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
