@@ -18,6 +18,9 @@ from orchestrator.controller_config import ControllerConfig
 from orchestrator.errors import ConfigError
 from orchestrator.events.config import EventsConfig
 from orchestrator.metrics.config import MetricsConfig
+from orchestrator.task_config import ModelConfig, TaskConfig, reconcile
+
+__all__ = ["ModelConfig", "RunConfig", "TaskConfig", "TrainConfig", "load_config"]
 
 
 def _positive(setting: str, value: float, fix: str = "") -> None:
@@ -184,32 +187,6 @@ class MeshShape:
 
 
 @dataclass(frozen=True, kw_only=True)
-class ModelConfig:
-    """Decoder-only transformer LM. The default is tiny on purpose (CPU tests)."""
-
-    vocab_size: int = 128
-    d_model: int = 64
-    num_layers: int = 2
-    num_heads: int = 4
-    d_ff: int = 256
-    seq_len: int = 32
-    dtype: Literal["float32", "bfloat16"] = "float32"
-
-    def __post_init__(self) -> None:
-        for name in ("vocab_size", "d_model", "num_layers", "num_heads", "d_ff", "seq_len"):
-            _positive(f"model.{name}", getattr(self, name))
-        if self.d_model % self.num_heads:
-            raise ConfigError("model.num_heads", f"d_model={self.d_model} does not divide by "
-                              f"num_heads={self.num_heads}",
-                              "pick num_heads that divides model.d_model")
-
-    def fingerprint(self) -> str:
-        """Hash of what decides parameter shapes: a checkpoint fits only the same fingerprint."""
-        blob = json.dumps(configtools.to_dict(self), sort_keys=True).encode()
-        return hashlib.sha256(blob).hexdigest()[:16]
-
-
-@dataclass(frozen=True, kw_only=True)
 class TrainConfig:
     """Optimizer and batch. AdamW with linear warmup then cosine decay, global-norm clipping."""
 
@@ -352,7 +329,9 @@ class RunConfig:
     run: RunSection = field(default_factory=RunSection)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     mesh: MeshConfig = field(default_factory=MeshConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
+    """The built-in ``lm`` task's settings (``orchestrator/task_config.py: reconcile``)."""
     train: TrainConfig = field(default_factory=TrainConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     timeouts: TimeoutsConfig = field(default_factory=TimeoutsConfig)
@@ -360,6 +339,9 @@ class RunConfig:
     controller: ControllerConfig = field(default_factory=ControllerConfig)
     events: EventsConfig = field(default_factory=EventsConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "model", reconcile(self.task, self.model))  # lm: one place
 
     def validate_for(self, *, slices: int, hosts_per_slice: int,
                      devices_per_host: int) -> MeshShape:
@@ -375,7 +357,7 @@ class RunConfig:
         if self.train.global_batch % processes:
             raise ConfigError("train.global_batch", f"{self.train.global_batch} does not divide by "
                               f"the host count {processes}", f"use a multiple of {processes}")
-        if self.model.num_heads % shape.ici_tensor:
+        if self.task.kind == "lm" and self.model.num_heads % shape.ici_tensor:
             raise ConfigError("mesh.ici.tensor", f"model.num_heads={self.model.num_heads} does not "
                               f"divide by the tensor axis {shape.ici_tensor}",
                               "pick a tensor axis that divides num_heads")

@@ -47,6 +47,8 @@ def _coerce(setting: str, tp: Any, value: Any) -> Any:
         if not isinstance(value, Mapping):
             raise ConfigError(setting, f"expected a mapping, got {value!r}",
                               f"write `{setting}` as a section with keys")
+        if hasattr(tp, "from_mapping"):  # a section whose keys its own class decides
+            return tp.from_mapping(value, prefix=setting)
         return build(tp, value, prefix=setting)
     if origin is typing.Literal:
         if isinstance(value, bool) and value not in args:

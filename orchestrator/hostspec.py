@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from orchestrator.config import CheckpointConfig, ModelConfig, RunConfig, TrainConfig
+from orchestrator.config import CheckpointConfig, RunConfig, TrainConfig
 from orchestrator.errors import ConfigError
 from orchestrator.hosts import HostRef
 from orchestrator.plan import MeshPlan
+from orchestrator.task_config import TaskRef, task_ref
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -21,7 +22,9 @@ class HostSpec:
 
     host: HostRef
     plan: MeshPlan
-    model: ModelConfig
+    task: TaskRef
+    """The task (``module:function`` and its settings as plain data); the host resolves it
+    (``workers.task.resolve``)."""
     train: TrainConfig
     checkpoint: CheckpointConfig
     checkpoint_dir: str
@@ -84,7 +87,7 @@ class HostSpec:
         from workers.exec_auth import key_path  # standard library only
 
         use_store = executables_dir and cfg.compile.cache == "on"
-        return cls(host=host, plan=plan, model=cfg.model, train=cfg.train,
+        return cls(host=host, plan=plan, task=task_ref(cfg), train=cfg.train,
                    checkpoint=cfg.checkpoint, checkpoint_dir=str(checkpoint_dir),
                    seed=cfg.run.seed, total_steps=cfg.run.total_steps, accum_steps=accum_steps,
                    init_timeout_s=cfg.timeouts.init_s, heartbeat_s=cfg.timeouts.heartbeat_s,

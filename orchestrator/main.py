@@ -25,6 +25,7 @@ import structlog
 from orchestrator import configtools, logs
 from orchestrator.config import RunConfig, load_config
 from orchestrator.driver.lock import RunDirBusy, RunDirLock
+from orchestrator.driver.task_check import check_task
 from orchestrator.errors import (
     CheckpointError,
     ClusterUnreachableError,
@@ -118,7 +119,7 @@ class Driver:
         from orchestrator.ray_groups import ray_group_factory
 
         self.lock.acquire(submission_id=_submission_id())  # before anything reads or writes
-        self._check_checkpoint()
+        check_task(self.cfg, self.run_dir)  # the task and its checkpoints: exit 2 if bad
         self._connect()
         _interrupt_on_signals()  # Ray's in-process head node installs its own SIGTERM handler
         cluster = RayClusterView()
@@ -148,41 +149,6 @@ class Driver:
         return EXIT_OK if summary.state == "SUCCEEDED" else EXIT_FAILED
 
     # ---- parts --------------------------------------------------------------------------
-
-    def _check_checkpoint(self) -> None:
-        """Refuse, before touching anything, a run_dir whose checkpoints another model wrote.
-
-        The newest committed step with readable run metadata decides. A newer step whose
-        metadata is damaged is left to the restore, which falls back past it (and says so);
-        only when no committed step is readable is the directory refused as not ours.
-        """
-        from workers import ckpt_layout
-
-        ckpt = self.run_dir / "checkpoints"
-        steps = sorted(ckpt_layout.committed_steps(ckpt), reverse=True) if ckpt.is_dir() else []
-        unreadable: list[tuple[int, ValueError]] = []
-        for step in steps:
-            try:
-                meta = ckpt_layout.read_run_meta(ckpt / str(step))
-            except ValueError as exc:
-                unreadable.append((step, exc))
-                continue
-            if meta.get("model_fingerprint") != self.cfg.model.fingerprint():
-                raise CheckpointError(
-                    f"Checkpoint step {step} in {ckpt} was written by a different model "
-                    f"({json.dumps(meta.get('model'))}); this run's model is "
-                    f"{json.dumps(configtools.to_dict(self.cfg.model))}.",
-                    fix="use a new run.run_dir, or set model.* to the checkpoint's values")
-            if unreadable:
-                log.warning("checkpoint_metadata_unreadable",
-                            steps=[u[0] for u in unreadable], restore_falls_back_to=step)
-            return
-        if unreadable:
-            step, exc = unreadable[0]
-            raise CheckpointError(
-                f"Checkpoint step {step} in {ckpt} has no readable run metadata ({exc}).",
-                fix="point run.run_dir at a directory written by tpu-orchestrator, or a new "
-                    "one")
 
     def _prepare_run_dir(self) -> None:
         import yaml

@@ -11,6 +11,7 @@ from orchestrator.hosts import HostRef
 from orchestrator.ram_tier import RamTier
 from orchestrator.ray_cluster import RayClusterView, spawn
 from orchestrator.ray_group import RayWorkerGroup
+from orchestrator.task_config import task_ref
 from orchestrator.warm_pool import WarmPool
 from workers.host import device_env
 
@@ -34,7 +35,8 @@ class RayGroups:
         self.pool: WarmPool | None = None
         if warm.reuse_processes != "off" or warm.standby_slices > 0:
             self.pool = WarmPool(start_standby=self._start_standby, warm_kwargs={
-                "model": cfg.model, "train": cfg.train, "total_steps": cfg.run.total_steps})
+                "task": task_ref(cfg), "train": cfg.train, "total_steps": cfg.run.total_steps,
+                "seed": cfg.run.seed})
 
     def __call__(self, spec: GroupSpec) -> RayWorkerGroup:
         mode = self.cfg.events.metadata.enabled

@@ -108,7 +108,8 @@ def compiled(results: Sequence[dict]) -> Compiled:
             log.info("executable_compiled", host=i, key=r.get("key"), reason=r.get("reason"))
     first = results[0]
     return Compiled(compile_s=max(float(r["compile_s"]) for r in results),
-                    flops=first.get("flops_xla") or first.get("flops_analytic"),
+                    flops=first.get("flops_analytic") or first.get("flops_xla"),
+                    tokens=first.get("tokens"),
                     source=sources.pop() if len(sources) == 1 else "mixed",
                     key=first.get("key"))
 

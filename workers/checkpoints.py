@@ -201,7 +201,7 @@ class CheckpointStore:
             except ValueError as exc:
                 set_aside(d, str(exc))
                 continue
-            if meta.get("model_fingerprint") != self.model_fingerprint:
+            if layout.task_fingerprint_of(meta) != self.model_fingerprint:
                 return _Decision(_OTHER_MODEL, d.step, tuple(skipped),
                                  self._refusal(_OTHER_MODEL, d.step, meta))
             return _Decision(_RESTORE, d.step, tuple(skipped))
@@ -224,9 +224,9 @@ class CheckpointStore:
             except ValueError:
                 meta = {}
         return CheckpointError(
-            f"{where} was written by a different model ({json.dumps(meta.get('model'))}); "
-            f"this run's model is {self.model_desc}.",
-            fix="use a new run.run_dir, or set model.* to the checkpoint's values")
+            f"{where} was written by another task ({json.dumps(layout.task_of(meta))}); "
+            f"this run's task is {self.model_desc}.",
+            fix=layout.OTHER_TASK_FIX)
 
     def _read(self, step: int, abstract_state: Any, *, retries: int) -> Any:
         for attempt in range(retries + 1):

@@ -105,6 +105,24 @@ def read_run_meta(step_path: Path) -> dict:
     return meta
 
 
+OTHER_TASK_FIX = ("use a new run.run_dir, or set task.kind and task.settings (model.* for the "
+                  "lm task) to the checkpoint's")
+
+
+def task_fingerprint_of(meta: dict) -> str | None:
+    """The task fingerprint a step's run metadata records (``model_fingerprint`` in
+    checkpoints written before tasks: the ``lm`` task's, which it equals)."""
+    return meta.get("task_fingerprint") or meta.get("model_fingerprint")
+
+
+def task_of(meta: dict) -> dict | None:
+    """The task a step's run metadata describes (``{"kind", "settings"}``), or None."""
+    if isinstance(meta.get("task"), dict):
+        return meta["task"]
+    model = meta.get("model")
+    return {"kind": "lm", "settings": model} if isinstance(model, dict) else None
+
+
 def move_aside(path: Path, reason: str) -> Path:
     """Rename a bad step directory to ``<step>.corrupt-<n>`` (first free n); never deletes.
 

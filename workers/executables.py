@@ -63,8 +63,10 @@ SUFFIX = ".xla"
 KEEP_PER_PROCESS = 8
 """Newest files kept per (function, process index/count): enough for the few meshes a run moves
 between (N slices, N-1, N with a spare), bounded so a long run does not fill the disk."""
-CODE_MODULES = ("workers.trainer", "workers.model")
-"""Modules whose source defines the step: an edit there makes stored executables stale."""
+CODE_MODULES = ("workers.trainer", "workers.task.state")
+"""Modules whose source defines the orchestrator's side of the step: an edit there makes stored
+executables stale. The task's own code enters the key's config as ``task_code``
+(``workers.task.resolve.code_digest``)."""
 LIBRARIES = ("flax", "optax")
 JAX_OPTIONS = ("jax_enable_x64", "jax_default_matmul_precision", "jax_threefry_partitionable",
                "jax_default_prng_impl", "jax_numpy_rank_promotion")

@@ -189,6 +189,7 @@ class HostActor(RamTierMethods, WarmMethods, AheadMethods, WhereMethods):
         return {"compile_s": compile_s, "source": info.source, "key": info.key,
                 "reason": info.reason, "save_s": info.save_s, "waited_s": info.waited_s,
                 "flops_xla": tr.flops_xla, "flops_analytic": tr.flops_analytic,
+                "tokens": tr.tokens_per_step,
                 "init": tr.init_info.as_dict() if tr.init_info else None}
 
     def measure_peak_flops(self, size: int = 512, repeats: int = 5) -> float:

@@ -77,20 +77,24 @@ class WarmMethods:
     _fault: dict | None
     _leaving: bool
 
-    def warm(self, model: Any = None, train: Any = None, total_steps: int | None = None
-             ) -> dict:
+    def warm(self, task: Any = None, train: Any = None, total_steps: int | None = None,
+             seed: int = 0) -> dict:
         """Import what a host needs (JAX, Flax, Optax, Orbax, the step's module) without
         starting a backend, so that ``rejoin`` + ``initialize`` pay no imports; given the run's
-        ``model`` and ``train`` configs, also trace the state's shapes (``build`` then skips
-        ~0.1 s inside a switch)."""
+        ``task`` (a ``TaskRef``), ``train``, ``total_steps`` and ``seed``, also resolve the
+        task and trace the state's shapes (``build`` then skips them inside a switch)."""
         t0 = time.perf_counter()
         import jax  # noqa: F401
         import orbax.checkpoint  # noqa: F401
 
-        import workers.trainer
+        import workers.trainer  # noqa: F401  (the step's module)
 
-        if model is not None and train is not None and total_steps is not None:
-            workers.trainer.abstract_boxed_state(model, train, total_steps)
+        if task is not None and train is not None and total_steps is not None:
+            from workers.task.contract import TaskContext
+            from workers.task.resolve import resolve
+
+            ctx = TaskContext(train=train, total_steps=total_steps, seed=seed)
+            resolve(task, ctx).abstract_boxed  # noqa: B018  (cached for build)
         return {"pid": os.getpid(), "warm_s": time.perf_counter() - t0}
 
     def quiesce(self, ahead_wait_s: float = AHEAD_JOIN_S) -> dict:

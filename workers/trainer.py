@@ -19,16 +19,12 @@ from typing import Any
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
-import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from orchestrator.config import ModelConfig, TrainConfig
 from orchestrator.hostspec import HostSpec
 from orchestrator.plan import MeshPlan
-from workers import data as data_lib
 from workers.checkpoints import CheckpointStore, RestoreOutcome
 from workers.compile_share import CompileInfo, obtain, share_for
 from workers.executables import (
@@ -37,12 +33,21 @@ from workers.executables import (
     mesh_ingredients,
     runtime_ingredients,
 )
-from workers.model import LOGICAL_RULES, analytic_flops_per_step, build_model
+from workers.task.contract import TaskContext
+from workers.task.resolve import ResolvedTask, resolve
+from workers.task.state import (
+    RESERVED_METRICS,
+    abstract_batch,
+    batch_specs,
+    check_divisible,
+    init_unboxed,
+    state_specs,
+    train_step,
+)
 
 log = logging.getLogger(__name__)
 
 AXES = ("data", "fsdp", "tensor")
-BATCH_AXES = ("data", "fsdp")
 
 
 def build_mesh(plan: MeshPlan, devices: list | None = None) -> Mesh:
@@ -66,14 +71,6 @@ def build_mesh(plan: MeshPlan, devices: list | None = None) -> Mesh:
     return Mesh(arr, AXES)
 
 
-def make_optimizer(train: TrainConfig, total_steps: int) -> optax.GradientTransformation:
-    return optax.chain(
-        optax.clip_by_global_norm(train.grad_clip),
-        optax.adamw(make_lr_schedule(train, total_steps), b1=train.b1, b2=train.b2,
-                    weight_decay=train.weight_decay),
-    )
-
-
 @dataclasses.dataclass(frozen=True)
 class SaveOutput:
     step: int
@@ -90,6 +87,8 @@ class StepOutput:
     grad_norm: float
     step_time_s: float
     lr: float
+    extra: dict = dataclasses.field(default_factory=dict)
+    """The task's own metrics (its loss's second output), by name."""
 
 
 class Trainer:
@@ -104,29 +103,31 @@ class Trainer:
         self.plan = spec.plan
         self.accum_steps = spec.accum_steps
         self.mesh = build_mesh(spec.plan, devices)
-        self.model = build_model(spec.model)
-        self.schedule_lr = make_lr_schedule(spec.train, spec.total_steps)
-        self.tx = make_optimizer(spec.train, spec.total_steps)
+        self.resolved = task_for(spec)
+        task = self.task = self.resolved.task
         self.global_batch = spec.train.global_batch
         self.micro = self.global_batch // spec.accum_steps
-        self.batch_shape = (spec.accum_steps, self.micro, spec.model.seq_len)
-        self.batch_sharding = NamedSharding(self.mesh, P(None, BATCH_AXES, None))
+        self.example = task.data.example()
+        self.batch_shape = abstract_batch(self.example, spec.accum_steps, self.micro)
+        self.batch_sharding = _named(self.mesh, batch_specs(self.example))
         self.replicated = NamedSharding(self.mesh, P())
-        # no lambda over ``self`` kept on ``self``: that cycle kept the arrays alive after the
-        # trainer was dropped, until a full collection (``host_warm`` needs them gone at once)
-        init_boxed = functools.partial(_init_boxed, self.model, self.tx, spec.model.seq_len)
-        abstract_boxed = abstract_boxed_state(spec.model, spec.train, spec.total_steps)
-        specs = nn.get_partition_spec(abstract_boxed)
-        self.state_sharding = nn.logical_to_mesh_sharding(specs, self.mesh, LOGICAL_RULES)
+        abstract_boxed = self.resolved.abstract_boxed
+        specs = state_specs(task, abstract_boxed)
+        abstract = nn.meta.unbox(abstract_boxed)
+        check_divisible(abstract, specs, dict(self.mesh.shape))
+        check_divisible(self.batch_shape, batch_specs(self.example), dict(self.mesh.shape),
+                        "batch")
+        self.state_sharding = _named(self.mesh, specs)
         self.abstract_state = jax.tree.map(
             lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
-            nn.meta.unbox(abstract_boxed), self.state_sharding)
-        self.n_params = int(sum(math.prod(a.shape) for a in
-                                jax.tree.leaves(nn.meta.unbox(abstract_boxed)["params"])))
-        self._init = jax.jit(functools.partial(_init_unboxed, init_boxed),
+            abstract, self.state_sharding)
+        self.n_params = int(sum(math.prod(a.shape) for a in jax.tree.leaves(abstract["params"])))
+        # no lambda over ``self`` kept on ``self``: that cycle kept the arrays alive after the
+        # trainer was dropped, until a full collection (``host_warm`` needs them gone at once)
+        self._init = jax.jit(functools.partial(init_unboxed, task),
                              out_shardings=self.state_sharding)
         self._step_fn = jax.jit(
-            functools.partial(_train_step, self.model, self.tx, self.schedule_lr),
+            functools.partial(train_step, task),
             in_shardings=(self.state_sharding, self.batch_sharding),
             out_shardings=(self.state_sharding, self.replicated),
             donate_argnums=(0,),
@@ -142,13 +143,14 @@ class Trainer:
         self.compile_info: CompileInfo | None = None
         self.init_info: CompileInfo | None = None
         self.flops_xla: float | None = None
-        self.flops_analytic = analytic_flops_per_step(spec.model, self.global_batch)
+        self.flops_analytic = task.flops_per_step
+        self.tokens_per_step = self.global_batch * task.tokens_per_example
         self.state: Any = None
         self._host_step: int | None = None
         self.ckpt = CheckpointStore(
             spec.checkpoint_dir, keep=spec.checkpoint.keep, async_save=spec.checkpoint.async_save,
-            model_fingerprint=spec.model.fingerprint(),
-            model_desc=json.dumps(dataclasses.asdict(spec.model)), before_commit=before_commit)
+            model_fingerprint=self.resolved.fingerprint,
+            model_desc=json.dumps(self.resolved.describe()), before_commit=before_commit)
 
     # ---- construction -------------------------------------------------------------------
 
@@ -156,10 +158,10 @@ class Trainer:
         """Load the step's executable from the store, or lower and compile it; returns the
         seconds it took (``compile_info`` says which). Records XLA's FLOP count."""
         t0 = time.perf_counter()
-        abstract_batch = jax.ShapeDtypeStruct(self.batch_shape, jnp.int32,
-                                              sharding=self.batch_sharding)
+        batch = jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
+                             self.batch_shape, self.batch_sharding)
         self._compiled, self.compile_info = self._executable(
-            "train_step", self._step_fn, (self.abstract_state, abstract_batch), cost=True)
+            "train_step", self._step_fn, (self.abstract_state, batch), cost=True)
         self.flops_xla = self.compile_info.flops
         return time.perf_counter() - t0
 
@@ -193,7 +195,7 @@ class Trainer:
             self._key_parts = (runtime_ingredients(), mesh_ingredients(
                 self.mesh, self.plan.shape.as_dict(), num_slices=self.plan.num_slices))
         runtime, mesh = self._key_parts
-        config = {"model": dataclasses.asdict(self.spec.model),
+        config = {"task": self.resolved.describe(), "task_code": self.resolved.code_digest,
                   "train": dataclasses.asdict(self.spec.train),
                   "total_steps": self.spec.total_steps, "accum_steps": self.accum_steps}
         count = len({d.process_index for d in self.mesh.devices.flat})  # a prefix if ahead
@@ -203,22 +205,29 @@ class Trainer:
 
     # ---- data ---------------------------------------------------------------------------
 
-    def batch(self, step: int) -> jax.Array:
-        """Global batch for ``step`` built from this process's rows only."""
-        m = self.spec.model
-        seed = self.spec.seed
-        micro = self.micro
+    def batch(self, step: int) -> Any:
+        """Global batch for ``step`` built from this process's rows only (each device's rows
+        asked of the task's data once, whatever the number of leaves)."""
+        data, seed, micro = self.task.data, self.spec.seed, self.micro
+        treedef = jax.tree.structure(self.example)
+        cache: dict[tuple, list] = {}
 
-        def rows(index):
-            a_idx = range(self.accum_steps)[index[0]]
-            r_idx = range(micro)[index[1]]
-            out = np.stack([data_lib.make_rows(seed, step, range(a * micro + r_idx.start,
-                                                                 a * micro + r_idx.stop),
-                                               seq_len=m.seq_len, vocab_size=m.vocab_size)
-                            for a in a_idx])
-            return out[:, :, index[2]]
+        def rows(index) -> list:
+            key = tuple((s.start, s.stop, s.step) for s in index[:2])
+            if key not in cache:
+                a_idx = range(self.accum_steps)[index[0]]
+                r_idx = range(micro)[index[1]]
+                parts = [data.rows(seed, step, range(a * micro + r_idx.start,
+                                                     a * micro + r_idx.stop)) for a in a_idx]
+                cache[key] = treedef.flatten_up_to(jax.tree.map(lambda *x: np.stack(x), *parts))
+            return cache[key]
 
-        return jax.make_array_from_callback(self.batch_shape, self.batch_sharding, rows)
+        leaves = [jax.make_array_from_callback(
+            shape.shape, sharding, functools.partial(_leaf_rows, rows, i))
+            for i, (shape, sharding) in enumerate(zip(
+                treedef.flatten_up_to(self.batch_shape),
+                treedef.flatten_up_to(self.batch_sharding), strict=True))]
+        return treedef.unflatten(leaves)
 
     # ---- stepping -----------------------------------------------------------------------
 
@@ -239,10 +248,12 @@ class Trainer:
         self.state, metrics = self._compiled(self.state, batch)
         self._host_step = step + 1
         # one device->host copy; the LR comes from the jitted step (no eager op: ~0.3 s once)
-        loss, gnorm, lr = jax.device_get((metrics["loss"], metrics["grad_norm"], metrics["lr"]))
+        got = jax.device_get(metrics)
         dt = time.perf_counter() - t0
-        return StepOutput(step=step + 1, loss=float(loss), grad_norm=float(gnorm), step_time_s=dt,
-                          lr=float(lr))
+        return StepOutput(step=step + 1, loss=float(got["loss"]),
+                          grad_norm=float(got["grad_norm"]), step_time_s=dt, lr=float(got["lr"]),
+                          extra={k: float(v) for k, v in got.items()
+                                 if k not in RESERVED_METRICS})
 
     # ---- checkpoints --------------------------------------------------------------------
 
@@ -253,8 +264,9 @@ class Trainer:
         """
         t0 = time.perf_counter()
         step = self.step
-        meta = {"step": step, "model": dataclasses.asdict(self.spec.model),
-                "model_fingerprint": self.spec.model.fingerprint(),
+        meta = {"step": step, "task": self.resolved.describe(),
+                "task_fingerprint": self.resolved.fingerprint,
+                "model_fingerprint": self.resolved.fingerprint,  # what older versions read
                 "plan": self.plan.describe(), "config_digest": self.spec.config_digest}
         started = self.ckpt.save(step, self.state, meta)
         if wait:
@@ -297,59 +309,17 @@ class Trainer:
         self.ckpt.close()
 
 
-@functools.lru_cache(maxsize=4)
-def abstract_boxed_state(model: ModelConfig, train: TrainConfig, total_steps: int) -> Any:
-    """The state's shapes, dtypes and partitioning, uncomputed. Tracing the init takes ~0.1 s:
-    a process joining several groups (or a standby told the model, ``WarmMethods.warm``) does
-    it once. Depends only on these configs (no mesh or backend): valid across re-forms."""
-    init = functools.partial(_init_boxed, build_model(model), make_optimizer(train, total_steps),
-                             model.seq_len)
-    return jax.eval_shape(lambda: init(jax.random.key(0)))  # traced: no key computed
+def task_for(spec: HostSpec) -> ResolvedTask:
+    """The spec's task, resolved (once per process for the same task, train config and run)."""
+    return resolve(spec.task, TaskContext(train=spec.train, total_steps=spec.total_steps,
+                                          seed=spec.seed))
 
 
-def _init_boxed(model, tx, seq_len: int, key):
-    dummy = jnp.zeros((1, seq_len - 1), jnp.int32)
-    params = model.init(key, dummy)["params"]
-    return {"params": params, "opt_state": tx.init(params),
-            "step": jnp.zeros((), jnp.int32), "rng": jax.random.key_data(key)}
+def _named(mesh: Mesh, specs: Any) -> Any:
+    return jax.tree.map(lambda p: NamedSharding(mesh, p), specs,
+                        is_leaf=lambda x: isinstance(x, P))
 
 
-def _init_unboxed(init_boxed, key):
-    return nn.meta.unbox(init_boxed(key))
-
-
-def make_lr_schedule(t: TrainConfig, total_steps: int) -> optax.Schedule:
-    """Linear warmup to the peak, cosine decay to end_lr_ratio × peak."""
-    decay = t.decay_steps or total_steps
-    return optax.warmup_cosine_decay_schedule(
-        init_value=0.0, peak_value=t.learning_rate, warmup_steps=t.warmup_steps,
-        decay_steps=max(decay, t.warmup_steps + 1), end_value=t.learning_rate * t.end_lr_ratio)
-
-
-def _loss(model, params, tokens):
-    logits = model.apply({"params": params}, tokens[:, :-1])
-    targets = tokens[:, 1:]
-    return optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
-
-
-def _train_step(model, tx, schedule, state, batch):
-    """One optimizer step over ``batch`` (accum, micro, seq); grads averaged over micro-batches."""
-    grad_fn = jax.value_and_grad(functools.partial(_loss, model))
-    if batch.shape[0] == 1:
-        loss, grads = grad_fn(state["params"], batch[0])
-    else:
-        def body(carry, tokens):
-            loss_sum, grad_sum = carry
-            loss, grads = grad_fn(state["params"], tokens)
-            return (loss_sum + loss, jax.tree.map(jnp.add, grad_sum, grads)), None
-
-        zeros = jax.tree.map(jnp.zeros_like, state["params"])
-        (loss, grads), _ = jax.lax.scan(body, (jnp.zeros((), jnp.float32), zeros), batch)
-        n = batch.shape[0]
-        loss, grads = loss / n, jax.tree.map(lambda g: g / n, grads)
-    updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
-    params = optax.apply_updates(state["params"], updates)
-    new_state = {"params": params, "opt_state": opt_state, "step": state["step"] + 1,
-                 "rng": state["rng"]}
-    return new_state, {"loss": loss, "grad_norm": optax.global_norm(grads),
-                       "lr": schedule(state["step"])}
+def _leaf_rows(rows: Callable[[tuple], list], i: int, index: tuple) -> np.ndarray:
+    """Leaf ``i`` of the rows for device shard ``index`` (accum, micro, then the row's axes)."""
+    return rows(index)[i][(slice(None), slice(None), *index[2:])]

@@ -110,6 +110,7 @@ class Run:
     pending: Pending | None = None
     chunk: int = 0
     flops: float | None = None
+    tokens: int | None = None
     peak: tuple[float, str] | None = None
     started_at: float = 0.0
     poll_interval_s: float = 0.1

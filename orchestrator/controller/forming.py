@@ -87,7 +87,7 @@ def compiling(run: Run) -> Next:
     run.ledger.compiles.append({"incarnation": run.ledger.incarnation,
                                 "compile_s": round(out.compile_s, 3), "source": out.source,
                                 "key": out.key})
-    run.flops = out.flops
+    run.flops, run.tokens = out.flops, out.tokens
     log.info("compiled", compile_s=round(out.compile_s, 3), flops=out.flops, source=out.source,
              key=out.key)
     ahead.guarded(run, force_check=True)

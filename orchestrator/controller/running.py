@@ -148,7 +148,8 @@ def step_context(run: Run) -> dict:
     assert plan is not None and cfg is not None
     return {"devices": plan.devices, "flops": run.flops, "incarnation": run.ledger.incarnation,
             "slices": plan.num_slices, "peak": run.peak,
-            "tokens": cfg.train.global_batch * (cfg.model.seq_len - 1)}
+            "tokens": run.tokens if run.tokens is not None
+            else cfg.train.global_batch * (cfg.model.seq_len - 1)}
 
 
 def _finish_recovery(run: Run, status: Progress) -> None:

@@ -141,6 +141,8 @@ class Compiled:
 
     compile_s: float
     flops: float | None
+    tokens: int | None = None
+    """Tokens per step (global batch × the task's tokens per example), for throughput."""
     source: str = "compiled"
     key: str | None = None
 

@@ -18,7 +18,10 @@ def _host(source: str, seconds: float, key: str | None = "k0", **extra) -> dict:
 
 def test_hosts_results_merge_into_one_compiled():
     both = compiled([_host("loaded", 0.1), _host("loaded", 0.3, key="k1")])
-    assert both == Compiled(compile_s=0.3, flops=7.0, source="loaded", key="k0")
+    # the task's FLOP count (flops_analytic) wins over XLA's; XLA's when the task gives none
+    assert both == Compiled(compile_s=0.3, flops=9.0, source="loaded", key="k0")
+    assert compiled([_host("loaded", 0.1, flops_analytic=None, tokens=496)]) == Compiled(
+        compile_s=0.1, flops=7.0, source="loaded", key="k0", tokens=496)
     mixed = compiled([_host("compiled", 2.0), _host("loaded", 0.1, key="k1")])
     assert (mixed.source, mixed.compile_s) == ("mixed", 2.0)
     # compile.share: host 0 compiled once for the group, the others loaded its file (one key)

@@ -177,7 +177,7 @@ def _probe_args(tmp: Path) -> dict:
         return jax.ShapeDtypeStruct(shape, jnp.int32, sharding=tr.batch_sharding)
 
     out = {name: tr.executables.load(key, args=args).reason for name, args in (
-        ("same", (tr.abstract_state, batch(tr.batch_shape))),
+        ("same", (tr.abstract_state, batch(tr.batch_shape.shape))),  # lm: one array
         ("shapes", (tr.abstract_state, batch((1, 4, 16)))),
         ("tree", (tr.abstract_state,)))}
     probe.shutdown()

@@ -282,7 +282,7 @@ def lr(tmp: Path) -> dict:
     """The learning rate comes out of the jitted step and equals the schedule's value."""
     import numpy as np
 
-    from workers.trainer import make_lr_schedule
+    from workers.task.optim import make_lr_schedule
 
     a = make_actor(tmp / "ckpt")
     a.restore()

@@ -288,7 +288,7 @@ def test_file_under_the_right_name_with_another_key_is_refused(seen):
     planted = scenario(seen, "mismatch")["planted"]
     assert planted["source"] == "compiled"
     assert "holds another key" in planted["reason"]
-    assert "config.model.seq_len: 16 -> 8" in planted["reason"]
+    assert "config.task.settings.seq_len: 16 -> 8" in planted["reason"]
 
 
 def test_stored_step_asked_for_other_arguments_is_refused(seen):

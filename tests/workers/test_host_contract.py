@@ -149,7 +149,7 @@ def test_foreign_directory_and_other_model_are_refused_untouched(seen):
     assert foreign["raised"] == other["raised"] == "CheckpointError"
     assert not foreign["retryable"] and not other["retryable"]
     assert "not written by Orbax" in foreign["message"] and "run.run_dir" in foreign["fix"]
-    assert "different model" in other["message"] and "model.*" in other["fix"]
+    assert "another task" in other["message"] and "model.*" in other["fix"]
     assert foreign["untouched"] and other["untouched"]
 
 

@@ -3,6 +3,7 @@ process boundaries intact."""
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 
 import pytest
@@ -29,8 +30,10 @@ def test_for_host_copies_what_a_host_needs():
     plan = _plan(cfg)
     spec = HostSpec.for_host(cfg, plan, plan.hosts[1], checkpoint_dir="/r/checkpoints",
                              accum_steps=2)
-    assert (spec.host, spec.plan, spec.model, spec.train, spec.checkpoint) == (
-        plan.hosts[1], plan, cfg.model, cfg.train, cfg.checkpoint)
+    assert (spec.host, spec.plan, spec.train, spec.checkpoint) == (
+        plan.hosts[1], plan, cfg.train, cfg.checkpoint)
+    assert (spec.task.kind, spec.task.target) == ("lm", "workers.task.lm:make_task")
+    assert spec.task.settings == dataclasses.asdict(cfg.model), "lm's settings: model.*"
     assert (spec.seed, spec.total_steps, spec.accum_steps, spec.init_timeout_s,
             spec.heartbeat_s, spec.checkpoint_dir) == (7, 50, 2, 33.0, 9.0, "/r/checkpoints")
     assert spec.config_digest == cfg.digest()

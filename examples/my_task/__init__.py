@@ -1,0 +1,1 @@
+"""A user's task: a small Flax NNX MLP regression on stateless (seed, step) data."""

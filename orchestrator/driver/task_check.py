@@ -1,0 +1,141 @@
+"""Before any host starts: is the task sound, and do the run directory's checkpoints belong to
+it? Bad input either way: a ``ConfigError`` / ``CheckpointError`` naming the fix (exit 2), with
+nothing started and nothing written.
+
+The task is checked in a subprocess (``python -m workers.task.check``, JAX on the CPU only,
+abstract shapes only): the driver process never imports JAX or the user's module (CONTRACTS:
+``orchestrator/`` never imports JAX). The subprocess starts where the driver started (its working
+directory and ``PYTHONPATH``), as the hosts' processes do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from orchestrator import configtools
+from orchestrator.errors import CheckpointError, ConfigError
+from orchestrator.task_config import task_ref
+
+log = structlog.get_logger(__name__)
+
+MARKER = "TASK_CHECK "
+"""The check's answer line (``workers/task/check.py``)."""
+MIN_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskSummary:
+    """What the check found: the task as hosts will build it."""
+
+    fingerprint: str
+    task: dict
+    """``{"kind", "settings"}``, the settings with their defaults filled in."""
+    n_params: int
+    state_bytes: int
+    flops_per_step: float | None
+    tokens_per_step: int
+    metrics: tuple[str, ...]
+
+
+def check_task(cfg: Any, run_dir: Path, *, timeout_s: float | None = None) -> TaskSummary:
+    """The task check, then the checkpoint check (``check_checkpoint``)."""
+    summary = run_check(cfg, timeout_s=timeout_s)
+    log.info("task_checked", kind=summary.task["kind"], fingerprint=summary.fingerprint,
+             n_params=summary.n_params, state_bytes=summary.state_bytes)
+    check_checkpoint(Path(run_dir) / "checkpoints", summary)
+    return summary
+
+
+def request_for(cfg: Any) -> dict:
+    """The check's input: the task, train config, run length and the mesh axes known now."""
+    return {"task": dataclasses.asdict(task_ref(cfg)), "train": configtools.to_dict(cfg.train),
+            "total_steps": cfg.run.total_steps, "seed": cfg.run.seed, "mesh": mesh_sizes(cfg)}
+
+
+def mesh_sizes(cfg: Any) -> dict[str, int]:
+    """Mesh axis sizes the driver knows before seeing the cluster: all of them for the emulated
+    cluster; on TPU the axes the config fixes (a -1 axis is sized by the slices found)."""
+    if cfg.cluster.mode != "tpu":
+        em = cfg.cluster.emulate
+        shape = cfg.validate_for(slices=em.slices, hosts_per_slice=em.hosts_per_slice,
+                                 devices_per_host=em.devices_per_host).shape
+        return dict(zip(("data", "fsdp", "tensor"), shape, strict=True))
+    ici, dcn = cfg.mesh.ici, cfg.mesh.dcn
+    out = {"tensor": ici.tensor} if ici.tensor > 0 else {}
+    for axis in ("data", "fsdp"):
+        a, b = getattr(ici, axis), getattr(dcn, axis)
+        if a > 0 and b > 0:
+            out[axis] = a * b
+    return out
+
+
+def run_check(cfg: Any, *, timeout_s: float | None = None) -> TaskSummary:
+    bound = timeout_s or max(MIN_TIMEOUT_S, cfg.timeouts.compile_s)
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    env.pop("XLA_FLAGS", None)  # the driver's flags are not the hosts'; none are needed here
+    try:
+        done = subprocess.run([sys.executable, "-m", "workers.task.check"],
+                              input=json.dumps(request_for(cfg)), capture_output=True,
+                              text=True, env=env, timeout=bound, check=False)
+    except subprocess.TimeoutExpired:
+        raise ConfigError("task.kind", f"checking the task {cfg.task.kind!r} took longer than "
+                          f"{bound:.0f} s (importing it, building it, tracing its init and "
+                          "step)", "look for slow work at import or in the factory, or raise "
+                          "timeouts.compile_s") from None
+    answer = next((line[len(MARKER):] for line in reversed(done.stdout.splitlines())
+                   if line.startswith(MARKER)), None)
+    if answer is None:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-12:]
+        raise ConfigError("task.kind", f"the task check of {cfg.task.kind!r} ended (exit "
+                          f"{done.returncode}) without an answer: {' | '.join(tail)}",
+                          "fix what the output names (a crash while importing the task "
+                          "module or building the task)")
+    out = json.loads(answer)
+    if not out["ok"]:
+        raise ConfigError(out["setting"], out["problem"], out["fix"])
+    return TaskSummary(fingerprint=out["fingerprint"], task=out["task"],
+                       n_params=out["n_params"], state_bytes=out["state_bytes"],
+                       flops_per_step=out["flops_per_step"],
+                       tokens_per_step=out["tokens_per_step"], metrics=tuple(out["metrics"]))
+
+
+def check_checkpoint(ckpt: Path, summary: TaskSummary) -> None:
+    """Refuse, before touching anything, a checkpoint directory another task wrote.
+
+    The newest committed step with readable run metadata decides. A newer step whose metadata
+    is damaged is left to the restore, which falls back past it (and says so); only when no
+    committed step is readable is the directory refused as not ours.
+    """
+    from workers import ckpt_layout  # standard library only
+
+    steps = sorted(ckpt_layout.committed_steps(ckpt), reverse=True) if ckpt.is_dir() else []
+    unreadable: list[tuple[int, ValueError]] = []
+    for step in steps:
+        try:
+            meta = ckpt_layout.read_run_meta(ckpt / str(step))
+        except ValueError as exc:
+            unreadable.append((step, exc))
+            continue
+        if ckpt_layout.task_fingerprint_of(meta) != summary.fingerprint:
+            raise CheckpointError(
+                f"Checkpoint step {step} in {ckpt} was written by another task "
+                f"({json.dumps(ckpt_layout.task_of(meta))}); this run's task is "
+                f"{json.dumps(summary.task)}.", fix=ckpt_layout.OTHER_TASK_FIX)
+        if unreadable:
+            log.warning("checkpoint_metadata_unreadable",
+                        steps=[u[0] for u in unreadable], restore_falls_back_to=step)
+        return
+    if unreadable:
+        step, exc = unreadable[0]
+        raise CheckpointError(
+            f"Checkpoint step {step} in {ckpt} has no readable run metadata ({exc}).",
+            fix="point run.run_dir at a directory written by tpu-orchestrator, or a new one")

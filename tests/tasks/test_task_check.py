@@ -1,0 +1,104 @@
+"""Bad tasks are bad input, refused on the driver before anything starts (exit 2, nothing
+written): the check runs in a subprocess (``python -m workers.task.check``) and names the
+setting and the fix. Also: a checkpoint of another task, and the built-in lm and the example task
+passing with what the hosts will build."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator.config import load_config
+from orchestrator.driver.task_check import TaskSummary, check_checkpoint, run_check
+from orchestrator.errors import CheckpointError, ConfigError
+from orchestrator.task_config import task_fingerprint
+
+BAD = "tests.tasks.bad_tasks"
+
+
+def _refused(*overrides: str) -> ConfigError:
+    cfg = load_config(None, list(overrides))
+    with pytest.raises(ConfigError) as info:
+        run_check(cfg)
+    return info.value
+
+
+def test_builtin_lm_and_the_example_task_pass_with_their_fingerprints():
+    lm = run_check(load_config(None, ["model.d_model=32"]))
+    cfg = load_config(None, ["model.d_model=32"])
+    assert lm.fingerprint == cfg.model.fingerprint(), "lm's checkpoints from before tasks fit"
+    assert lm.tokens_per_step == 16 * 31 and lm.flops_per_step > 0
+    mlp = run_check(load_config(None, ["task.kind=examples.my_task.task:make_task"]))
+    assert mlp.task == {"kind": "examples.my_task.task:make_task",
+                        "settings": {"features": 8, "hidden": 64, "depth": 2}}
+    assert mlp.fingerprint == task_fingerprint(mlp.task["kind"], mlp.task["settings"])
+    assert mlp.metrics == ("grad_norm", "loss", "lr", "mae")
+
+
+@pytest.mark.parametrize(("overrides", "setting", "words"), [
+    (("task.kind=no_such_pkg.tasks:make_task",), "task.kind",
+     ["'no_such_pkg.tasks' was not found", "--working-dir", "PYTHONPATH"]),
+    (("task.kind=tests.tasks.raises_on_import:make_task",), "task.kind",
+     ["importing the task module 'tests.tasks.raises_on_import' failed", "RuntimeError",
+      "broken on purpose"]),
+    ((f"task.kind={BAD}:missing",), "task.kind", ["has no function 'missing'", "good"]),
+    ((f"task.kind={BAD}:not_annotated",), "task.kind", ["not annotated with a dataclass"]),
+    ((f"task.kind={BAD}:good", "task.depth=2"), "task.depth",
+     ["unknown setting", "task.width"]),
+    ((f"task.kind={BAD}:good", "task.width=wide"), "task.width",
+     ["not an integer"]),
+    ((f"task.kind={BAD}:returns_dict",), "task.kind", ["returned dict, not a workers.task.Task"]),
+    ((f"task.kind={BAD}:no_shardings",), "task.kind",
+     ["without axis names", "['kernel']", "with_logical_partitioning"]),
+    ((f"task.kind={BAD}:unknown_axis",), "task.kind", ["no rule maps", "'hidden'"]),
+    ((f"task.kind={BAD}:indivisible", "task.width=7"), "mesh",
+     ["do not divide", "(4, 7)"]),
+    ((f"task.kind={BAD}:good", "task.rows_width=5"), "task.kind",
+     ["rows(seed, 0, range(2))", "(2, 5)", "example() says"]),
+    ((f"task.kind={BAD}:good", "task.rows_dtype=int32"), "task.kind",
+     ["int32", "float32"]),
+    ((f"task.kind={BAD}:loss_breaks",), "task.kind",
+     ["the task's loss fails when traced", "bad_tasks.py:", "TypeError"]),
+])
+def test_a_bad_task_is_refused_naming_the_setting_and_the_fix(overrides, setting, words):
+    exc = _refused(*overrides)
+    text = str(exc)
+    assert exc.setting == setting, text
+    assert exc.fix, text
+    for w in words:
+        assert w in text, (w, text)
+
+
+def test_a_checkpoint_of_another_task_is_refused(tmp_path):
+    step = tmp_path / "checkpoints" / "10"
+    (step / "meta").mkdir(parents=True)
+    (step / "commit_success.txt").write_text("")
+    (step / "_CHECKPOINT_METADATA").write_text("{}")
+    lm = {"vocab_size": 128}
+    (step / "meta" / "metadata").write_text(json.dumps(
+        {"step": 10, "model": lm, "model_fingerprint": task_fingerprint("lm", lm)}))
+    mine = TaskSummary(fingerprint=task_fingerprint("my.task:make", {}),
+                       task={"kind": "my.task:make", "settings": {}}, n_params=1,
+                       state_bytes=4, flops_per_step=None, tokens_per_step=1, metrics=())
+    with pytest.raises(CheckpointError) as info:
+        check_checkpoint(tmp_path / "checkpoints", mine)
+    assert "another task" in str(info.value) and '"kind": "lm"' in str(info.value)
+    assert "task.kind" in info.value.fix and "run.run_dir" in info.value.fix
+    same = TaskSummary(**{**mine.__dict__, "fingerprint": task_fingerprint("lm", lm)})
+    check_checkpoint(tmp_path / "checkpoints", same)  # lm's own checkpoint from before tasks
+
+
+def test_main_exits_2_on_a_bad_task_before_anything_starts(tmp_path):
+    run_dir = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "orchestrator.main", f"run.run_dir={run_dir}",
+                           f"task.kind={BAD}:no_shardings"], capture_output=True, text=True,
+                          timeout=120, check=False, cwd=Path(__file__).parents[2])
+    assert done.returncode == 2, done.stderr[-2000:]
+    text = " ".join(done.stderr.split())
+    assert "Configuration error" in text and "without axis names" in text, text[-2000:]
+    assert not (run_dir / "run.json").exists() and not (run_dir / "checkpoints").exists()
+    assert "emulated_cluster_started" not in done.stdout + done.stderr

@@ -1,0 +1,157 @@
+"""The driver's task check, run as ``python -m workers.task.check`` in a subprocess
+(``orchestrator/driver/task_check.py``): JSON in on stdin, one ``TASK_CHECK {json}`` line out.
+
+A subprocess, so the driver never imports JAX or the user's module: JAX runs here on the CPU
+(``JAX_PLATFORMS=cpu``; a driver on a TPU VM must not hold its chips) and only abstractly
+(``jax.eval_shape``): nothing is computed, no device holds the state. It resolves the task as a
+host will, traces its init and its step, and checks what would otherwise fail a formed group:
+settings, the factory's result, axis names on every parameter, dimensions the mesh cannot split,
+the data's rows against its ``example()``, the step's output state and metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+from typing import Any
+
+MARKER = "TASK_CHECK "
+
+
+def check(request: dict) -> dict:
+    import functools
+
+    import flax.linen as nn
+    import jax
+    import numpy as np
+
+    from orchestrator.config import TrainConfig
+    from orchestrator.errors import ConfigError
+    from orchestrator.task_config import TaskRef
+    from workers.task import state as st
+    from workers.task.contract import TaskContext
+    from workers.task.resolve import resolve
+
+    train = TrainConfig(**request["train"])
+    ref = TaskRef(**request["task"])
+    resolved = resolve(ref, TaskContext(train=train, total_steps=request["total_steps"],
+                                        seed=request["seed"]))
+    task = resolved.task
+    try:
+        boxed = resolved.abstract_boxed
+    except ConfigError:
+        raise
+    except Exception as exc:
+        raise _traced("init", exc) from exc
+    specs = st.state_specs(task, boxed)
+    abstract = nn.meta.unbox(boxed)
+    sizes = request.get("mesh") or {}
+    st.check_divisible(abstract, specs, sizes)
+    example = task.data.example()
+    if not all(isinstance(e, jax.ShapeDtypeStruct) for e in jax.tree.leaves(example)):
+        raise ConfigError("task.kind", f"the data's example() is {example!r}, not a pytree of "
+                          "jax.ShapeDtypeStruct", "describe one row: "
+                          "jax.ShapeDtypeStruct(shape_without_batch, dtype) per leaf")
+    batch = st.abstract_batch(example, 1, train.global_batch)
+    st.check_divisible(batch, st.batch_specs(example), sizes, "batch")
+    _check_rows(task.data, example, request["seed"], min(2, train.global_batch), np, jax)
+    try:
+        out_state, metrics = jax.eval_shape(functools.partial(st.train_step, task), abstract,
+                                            batch)
+    except ConfigError:
+        raise
+    except Exception as exc:
+        raise _traced("loss" if task.step is None else "step", exc) from exc
+    _check_step(abstract, out_state, metrics, jax)
+    n_params = sum(int(np.prod(a.shape)) for a in jax.tree.leaves(abstract["params"]))
+    state_bytes = sum(int(np.prod(a.shape)) * a.dtype.itemsize for a in jax.tree.leaves(abstract))
+    return {"ok": True, "fingerprint": resolved.fingerprint, "task": resolved.describe(),
+            "n_params": n_params, "state_bytes": state_bytes,
+            "flops_per_step": task.flops_per_step,
+            "tokens_per_step": train.global_batch * task.tokens_per_example,
+            "metrics": sorted(metrics)}
+
+
+def _check_rows(data: Any, example: Any, seed: int, n: int, np: Any, jax: Any) -> None:
+    from orchestrator.errors import ConfigError
+
+    rows = data.rows(seed, 0, range(n))
+    want = jax.tree.map(lambda e: ((n, *e.shape), np.dtype(e.dtype)), example)
+    try:
+        got = jax.tree.map(lambda r: (tuple(np.shape(r)), np.asarray(r).dtype), rows)
+    except Exception as exc:
+        raise ConfigError("task.kind", f"the data's rows(seed, 0, range({n})) returned "
+                          f"{type(rows).__name__} ({exc})", "return numpy arrays") from exc
+    if jax.tree.structure(want, is_leaf=_pair) != jax.tree.structure(got, is_leaf=_pair) or \
+            jax.tree.leaves(want, is_leaf=_pair) != jax.tree.leaves(got, is_leaf=_pair):
+        raise ConfigError("task.kind", f"the data's rows(seed, 0, range({n})) give (shape, dtype)"
+                          f" {_plain(got)}, but its example() says {_plain(want)}",
+                          "make rows() return example()'s tree with a leading axis of "
+                          "len(rows), in its dtypes")
+
+
+def _check_step(state: Any, out_state: Any, metrics: Any, jax: Any) -> None:
+    from orchestrator.errors import ConfigError
+
+    def sig(tree: Any) -> list:
+        return [(jax.tree_util.keystr(p), tuple(x.shape), str(x.dtype))
+                for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]]
+
+    if jax.tree.structure(state) != jax.tree.structure(out_state) or sig(state) != sig(out_state):
+        diff = [f"{a} -> {b}" for a, b in zip(sig(state), sig(out_state), strict=False)
+                if a != b][:3]
+        raise ConfigError("task.kind", "the step returns a state of another tree, shape or "
+                          f"dtype than it was given ({'; '.join(diff) or 'tree differs'})",
+                          "return the state's tree unchanged in shapes and dtypes, with "
+                          "step + 1")
+    bad = [k for k, v in metrics.items() if getattr(v, "shape", None) != ()]
+    if "loss" not in metrics or bad:
+        raise ConfigError("task.kind", f"the step's metrics {sorted(metrics)} need a scalar "
+                          f"'loss' and scalars only (not scalar: {bad})",
+                          "return (loss, {name: scalar}) from loss, or metrics['loss'] from "
+                          "step")
+
+
+def _traced(what: str, exc: Exception) -> Exception:
+    from orchestrator.errors import ConfigError
+
+    where = ""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if "/site-packages/" not in f.filename and "/workers/task/" not in f.filename]
+    if frames:
+        where = f" at {frames[-1].filename}:{frames[-1].lineno}"
+    return ConfigError("task.kind", f"the task's {what} fails when traced with the run's "
+                       f"shapes{where}: {type(exc).__name__}: {str(exc)[:600]}",
+                       f"fix the task's {what} (its inputs: the example()'s batch with a "
+                       "leading (micro-batch) axis, the init's parameters)")
+
+
+def _pair(x: Any) -> bool:
+    return isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], tuple)
+
+
+def _plain(tree: Any) -> str:
+    return str(tree).replace("dtype(", "").replace("')", "'")[:300]
+
+
+def main() -> int:
+    from orchestrator.errors import ConfigError
+
+    try:
+        out = check(json.loads(sys.stdin.read()))
+    except ConfigError as exc:
+        problem = exc.message.removeprefix(f"Invalid config `{exc.setting}`: ")
+        out = {"ok": False, "setting": exc.setting, "problem": problem, "fix": exc.fix}
+    except Exception as exc:  # a bug of the check itself: say so, with its trace
+        traceback.print_exc()
+        out = {"ok": False, "setting": "task.kind",
+               "problem": f"the task check failed: {type(exc).__name__}: {exc}",
+               "fix": "see the trace above; report it if the task is not the cause"}
+    sys.stdout.write("\n" + MARKER + json.dumps(out) + "\n")
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""The task contract: what a user brings so that their training gets every guarantee of a run
+(docs/tasks.md has a worked example).
+
+A factory ``make_task(settings: MySettings, ctx: TaskContext) -> Task`` is named in the config
+as ``task.kind: "package.module:make_task"``; ``MySettings`` (the annotation of its first
+parameter) is a keyword-only dataclass validated like every other config section. The
+orchestrator owns the train state around the task's parameters,
+``{"params", "opt_state", "step", "rng"}``, its shardings, the data position (the step), every
+checkpoint tier, the executables and the metrics; the task owns the model, the loss (or the
+whole step), the optimizer and the data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from orchestrator.config import TrainConfig
+from orchestrator.errors import ConfigError
+
+MESH_AXES = ("data", "fsdp", "tensor")
+DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
+    ("batch", ("data", "fsdp")),
+    ("embed", "fsdp"),
+    ("mlp", "tensor"),
+    ("heads", "tensor"),
+    ("kv", None),
+    ("vocab", "tensor"),
+    ("seq", None),
+)
+"""Logical axis → mesh axis rules, the built-in LM's and the default for a task: FSDP shards the
+embedding dimension, the tensor axis heads, MLP and vocabulary. A mesh axis name
+(``data``/``fsdp``/``tensor``) used as an axis name always means that axis (explicit)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskContext:
+    """What the run tells a task factory besides its settings."""
+
+    train: TrainConfig
+    """``train.*``: ``global_batch`` (the step's global batch, after a resize that scales it),
+    and the AdamW settings ``workers.task.optim.adamw_cosine`` reads (a task may ignore them)."""
+    total_steps: int
+    seed: int
+
+
+@runtime_checkable
+class DataSource(Protocol):
+    """A stateless source: row ``r`` of step ``s`` is a pure function of ``(seed, s, r)``, so
+    every recovery tier, resize and hand-over keeps the sample order (DESIGN "Tasks")."""
+
+    def example(self) -> Any:
+        """One row's shapes and dtypes: a pytree of ``jax.ShapeDtypeStruct`` (no batch axis)."""
+        ...
+
+    def rows(self, seed: int, step: int, rows: range) -> Any:
+        """Rows ``rows`` of step ``step``'s global batch: the pytree of ``example()`` as numpy
+        arrays with a leading axis of ``len(rows)``. Each process asks only for its rows."""
+        ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class Task:
+    """One training task. ``init`` and ``loss``/``step`` are traced under ``jax.jit``."""
+
+    init: Callable[[Any], Any]
+    """``init(key) -> params``: every array leaf boxed with its axis names, one per dimension
+    (Flax Linen ``nn.with_logical_partitioning`` / ``nn.with_partitioning``; an NNX model
+    through ``workers.task.nnx.NnxModel``). ``(None, None)`` replicates on purpose."""
+    optimizer: Any
+    """An ``optax.GradientTransformation`` (``workers.task.optim.adamw_cosine`` builds the
+    built-in LM's from ``train.*``)."""
+    data: DataSource
+    loss: Callable[[Any, Any], tuple[Any, dict]] | None = None
+    """``loss(params, batch) -> (scalar, {name: scalar})`` on one micro-batch (the rows'
+    pytree with a leading batch axis); the dict's entries are reported beside the loss."""
+    step: Callable[[dict, Any], tuple[dict, dict]] | None = None
+    """Instead of ``loss``, the whole step: ``step(state, batch) -> (state, metrics)``, with
+    ``state`` the orchestrator's dict, batch ``(accum, micro, ...)``; it must return the
+    state's tree with ``step`` advanced by one and ``metrics["loss"]``."""
+    schedule: Callable[[Any], Any] | None = None
+    """The LR schedule (an ``optax.Schedule``), reported as ``lr``; None reports 0."""
+    rules: tuple[tuple[str, Any], ...] = DEFAULT_RULES
+    """Logical axis name → mesh axis (or None, or a tuple of axes)."""
+    flops_per_step: float | None = None
+    """Model FLOPs of one step of the global batch (forward + backward) for MFU; None takes
+    XLA's count of the compiled step."""
+    tokens_per_example: int = 1
+    """Throughput counts ``global_batch × tokens_per_example`` per step."""
+    eval_step: Callable[..., Any] | None = None
+    """Reserved for an eval on a held-out split: not run by this version (must stay None)."""
+    code: tuple[str, ...] = ()
+    """Modules outside the factory's package whose source defines the step (the executable
+    key digests them with the factory's package: an edit never loads a stale step)."""
+
+    def __post_init__(self) -> None:
+        for name in ("init",):
+            _callable(name, getattr(self, name))
+        if self.loss is None and self.step is None:
+            _bad("loss", "neither `loss` nor `step` is given",
+                 "give Task(loss=...) (the orchestrator's step) or Task(step=...) (your own)")
+        for name in ("loss", "step", "schedule"):
+            if getattr(self, name) is not None:
+                _callable(name, getattr(self, name))
+        if not (hasattr(self.optimizer, "init") and hasattr(self.optimizer, "update")):
+            _bad("optimizer", f"{type(self.optimizer).__name__} is not an optax "
+                 "GradientTransformation", "pass optax.adamw(...) or "
+                 "workers.task.optim.adamw_cosine(ctx)")
+        if not isinstance(self.data, DataSource):
+            _bad("data", f"{type(self.data).__name__} has no example() and rows(seed, step, "
+                 "rows)", "pass a stateless source (workers.task.contract.DataSource)")
+        if self.eval_step is not None:
+            _bad("eval_step", "evaluation is not run by this version",
+                 "leave eval_step=None; evaluate from a checkpoint for now")
+        if not isinstance(self.tokens_per_example, int) or self.tokens_per_example < 1:
+            _bad("tokens_per_example", f"{self.tokens_per_example!r} is not a whole number >= 1",
+                 "count the tokens one example holds (1 for non-sequence data)")
+        f = self.flops_per_step
+        if f is not None and not (isinstance(f, int | float) and f > 0):
+            _bad("flops_per_step", f"{f!r} is not a positive number",
+                 "give the step's model FLOPs, or None for XLA's count")
+        if not all(isinstance(m, str) for m in self.code):
+            _bad("code", f"{self.code!r} is not a tuple of module names",
+                 "list importable module names, e.g. ('my_pkg.layers',)")
+
+    def all_rules(self) -> tuple[tuple[str, Any], ...]:
+        """``rules`` plus each mesh axis naming itself (explicit shardings)."""
+        return tuple(self.rules) + tuple((a, a) for a in MESH_AXES)
+
+
+def _callable(name: str, value: Any) -> None:
+    if not callable(value):
+        _bad(name, f"{value!r} is not callable", f"pass a function as Task({name}=...)")
+
+
+def _bad(field_name: str, problem: str, fix: str) -> None:
+    raise ConfigError("task.kind", f"the task's `{field_name}`: {problem}", fix)

@@ -1,0 +1,56 @@
+"""The built-in ``lm`` task: the decoder LM of ``workers/model.py`` on the bundled stateless
+token data (``workers/data.py``), AdamW with warmup + cosine from ``train.*``, next-token
+cross-entropy. It goes through the same contract as a user's task (``task.kind: lm``)."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from orchestrator.task_config import ModelConfig
+from workers import data as data_lib
+from workers.model import LOGICAL_RULES, analytic_flops_per_step, build_model
+from workers.task.contract import Task, TaskContext
+from workers.task.optim import adamw_cosine
+
+
+@dataclass(frozen=True)
+class TokenData:
+    """Rows of ``workers.data``: int32 token sequences of ``seq_len``."""
+
+    seq_len: int
+    vocab_size: int
+
+    def example(self) -> jax.ShapeDtypeStruct:
+        return jax.ShapeDtypeStruct((self.seq_len,), jnp.int32)
+
+    def rows(self, seed: int, step: int, rows: range) -> np.ndarray:
+        return data_lib.make_rows(seed, step, rows, seq_len=self.seq_len,
+                                  vocab_size=self.vocab_size)
+
+
+def make_task(settings: ModelConfig, ctx: TaskContext) -> Task:
+    model = build_model(settings)
+    tx, schedule = adamw_cosine(ctx)
+    return Task(init=functools.partial(_init, model, settings.seq_len),
+                loss=functools.partial(_loss, model), optimizer=tx, schedule=schedule,
+                data=TokenData(settings.seq_len, settings.vocab_size), rules=LOGICAL_RULES,
+                flops_per_step=analytic_flops_per_step(settings, ctx.train.global_batch),
+                tokens_per_example=settings.seq_len - 1,
+                code=("workers.model", "workers.data"))
+
+
+def _init(model, seq_len: int, key):
+    dummy = jnp.zeros((1, seq_len - 1), jnp.int32)
+    return model.init(key, dummy)["params"]
+
+
+def _loss(model, params, tokens):
+    logits = model.apply({"params": params}, tokens[:, :-1])
+    targets = tokens[:, 1:]
+    return optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean(), {}
