@@ -43,7 +43,7 @@ from orchestrator.events.pubsub_source import (
     make_subscriber,
 )
 from orchestrator.events.relevance import Verdict, relevance, staleness
-from orchestrator.events.replay import unhandled_events
+from orchestrator.events.replay import kept_out, unhandled_events
 from orchestrator.hosts import HostRef
 
 log = structlog.get_logger(__name__)
@@ -298,23 +298,26 @@ class EventIntake:
                     log.exception("event_observer_failed", id=event.id)
         return accepted
 
-    def record_action(self, event: Event, action: str, **details: Any) -> None:
-        """Append what the driver/controller did about ``event`` to events.jsonl (this line is
-        what marks an accepted event as handled for ``replay_unhandled``)."""
+    def record_action(self, event: Event, action: str, *, outcome: bool = True,
+                      **details: Any) -> None:
+        """Append what the driver/controller did about ``event`` to events.jsonl. ``outcome``:
+        the action settles the event (``replay_unhandled`` stops returning it); False for a
+        decision not yet carried out (a drain decided, a stop asked). Fsynced when it settles."""
         if self._events is None:
             return
         try:
             self._events.write({"at": self._clock(), "decision": "action", "event_id": event.id,
-                                "kind": event.kind.value, "action": action,
+                                "kind": event.kind.value, "action": action, "outcome": outcome,
                                 "details": raw_for_record(details)})
+            if outcome:
+                self._events.sync()
         except Exception:
             log.exception("event_action_record_failed", id=event.id, action=action)
 
     def replay_unhandled(self, now: float) -> list[Event]:
-        """Events an earlier driver accepted (and acknowledged) but never recorded an action
-        for, whose deadline (a maintenance window: its end) has not passed, oldest first. The
-        controller calls this once at start and must ``record_action`` each one it handles;
-        until then they are returned again by the next driver. Never raises."""
+        """Events an earlier driver accepted (and acknowledged) but never recorded an outcome
+        for, not expired (a maintenance window: its end), oldest first; returned again by
+        every driver until one records an outcome (``replay.py``). Never raises."""
         try:
             records = read_jsonl(self.run_dir / EVENTS_FILE)
             return unhandled_events(records, upto_seq=self._start_seq if self._started else None,
@@ -322,6 +325,16 @@ class EventIntake:
         except Exception:
             log.exception("event_replay_failed", run_dir=str(self.run_dir))
             return []
+
+    def replay_kept_out(self, now: float) -> dict[str, float]:
+        """Node ids earlier drivers drained or kept out for notices not expired at ``now``:
+        ``{node_id: expiry}`` (``replay.kept_out``). Never raises."""
+        try:
+            return kept_out(read_jsonl(self.run_dir / EVENTS_FILE), now=now,
+                            grace_s=self.cfg.stale_grace_s)
+        except Exception:
+            log.exception("event_replay_failed", run_dir=str(self.run_dir))
+            return {}
 
     @property
     def remembered_ids(self) -> int:
