@@ -317,7 +317,8 @@ class Driver:
             wall_time=rec["wall_time"], devices=ctx["devices"],
             peak=box.get("peak", (0.0, "unknown")), incarnation=ctx["incarnation"],
             slices=ctx["slices"], checkpoint_blocking_s=rec["checkpoint_blocking_s"],
-            lr=rec["lr"], ram_copy_s=float(rec.get("ram_copy_s", 0.0))))
+            lr=rec["lr"], ram_copy_s=float(rec.get("ram_copy_s", 0.0)),
+            metrics=rec.get("metrics")))
 
     def _goodput(self) -> float | None:
         """Goodput from the run directory's timeline and metrics (for the summary)."""

@@ -269,7 +269,7 @@ class HostActor(RamTierMethods, WarmMethods, AheadMethods, WhereMethods):
                                     "lr": out.lr, "checkpoint_blocking_s": saved_s,
                                     "ram_copy_s": ram_s, "saved": saved,
                                     "saved_from_ram": saved and ram_s > 0,
-                                    "wall_time": time.time()})
+                                    "metrics": out.extra, "wall_time": time.time()})
         finally:
             if chunk is not None:
                 self._stops.end(chunk)

@@ -268,6 +268,8 @@ class Trainer:
                 "task_fingerprint": self.resolved.fingerprint,
                 "model_fingerprint": self.resolved.fingerprint,  # what older versions read
                 "plan": self.plan.describe(), "config_digest": self.spec.config_digest}
+        if self.resolved.ref.kind == "lm":  # the lm task's settings, where tools look for them
+            meta["model"] = self.resolved.settings_dict
         started = self.ckpt.save(step, self.state, meta)
         if wait:
             self.ckpt.wait()

@@ -48,6 +48,8 @@ class StepRecord:
     lr: float = 0.0
     ram_copy_s: float = 0.0
     """Seconds the step waited to copy its state to the RAM tier (0 with the tier off)."""
+    metrics: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    """The task's own step metrics by name (its loss's second output; docs/tasks.md)."""
 
     @property
     def tokens_per_second(self) -> float:
@@ -58,7 +60,8 @@ class StepRecord:
     def build(cls, *, step: int, loss: float, step_time_s: float, tokens: int, flops: float,
               grad_norm: float, wall_time: float, devices: int, peak: tuple[float, str],
               incarnation: int, slices: int, checkpoint_blocking_s: float = 0.0,
-              lr: float = 0.0, ram_copy_s: float = 0.0) -> StepRecord:
+              lr: float = 0.0, ram_copy_s: float = 0.0,
+              metrics: Mapping[str, float] | None = None) -> StepRecord:
         """A record with MFU computed from ``peak`` = ``mfu.resolve_peak(...)`` (value, source).
 
         For the driver: host 0 reports raw numbers, the driver knows the peak and the mesh.
@@ -71,7 +74,7 @@ class StepRecord:
                    peak_flops_per_device=value, peak_source=source,
                    mfu=mfu(flops, step_time_s, devices, value), incarnation=incarnation,
                    slices=slices, checkpoint_blocking_s=checkpoint_blocking_s, lr=lr,
-                   ram_copy_s=ram_copy_s)
+                   ram_copy_s=ram_copy_s, metrics=dict(metrics or {}))
 
     def to_dict(self) -> dict[str, Any]:
         """Flat field dict (``dataclasses.asdict`` deep-copies and costs ~20x more per step)."""
@@ -86,7 +89,7 @@ class StepRecord:
         kwargs: dict[str, Any] = {}
         for f in dataclasses.fields(cls):
             if f.name not in data:
-                if f.default is dataclasses.MISSING:
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
                     raise BadStepRecord(f"step record lacks `{f.name}`",
                                         fix="report every StepRecord field from host 0")
                 continue
@@ -110,6 +113,10 @@ def _coerce(name: str, tp: Any, value: Any) -> Any:
             return out
         if kind == "str":
             return str(value)
+        if kind.startswith("Mapping"):  # the task's metrics: name -> number
+            if not isinstance(value, Mapping):
+                raise TypeError
+            return {str(k): float(v) for k, v in value.items()}
     except (TypeError, ValueError):
         raise BadStepRecord(f"step record field `{name}` has bad value {value!r}",
                             fix=f"report `{name}` as a {kind}") from None
