@@ -56,22 +56,31 @@ class Checkpointing:
 
 @dataclass(frozen=True, kw_only=True)
 class Releasing:
-    """What the teardown is for; ``lost_steps`` are steps that will be re-done after restore."""
+    """What the teardown is for; ``lost_steps``: steps expected to be re-done after the restore.
+    ``estimated``: counted from the durable checkpoint before the restore (a RAM copy may hold
+    more); what the restore lost is ``Compiling.lost_steps``."""
 
     cause: StopCause | None = None
     lost_steps: int = 0
+    estimated: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
 class Restoring:
+    """``step``: the durable checkpoint expected, an estimate (the restore may read a newer RAM
+    copy, or skip an unreadable step); what it read is in ``Compiling.restored_step``."""
+
     step: int
+    estimated: bool = True
 
 
 @dataclass(frozen=True, kw_only=True)
 class Compiling:
-    """Where the restored state came from (ram, copy, durable: Orbax, seed) and what it cost."""
+    """Where the restored state came from (ram, copy, durable: Orbax, seed), what it cost, and
+    ``lost_steps``: the steps this restore rolled back (re-done), counted after it."""
 
     tier: str
     restored_step: int | None
     restore_s: float = 0.0
     nbytes: int = 0
+    lost_steps: int = 0

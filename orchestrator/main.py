@@ -3,7 +3,9 @@
 Validates the config before anything starts, connects to Ray (or starts the emulated local
 cluster), wires the event intake and the metrics pipeline to the run controller, and exits with
 the run's outcome: 0 succeeded, 1 failed (reason logged and in summary.json), 2 bad input
-(config, cluster, checkpoint) with a one-paragraph message naming the fix.
+(config, cluster, checkpoint) with a one-paragraph message naming the fix, 143 stopped by
+SIGTERM (the step it stopped at saved first: ``orchestrator/driver/signals.py``), 130 Ctrl-C
+before the run started.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ import argparse
 import json
 import os
 import shlex
-import signal
 import sys
 import textwrap
 import time
@@ -25,6 +26,7 @@ import structlog
 from orchestrator import configtools, logs
 from orchestrator.config import RunConfig, load_config
 from orchestrator.driver.lock import RunDirBusy, RunDirLock
+from orchestrator.driver.signals import EXIT_SIGINT, EXIT_SIGTERM, StopSignals
 from orchestrator.driver.task_check import check_task
 from orchestrator.errors import (
     CheckpointError,
@@ -36,7 +38,8 @@ from orchestrator.errors import (
 
 log = structlog.get_logger("orchestrator.main")
 
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, EXIT_SIGINT
+EXIT_STOPPED = EXIT_SIGTERM  # 143: SIGTERM drained the run (saved), then it stopped
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -62,20 +65,13 @@ def explain(exc: OrchestratorError) -> str:
     return textwrap.fill(f"{title}: {body}", width=100)
 
 
-def _interrupt_on_signals() -> None:
-    """SIGTERM (``ray job stop``, Kubernetes) and SIGINT both unwind the driver through its
-    teardown; a driver started from a background job inherits SIGINT ignored, so reset it."""
-
-    def _raise(signum: int, _frame: Any) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, _raise)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    _interrupt_on_signals()
+    # SIGTERM (``ray job stop``, Kubernetes) drains the run once it runs; before, and for a
+    # second signal or SIGINT, the driver unwinds through its teardown (a driver started from a
+    # background job inherits SIGINT ignored: the handler resets it)
+    signals = StopSignals(in_ray_job=_submission_id() is not None)
+    signals.install()
     json_logs = args.log_format == "json" if args.log_format else not sys.stderr.isatty()
     logs.configure(json_logs=json_logs, level=args.log_level)
     try:
@@ -83,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(explain(exc), file=sys.stderr)
         return EXIT_BAD_INPUT
-    driver = Driver(cfg, argv=list(sys.argv[1:] if argv is None else argv))
+    driver = Driver(cfg, argv=list(sys.argv[1:] if argv is None else argv), signals=signals)
     bad_input = (ConfigError, ClusterUnreachableError, CheckpointError, TopologyError, RunDirBusy)
     try:
         return driver.run()
@@ -91,8 +87,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(explain(exc), file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
-        print("Interrupted before the run started; nothing was left running.", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        print("Interrupted outside the run (starting it or closing); nothing was left running.",
+              file=sys.stderr)
+        return signals.exit_code()
     finally:
         driver.close()
 
@@ -100,8 +97,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 class Driver:
     """Builds the run's parts in order and tears every one of them down, whatever happens."""
 
-    def __init__(self, cfg: RunConfig, *, argv: list[str]) -> None:
+    def __init__(self, cfg: RunConfig, *, argv: list[str],
+                 signals: StopSignals | None = None) -> None:
         self.cfg = cfg
+        self.signals = signals or StopSignals()
         self.argv = argv
         self.run_dir = Path(cfg.run.run_dir).absolute()
         self.emulated: Any = None
@@ -121,7 +120,7 @@ class Driver:
         self.lock.acquire(submission_id=_submission_id())  # before anything reads or writes
         check_task(self.cfg, self.run_dir)  # the task and its checkpoints: exit 2 if bad
         self._connect()
-        _interrupt_on_signals()  # Ray's in-process head node installs its own SIGTERM handler
+        self.signals.install()  # Ray's in-process head node installs its own SIGTERM handler
         cluster = RayClusterView()
         self._check_capacity(cluster)
         ram = RamTier.for_run(self.cfg, self.run_dir)  # None: checkpoint.ram is off
@@ -137,8 +136,9 @@ class Driver:
         groups = ray_group_factory(self.cfg, cluster, ram=ram)
         controller = Controller(self.cfg, run_dir=self.run_dir, cluster=cluster,
                                 make_group=groups, intake=self.intake, metrics=self.metrics,
-                                hooks=hooks)
+                                hooks=hooks, stop_request=self.signals.request)
         self._watch_ray_nodes(lambda: list(controller.plan.hosts) if controller.plan else [])
+        self.signals.armed = True  # from here SIGTERM drains (the controller polls the flag)
         try:
             summary = controller.run()
         finally:
@@ -146,7 +146,7 @@ class Driver:
         print(summary.as_text(self.run_dir), flush=True)
         if ram is not None and (line := ram.finish(succeeded=summary.state == "SUCCEEDED")):
             print(line, flush=True)
-        return EXIT_OK if summary.state == "SUCCEEDED" else EXIT_FAILED
+        return summary.exit_code  # 0, 1, or 143 after a SIGTERM drain
 
     # ---- parts --------------------------------------------------------------------------
 

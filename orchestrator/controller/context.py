@@ -73,6 +73,7 @@ class Pending:
     announced: bool = True
     noticed_at: float | None = None
     event: Any = None
+    events: tuple[Any, ...] = ()  # every event merged into this drain: each gets its outcome
     reaction: Any = None  # the merged policies.reaction.Reaction behind an event-driven drain
     handover_started: float | None = None  # when HANDING_OVER began
     handover_until: float | None = None  # HANDING_OVER: drain by then even if not warm
@@ -115,6 +116,10 @@ class Run:
     started_at: float = 0.0
     poll_interval_s: float = 0.1
     reactions: Any = None  # controller.reactions.Reactions, set by the Controller
+    stop_request: Callable[[], Any] | None = None
+    """The embedding driver's stop signal (``orchestrator.driver.signals.StopSignals.request``):
+    a ``StopRequest`` once SIGTERM came, read at every poll; the handler itself does nothing."""
+    stopping_by: Any = None  # the StopRequest this run is draining for (taken once)
 
     @property
     def plan(self) -> MeshPlan | None:

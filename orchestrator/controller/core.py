@@ -2,7 +2,9 @@
 
 ``Controller.run`` calls the handler of the current state, which returns a ``Next``; ``_apply``
 is the only code that moves the lifecycle. Every exit path (success, terminal failure, operator
-stop, Ctrl-C, an uncaught error) tears the group down and writes the summary once.
+stop, SIGTERM, Ctrl-C, an uncaught error) tears the group down and writes the summary once.
+``stop_request`` is the embedding driver's SIGTERM flag (``orchestrator.driver.signals``): the
+controller reads it at every poll and drains like an operator stop.
 """
 
 from __future__ import annotations
@@ -47,7 +49,8 @@ class Controller:
                  make_group: GroupFactory, clock: Clock | None = None, intake: Any = None,
                  metrics: Any = None, hooks: Hooks | None = None,
                  plugins: Sequence[RunPlugin] | None = None,
-                 poll_interval_s: float = 0.1) -> None:
+                 poll_interval_s: float = 0.1,
+                 stop_request: Callable[[], Any] | None = None) -> None:
         clock = clock or SystemClock()
         policies = cfg.controller.build_policies()
         listeners = [_MetricsListener(metrics)] if metrics is not None else []
@@ -61,7 +64,7 @@ class Controller:
             intake=intake, hooks=hooks or Hooks(),
             plugins=list(plugins) if plugins is not None else (
                 [ChaosPlugin(policies.chaos)] if policies.chaos.faults else []),
-            started_at=clock.now(), poll_interval_s=poll_interval_s)
+            started_at=clock.now(), poll_interval_s=poll_interval_s, stop_request=stop_request)
         self.run_state.reactions = Reactions(self.run_state)
         self.final_reason = ""
 
@@ -82,9 +85,11 @@ class Controller:
         except SystemExit:  # sys.exit deep in a handler: the run ends FAILED, the exit goes on
             self._end("the driver is exiting (SystemExit)", StopCause.OPERATOR)
             raise
-        except KeyboardInterrupt:
-            self._end("interrupted (Ctrl-C or SIGTERM); checkpoints are intact",
-                      StopCause.OPERATOR)
+        except KeyboardInterrupt:  # Ctrl-C, or a second signal cutting a SIGTERM drain short
+            unsaved = run.ledger.unsaved_steps()
+            self._end(f"interrupted (Ctrl-C, or a second signal during the SIGTERM drain) at "
+                      f"step {run.ledger.step}; checkpoint at step {run.ledger.last_committed} "
+                      f"is intact, {unsaved} step(s) after it not saved", StopCause.OPERATOR)
         except OrchestratorError as exc:  # a non-retryable error (bad checkpoint, config)
             log.error("run_failed", error=str(exc))
             self._end(str(exc), None)

@@ -1,5 +1,10 @@
 """DRAINING and CHECKPOINTING: the group stopped at one step boundary; save if there is time,
-then finish (target reached), stop (operator) or release for a re-form."""
+then finish (target reached), stop (operator, SIGTERM) or release for a re-form.
+
+A stop always saves from the devices (durable, never RAM-first: the run ends, and what ends it,
+a pod deletion say, may take the RAM tier's holders too) and never falls back: its old
+checkpoint stays whatever happens to the save. Each drain's outcome (saved, drained) is recorded
+for the events behind it (``Reactions.settle``) once it took effect."""
 
 from __future__ import annotations
 
@@ -28,19 +33,26 @@ def draining(run: Run) -> Next:
                          if run.cfg.checkpoint.ram.enabled else None)))
     log.info("drain_decision", kind=decision.kind.value, reason=decision.reason, step=led.step,
              event_id=p.event_id)
-    run.reactions.record(p.event or p.event_id, f"drain:{decision.kind.value}",
+    run.reactions.record(p.event or p.event_id, f"drain:{decision.kind.value}", outcome=False,
                          reason=decision.reason, step=led.step)
+    kind = decision.kind
+    if p.stop and kind in (DrainKind.FALL_BACK_TO_LAST_CHECKPOINT, DrainKind.RAM_COPY_ONLY):
+        kind = DrainKind.SAVE_ANYWAY  # the run ends: only a durable save can keep these steps
     ram = run.cfg.checkpoint.ram
-    if decision.kind is DrainKind.SAVE and not p.final and ram.enabled and ram.durable_from_ram:
+    if (kind is DrainKind.SAVE and not p.final and not p.stop and ram.enabled
+            and ram.durable_from_ram):
         return Next(S.CHECKPOINTING, f"{decision.reason}; handing over in RAM, the durable "
                     "copy is written from it after the switch", Checkpointing(purpose=RAM_FIRST))
-    if decision.kind in (DrainKind.SAVE, DrainKind.SAVE_ANYWAY):
+    if kind in (DrainKind.SAVE, DrainKind.SAVE_ANYWAY):
         return Next(S.CHECKPOINTING, decision.reason, Checkpointing(
-            purpose="drain", save_anyway=decision.kind is DrainKind.SAVE_ANYWAY))
-    if decision.kind is DrainKind.RAM_COPY_ONLY:
+            purpose="stop" if p.stop else "drain", save_anyway=kind is DrainKind.SAVE_ANYWAY))
+    if kind is DrainKind.RAM_COPY_ONLY:
         return Next(S.CHECKPOINTING, decision.reason, Checkpointing(purpose=RAM_ONLY))
-    return Next(S.RELEASING, decision.reason,
-                Releasing(cause=p.cause, lost_steps=decision.lost_steps))
+    saved = kind is DrainKind.NOTHING_TO_SAVE
+    run.reactions.settle(p, "saved" if saved else "drained", step=led.step,
+                         committed_step=led.last_committed, lost_steps=decision.lost_steps)
+    return Next(S.RELEASING, decision.reason, Releasing(
+        cause=p.cause, lost_steps=decision.lost_steps, estimated=bool(decision.lost_steps)))
 
 
 RAM_ONLY = "drain-ram-only"
@@ -67,6 +79,8 @@ def checkpointing(run: Run) -> Next:
     r = run.ledger.open_recovery
     if r is not None:
         r.saved_step, r.save_s = saved.committed_step, round(saved.save_s, 3)
+    if not p.final:
+        run.reactions.settle(p, "saved", step=saved.committed_step, tier="durable")
     if p.final:
         if run.hooks.on_final_group is not None:
             run.hook("on_final_group", lambda: run.hooks.on_final_group(group))
@@ -91,6 +105,8 @@ def _copy_to_ram(run: Run, *, persist: bool = False) -> Next | None:
     if persist and not copied.complete:
         return None
     run.ledger.copy_costs.append(copied.save_s)
+    run.ledger.ram_copied(copied.step)
+    run.reactions.settle(p, "saved", step=copied.step, tier="ram+persist" if persist else "ram")
     r = run.ledger.open_recovery
     if r is not None:
         r.save_s = round(copied.save_s, 3)

@@ -52,6 +52,8 @@ def restoring(run: Run) -> Next:
     for skipped in out.skipped:
         run.placement.skip_steps.add(int(skipped["step"]))
         log.warning("checkpoint_skipped", **skipped)
+    if run.ledger.recorded_upto is None:  # a driver's first restore: what an earlier one wrote
+        run.ledger.recorded_upto = last_recorded_step(run)
     lost = run.ledger.restored(restored_step=out.restored_step, step=out.step,
                                restore_s=out.restore_s, skipped=out.skipped, tier=out.tier,
                                tier_reason=out.tier_reason, nbytes=out.nbytes)
@@ -65,9 +67,13 @@ def restoring(run: Run) -> Next:
     if out.skipped:
         reason += f" (skipped unreadable step(s) {[s['step'] for s in out.skipped]})"
     tier = out.tier if out.restored_step is not None else "seed"
+    gap = run.ledger.metrics_gaps[-1] if run.ledger.metrics_gaps else None
+    if gap is not None and gap[1] == out.restored_step:
+        log.warning("metrics_gap", steps=gap, restored_step=out.restored_step,
+                    why="trained and checkpointed, but no step record was written for them")
     return Next(S.COMPILING, reason, Compiling(tier=tier, restored_step=out.restored_step,
                                                restore_s=round(out.restore_s, 4),
-                                               nbytes=out.nbytes))
+                                               nbytes=out.nbytes, lost_steps=lost))
 
 
 def compiling(run: Run) -> Next:
@@ -116,3 +122,32 @@ def write_topology(run: Run, formed: Formed) -> None:
         tmp.replace(run.run_dir / "topology.json")
     except OSError as exc:
         log.error("topology_write_failed", error=str(exc))
+
+
+_TAIL_BYTES = 64 * 1024
+
+
+def last_recorded_step(run: Run) -> int | None:
+    """The newest step in RUN_DIR/metrics.jsonl (0 when there is none yet); None when the run
+    writes no metrics.jsonl (``metrics.jsonl`` off) or it cannot be read."""
+    if not getattr(run.cfg.metrics, "jsonl", True):
+        return None
+    try:
+        with open(run.run_dir / "metrics.jsonl", "rb") as fh:
+            size = fh.seek(0, 2)
+            fh.seek(max(0, size - _TAIL_BYTES))
+            lines = fh.read().decode("utf-8", "replace").splitlines()
+    except FileNotFoundError:
+        return 0
+    except OSError as exc:
+        log.warning("metrics_jsonl_unreadable", error=str(exc))
+        return None
+    best = 0
+    for line in lines[1:] if size > _TAIL_BYTES else lines:  # the first may be cut
+        try:
+            step = json.loads(line).get("step")
+        except (ValueError, AttributeError):
+            continue  # a half-written line
+        if isinstance(step, int):
+            best = max(best, step)
+    return best

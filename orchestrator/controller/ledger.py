@@ -73,12 +73,32 @@ class RecoveryLedger:
     recoveries: list[Recovery] = field(default_factory=list)
     open_recovery: Recovery | None = None
     incarnation: int = 0
+    line_base: int = 0
+    """The step the current line of training started from (the last restore's)."""
+    line_reached: int = 0
+    """The furthest step reached since that restore (what a stop now would discard)."""
+    ram_step: int | None = None  # the newest step a drain copied to the RAM tier
+    recorded_upto: int | None = None
+    """The newest step whose record reached the driver (None: not read from metrics.jsonl)."""
+    metrics_gaps: list[list[int]] = field(default_factory=list)
+    """[first, last] step ranges restored past without a step record (never in metrics.jsonl)."""
 
     # ---- progress --------------------------------------------------------------------------
 
     def reached(self, step: int) -> None:
         """A host reported this step (the group got at least this far)."""
         self.max_step_reached = max(self.max_step_reached, step)
+        self.line_reached = max(self.line_reached, step)
+
+    def ram_copied(self, step: int) -> None:
+        """A drain copied ``step`` to the RAM tier (a restore may read it)."""
+        self.ram_step = step if self.ram_step is None else max(self.ram_step, step)
+
+    def unsaved_steps(self) -> int:
+        """Steps reached since the last restore that no save holds (not the durable commit, not
+        a drain's RAM copy): what ending the run now discards."""
+        base = max(self.line_base, self.last_committed or 0, self.ram_step or 0)
+        return max(0, self.line_reached - base)
 
     def committed(self, step: int | None) -> None:
         """The hosts report ``step`` committed; never moves backwards."""
@@ -90,6 +110,7 @@ class RecoveryLedger:
         self.reached(step)
         self.committed(committed_step)
         for rec in records:
+            self.recorded_upto = max(self.recorded_upto or 0, int(rec["step"]))
             self.step_times.append(float(rec["step_time_s"]))
             if self.first_loss is None:
                 self.first_loss = rec["loss"]
@@ -129,6 +150,11 @@ class RecoveryLedger:
         lost = max(0, self.max_step_reached - step)
         self.lost_steps += lost
         self.step = step
+        self.line_base = self.line_reached = step
+        if (restored_step is not None and self.recorded_upto is not None
+                and restored_step > self.recorded_upto):
+            self.metrics_gaps.append([(self.recorded_upto or 0) + 1, restored_step])
+        self.recorded_upto = max(self.recorded_upto or 0, step)  # known from here on
         if tier != "ram":
             self.last_committed = restored_step
         self.restores.append({"incarnation": self.incarnation, "restored_step": restored_step,

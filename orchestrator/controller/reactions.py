@@ -2,14 +2,18 @@
 one reaction policy (``policies.reaction``), applied to the run.
 
 Metadata-watcher notices come from a driver-owned queue (``WorkerGroup.notices``), so a notice
-survives the host that sent it. Events an earlier driver accepted but never acted on
-(``EventIntake.replay_unhandled``) are replayed once the first mesh is formed.
+survives the host that sent it. Events an earlier driver accepted but never settled (no outcome
+recorded: ``EventIntake.replay_unhandled``) are decided again before the first mesh is planned,
+so their hosts stay out of it; hosts an earlier driver drained for a notice that has not expired
+stay out too (``EventIntake.replay_kept_out``). Every decision is recorded as it is made
+(``outcome: false``) and settled once it took effect (``settle``: saved, drained, stopped, ...).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from orchestrator.controller import stopping
 from orchestrator.controller.context import Pending, Run, log
 from orchestrator.controller.seam import HostsLost
 from orchestrator.hosts import HostRef
@@ -25,34 +29,49 @@ class Reactions:
         self.run = run
         self.health_reports: list[HealthReport] = []
         self.last_health_drain_at: float | None = None
-        self._replay: list[Any] = []
         self._deferred: list[Any] = []  # noted "not yet" (e.g. no step time): decided again
         self._hosts: tuple[float, list[HostRef]] | None = None
         self._merged: tuple[Any, list[HostRef]] | None = None  # (plan, cluster + mesh hosts)
+        self._last_hosts: frozenset[str] = frozenset()  # an earlier driver's mesh (replay)
 
     # ---- intake ---------------------------------------------------------------------------
 
     def replay_unhandled(self) -> None:
-        """Queue events an earlier driver recorded but never acted on (crash between ack and
-        action); they are handled at the first poll with a mesh."""
-        replay = getattr(self.run.intake, "replay_unhandled", None)
+        """Before the first mesh: decide again the events an earlier driver accepted but never
+        settled (it died between the decision and its outcome), as between meshes: a drain
+        keeps its hosts out of the mesh about to be planned; keep out the hosts it drained for
+        notices still pending."""
+        run = self.run
+        replay = getattr(run.intake, "replay_unhandled", None)
         if replay is None:
             return
         try:
-            self._replay = list(replay(self.run.now()))
+            kept = dict(getattr(run.intake, "replay_kept_out", lambda _now: {})(run.now()))
+            events = list(replay(run.now()))
         except Exception as exc:  # the log is evidence; a bad one must not stop the run
             log.error("event_replay_failed", error=str(exc))
-        if self._replay:
-            log.info("events_replayed", count=len(self._replay),
-                     ids=[getattr(e, "id", "?") for e in self._replay])
+            return
+        if kept:
+            run.placement.excluded |= set(kept)
+            log.info("hosts_kept_out_by_earlier_driver", hosts=sorted(kept))
+        if events:
+            log.info("events_replayed", count=len(events),
+                     ids=[getattr(e, "id", "?") for e in events])
+            self._last_hosts = _topology_hosts(run)
+        for ev in events:
+            try:
+                self.handle(ev, in_mesh=False)
+            except Exception as exc:
+                log.exception("event_handling_failed", event_id=getattr(ev, "id", "?"),
+                              error=repr(exc))
+                self.record(ev, "error", reason=repr(exc)[:300])
 
     def poll(self, *, in_mesh: bool) -> None:
         """Take in notices and events; never raises."""
         run = self.run
+        stopping.take_signal(run)
         self.collect_notices()
         events: list[Any] = []
-        if in_mesh and self._replay:
-            events, self._replay = self._replay, []
         if in_mesh and self._deferred and run.ledger.median_step_s() is not None:
             events, self._deferred = events + self._deferred, []
         if run.intake is not None:
@@ -129,7 +148,7 @@ class Reactions:
         reaction = run.policies.reaction.decide(ReactionObservation(
             now=now, kind=kind, targets=targeting.node_ids, job_wide=targeting.job_wide,
             mesh_hosts=mesh,
-            job_hosts=frozenset(h.node_id for h in plan.hosts) if plan else frozenset(),
+            job_hosts=frozenset(h.node_id for h in plan.hosts) if plan else self._last_hosts,
             deadline=ev.deadline,
             window_start=getattr(ev, "window_start", None),
             window_end=getattr(ev, "window_end", None), step=led.step,
@@ -148,15 +167,16 @@ class Reactions:
         if reaction.doomed:
             details["hosts"] = sorted(reaction.doomed)
         if not reaction.drains:
-            if reaction.kind is ReactionKind.NOTE and reaction.deadline is not None:
+            later = reaction.kind is ReactionKind.NOTE and reaction.deadline is not None
+            if later:
                 self._deferred.append(ev)  # a decision for later (a window days ahead)
             elif reaction.kind is ReactionKind.NOTE and reaction.doomed:
                 p.excluded |= set(reaction.doomed)  # outside the mesh: keep out of the next
-            self.record(ev, reaction.kind.value, **details)
+            self.record(ev, reaction.kind.value, outcome=not later, **details)
             return
         if not in_mesh and reaction.kind is not ReactionKind.STOP:
             p.excluded |= set(reaction.doomed)  # nothing to drain: keep them out of the next
-            self.record(ev, "excluded", **details)
+            self.record(ev, "excluded", outcome=True, **details)
             return
         before = run.pending.reaction if run.pending is not None else None
         merged = reaction if before is None else merge(before, reaction)
@@ -165,7 +185,7 @@ class Reactions:
         self._set_pending(merged, ev)
         if reaction.kind is ReactionKind.CORDON_AND_REPLACE:
             self.last_health_drain_at = run.now()
-        self.record(ev, reaction.kind.value, **details)
+        self.record(ev, reaction.kind.value, outcome=False, **details)  # settled by the drain
 
     def _set_pending(self, r: Reaction, ev: Any) -> None:
         run = self.run
@@ -178,9 +198,10 @@ class Reactions:
             cause=r.cause or StopCause.OPERATOR, reason=r.reason,
             event_id=prev.event_id if prev and prev.event_id else getattr(ev, "id", ""),
             deadline=r.deadline, at_step=at_step, doomed=r.doomed,
-            stop=r.kind is ReactionKind.STOP,
+            stop=r.kind is ReactionKind.STOP or bool(prev and prev.stop),
             noticed_at=prev.noticed_at if prev and prev.noticed_at else run.now(),
-            event=prev.event if prev and prev.event is not None else ev, reaction=r,
+            event=prev.event if prev and prev.event is not None else ev,
+            events=(*(prev.events if prev else ()), ev), reaction=r,
             # a handover under way goes on (its bound is checked against the merged deadline)
             handover_started=prev.handover_started if prev else None,
             handover_until=prev.handover_until if prev else None,
@@ -191,26 +212,44 @@ class Reactions:
         the next mesh; one planned at a step (a window ahead) is decided again on the next
         mesh, from the step time then. ``fulfilled``: the failure was the noticed hosts dying
         inside the window (the preemption itself)."""
-        ev = pending.event
+        events = pending.events or (pending.event,)
         if fulfilled or pending.at_step is None:
             self.run.placement.excluded |= set(pending.doomed)
             reason = ("the noticed hosts died inside their notice window: the preemption "
                       "came early" if fulfilled else "the group failed before the drain")
-            self.record(ev, "excluded", reason=reason, hosts=sorted(pending.doomed))
+            for ev in events:
+                self.record(ev, "excluded", outcome=True, reason=reason,
+                            hosts=sorted(pending.doomed))
             return
-        self._deferred.append(ev)
-        self.record(ev, "deferred", reason="the group failed before the drain step "
-                    f"{pending.at_step}; decided again on the next mesh")
+        for ev in events:
+            self._deferred.append(ev)
+            self.record(ev, "deferred", outcome=False, reason="the group failed before the "
+                        f"drain step {pending.at_step}; decided again on the next mesh")
+
+    def settle(self, pending: Pending, outcome: str, **details: Any) -> None:
+        """The drain behind ``pending`` took effect: record ``outcome`` (saved, drained) for
+        every event merged into it, with the hosts it kept out; until then a driver that dies
+        leaves them for the next one to replay. A stop is settled once, ``stopped``, when the
+        run ends."""
+        if pending.stop and outcome != "stopped":
+            return
+        if pending.doomed:
+            details.setdefault("hosts", sorted(pending.doomed))
+        for ev in pending.events:
+            self.record(ev, outcome, outcome=True, **details)
+        pending.events = ()
 
     # ---- recording ------------------------------------------------------------------------
 
-    def record(self, event: Any, action: str, **details: Any) -> None:
-        """What the controller did about an event: in events.jsonl and the log; never raises."""
-        log.info("event_action", event_id=getattr(event, "id", event), action=action, **details)
+    def record(self, event: Any, action: str, *, outcome: bool = True, **details: Any) -> None:
+        """What the controller did about an event: in events.jsonl and the log; never raises.
+        ``outcome`` False: a decision whose effect is still to come (see ``settle``)."""
+        log.info("event_action", event_id=getattr(event, "id", event), action=action,
+                 outcome=outcome, **details)
         if self.run.intake is None or event is None or isinstance(event, str):
             return
         try:
-            self.run.intake.record_action(event, action, **details)
+            self.run.intake.record_action(event, action, outcome=outcome, **details)
         except Exception as exc:
             log.error("event_record_failed", error=str(exc))
 
@@ -231,3 +270,15 @@ class Reactions:
                                           error=status.message[:500])
         except Exception as exc:  # recording must never stop the recovery
             log.error("host_lost_record_failed", error=str(exc))
+
+
+def _topology_hosts(run: Run) -> frozenset[str]:
+    """The node ids of the mesh an earlier driver formed last (RUN_DIR/topology.json): what a
+    replayed job-wide notice dooms before this driver has a mesh. Empty if unreadable."""
+    import json
+
+    try:
+        data = json.loads((run.run_dir / "topology.json").read_text())
+        return frozenset(str(h["node_id"]) for h in data.get("hosts", []))
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return frozenset()

@@ -88,7 +88,7 @@ def after_failure(run: Run, status: Failure) -> Next:
     committed = run.ledger.last_committed or 0
     lost = max(0, run.ledger.max_step_reached - committed)
     return Next(S.RELEASING, f"{cause.value}: {message}",
-                Releasing(cause=cause, lost_steps=lost))
+                Releasing(cause=cause, lost_steps=lost, estimated=True))
 
 
 def releasing(run: Run) -> Next:

@@ -100,9 +100,11 @@ def revise_drain_step(run: Run) -> None:
 
 
 def _drain_due(run: Run) -> bool:
+    """A stop (operator, SIGTERM) is due at once; a drain at its step, after any handover."""
     p = run.pending
-    return (p is not None and (p.at_step is None or run.ledger.step >= p.at_step)
-            and (p.handover_until is None or handover.drain_now(run)))
+    return (p is not None and (p.stop or (
+        (p.at_step is None or run.ledger.step >= p.at_step)
+        and (p.handover_until is None or handover.drain_now(run)))))
 
 
 def _drain_or_handover(run: Run) -> Next:

@@ -1,5 +1,10 @@
 """The run summary: derived from the lifecycle and the ledger, written by one function on every
-exit path (success, terminal failure, operator stop, uncaught exception)."""
+exit path (success, terminal failure, operator stop, SIGTERM, uncaught exception).
+
+``lost_steps`` counts every step executed and then discarded: rolled back by a restore, and, for
+a run that ends without its final save, the steps past the last save (``unsaved_steps``).
+``metrics_gaps`` names the steps trained and checkpointed whose step records never reached
+metrics.jsonl (a driver that died before writing them): a gap, not silence."""
 
 from __future__ import annotations
 
@@ -10,6 +15,9 @@ from dataclasses import dataclass
 
 from orchestrator.controller.context import Run, log
 from orchestrator.lifecycle import RunState
+
+EXIT_OK, EXIT_FAILED = 0, 1
+EXIT_SIGTERM = 143  # 128 + SIGTERM: orchestrator.driver.signals.EXIT_SIGTERM (no import: Ray-free)
 
 
 @dataclass
@@ -35,6 +43,12 @@ class RunSummary:
     last_committed_step: int | None = None
     goodput: float | None = None
     exit_code: int = 0
+    stopped_by: str | None = None
+    """"SIGTERM" when a stop signal ended the run (exit code 143), else None."""
+    unsaved_steps: int = 0
+    """Steps past the last save when the run ended without its final save (in ``lost_steps``)."""
+    metrics_gaps: list[list[int]] = dataclasses.field(default_factory=list)
+    """[first, last] step ranges restored past with no record in metrics.jsonl."""
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -50,6 +64,15 @@ class RunSummary:
             f"  goodput {_fmt(self.goodput, '', pct=True)}, wall {self.wall_s:.1f} s",
             "  time per phase: " + ", ".join(f"{k} {v:.1f}s" for k, v in self.phases_s.items()),
         ]
+        if self.stopped_by:
+            lines.append(f"  stopped by {self.stopped_by} (exit {self.exit_code}); last "
+                         f"committed checkpoint: step {self.last_committed_step}")
+        if self.unsaved_steps:
+            lines.append(f"  {self.unsaved_steps} step(s) past the last save were discarded at "
+                         "the end (counted in lost steps)")
+        for first, last in self.metrics_gaps:
+            lines.append(f"  metrics gap: steps {first}-{last} were trained and checkpointed, "
+                         "but their records never reached metrics.jsonl (a driver died first)")
         for r in self.restores[1:]:
             lines.append(f"  restore: step {r.get('restored_step')} from the "
                          f"{r.get('tier', 'durable')} tier in {r.get('restore_s')} s, lost "
@@ -81,9 +104,11 @@ def write_summary(run: Run, reason: str) -> RunSummary:
     led = run.ledger
     state = run.lifecycle.state
     phases = {k.value: round(v, 3) for k, v in run.lifecycle.durations(now).items()}
+    unsaved = led.unsaved_steps() if state is not RunState.SUCCEEDED else 0
+    stopped_by = _stop_signal(run) if state is RunState.FAILED else None
     summary = RunSummary(
         state=state.value, reason=reason, step=led.step, total_steps=run.cfg.run.total_steps,
-        lost_steps=led.lost_steps, restarts=led.restart_counts(), phases_s=phases,
+        lost_steps=led.lost_steps + unsaved, restarts=led.restart_counts(), phases_s=phases,
         wall_s=round(now - run.started_at, 3), first_loss=led.first_loss,
         last_loss=led.last_loss,
         median_step_s=statistics.median(led.step_times) if led.step_times else None,
@@ -91,7 +116,10 @@ def write_summary(run: Run, reason: str) -> RunSummary:
         recoveries=[r.to_json() for r in led.recoveries], restores=list(led.restores),
         forms=list(led.forms),
         last_committed_step=led.last_committed, goodput=goodput,
-        exit_code=0 if state is RunState.SUCCEEDED else 1)
+        exit_code=(EXIT_OK if state is RunState.SUCCEEDED else
+                   EXIT_SIGTERM if stopped_by == "SIGTERM" else EXIT_FAILED),
+        stopped_by=stopped_by, unsaved_steps=unsaved,
+        metrics_gaps=[list(g) for g in led.metrics_gaps])
     try:
         run.run_dir.mkdir(parents=True, exist_ok=True)
         tmp = run.run_dir / "summary.json.tmp"
@@ -100,3 +128,15 @@ def write_summary(run: Run, reason: str) -> RunSummary:
     except OSError as exc:
         log.error("summary_write_failed", error=str(exc))
     return summary
+
+
+def _stop_signal(run: Run) -> str | None:
+    """The signal that ended the run: the one the controller drained for, or one that came
+    (and a second one cut short) before it could."""
+    req = run.stopping_by
+    if req is None and run.stop_request is not None:
+        try:
+            req = run.stop_request()
+        except Exception:  # the summary is written whatever the embedding does
+            req = None
+    return getattr(req, "signal", None)

@@ -31,3 +31,16 @@ def test_summary_text_of_a_failed_run_with_nothing_measured():
                    median_step_s=None, compile_s=[], recoveries=[], compiles=[], restores=[])
     text = s.as_text("r")
     assert "restarts none" in text and "loss n/a -> n/a" in text and "goodput n/a" in text
+
+
+def test_summary_text_of_a_sigterm_stop_names_the_signal_the_loss_and_the_gap():
+    s = RunSummary(state="FAILED", reason="stopped by SIGTERM", step=47, total_steps=100,
+                   lost_steps=2, restarts={}, phases_s={}, wall_s=9.0, first_loss=None,
+                   last_loss=None, median_step_s=None, compile_s=[], recoveries=[],
+                   compiles=[], restores=[], last_committed_step=45, exit_code=143,
+                   stopped_by="SIGTERM", unsaved_steps=2, metrics_gaps=[[41, 45]])
+    text = s.as_text("r")
+    assert "stopped by SIGTERM (exit 143); last committed checkpoint: step 45" in text
+    assert "2 step(s) past the last save were discarded" in text
+    assert "metrics gap: steps 41-45" in text
+    assert s.to_json()["metrics_gaps"] == [[41, 45]] and s.to_json()["stopped_by"] == "SIGTERM"
