@@ -74,3 +74,11 @@ class CheckpointCorrupt(CheckpointError):
             f"Checkpoint step {step} is corrupt: {reason}",
             fix=f"restore with skip_steps including {step} (the driver does this); the step "
                 "directory is then moved aside as <step>.corrupt-<n> for inspection")
+
+
+class DataError(ConfigError):
+    """The training data is not what the run was set up with: a missing, unreadable or changed
+    shard, a manifest that does not match its files, another tokenizer, a corrupt record, a
+    sequence length or vocabulary the model does not take (``orchestrator/data``,
+    ``workers/input``). Bad input like a bad setting: before the group forms it is exit 2 with
+    the fix; on a host during the run it ends the run (not retryable) with the same message."""

@@ -1,0 +1,255 @@
+"""``python -m orchestrator.data prepare``: a text corpus into token shards and a manifest.
+
+Each input file is one document; documents are joined by ``<|endoftext|>`` into one token
+stream, cut into records of ``seq_len`` tokens (a tail shorter than a record is dropped and
+counted), and written ``shard_size`` records to a shard:
+
+- ``bin``: the shard's tokens back to back, little-endian ``uint16`` (``uint32`` past 65,536
+  tokens), no header (the manifest says the dtype);
+- ``npy``: the same as a 1-D ``.npy`` array;
+- ``arrayrecord``: one record per sequence (its tokens' bytes), ``group_size:1`` so any record
+  is one read.
+
+The tokenizer (given, or a byte-level BPE trained on the corpus) is saved beside the shards as
+``tokenizer.json``; ``manifest.json`` is written last. Shards are written to a local staging
+directory and moved (or uploaded, for ``gs://``) into place.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pathlib
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from orchestrator.data import fs as fslib
+from orchestrator.data import tokenizer as toklib
+from orchestrator.data.manifest import MANIFEST, Manifest, Shard, TokenizerInfo
+from orchestrator.errors import ConfigError, DataError
+
+TOKENIZER_FILE = "tokenizer.json"
+CHUNK_CHARS = 1 << 20
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrepareConfig:
+    inputs: tuple[str, ...]
+    """Text files, or directories searched (recursively) for ``glob``."""
+    out: str
+    tokenizer: str | None = None
+    """A ``tokenizers`` JSON file; None trains a byte-level BPE of ``vocab_size`` here."""
+    vocab_size: int = 4096
+    seq_len: int = 128
+    shard_size: int = 16384
+    """Records (sequences of ``seq_len`` tokens) per shard."""
+    format: Literal["bin", "npy", "arrayrecord"] = "bin"
+    glob: str = "*.txt"
+    overwrite: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.inputs:
+            raise ConfigError("prepare --input", "no input given",
+                              "give text files or directories: --input corpus/")
+        if self.tokenizer is None and not (toklib.MIN_VOCAB <= self.vocab_size <= 1 << 20):
+            raise ConfigError("prepare --vocab-size", f"{self.vocab_size} is outside "
+                              f"[{toklib.MIN_VOCAB}, {1 << 20}]",
+                              f"give at least {toklib.MIN_VOCAB} (256 bytes + end of text)")
+        if self.seq_len < 2:
+            raise ConfigError("prepare --seq-len", f"{self.seq_len} leaves no target token",
+                              "give 2 or more (the model's model.seq_len)")
+        if self.shard_size < 1:
+            raise ConfigError("prepare --shard-size", f"{self.shard_size} records per shard",
+                              "give 1 or more")
+        if self.format not in ("bin", "npy", "arrayrecord"):
+            raise ConfigError("prepare --format", f"{self.format!r} is not bin, npy or "
+                              "arrayrecord", "pick one of bin, npy, arrayrecord")
+
+
+def input_files(inputs: tuple[str, ...], glob: str) -> list[str]:
+    """The files to read, in a fixed order (sorted within each directory)."""
+    files: list[str] = []
+    for item in inputs:
+        if os.path.isdir(item):
+            found = sorted(str(p) for p in pathlib.Path(item).rglob(glob) if p.is_file())
+            if not found:
+                raise DataError("prepare --input", f"directory {item!r} has no {glob} file",
+                                "point --input at the text files, or pass --glob")
+            files += found
+        elif os.path.isfile(item):
+            files.append(item)
+        else:
+            raise DataError("prepare --input", f"{item!r} does not exist",
+                            "give existing local text files or directories")
+    return files
+
+
+def _chunks(path: str) -> Iterator[str]:
+    """The file's text in pieces of about 1 MiB, cut after a newline."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            piece: list[str] = []
+            size = 0
+            for line in f:
+                piece.append(line)
+                size += len(line)
+                if size >= CHUNK_CHARS:
+                    yield "".join(piece)
+                    piece, size = [], 0
+            if piece:
+                yield "".join(piece)
+    except UnicodeDecodeError as exc:
+        raise DataError("prepare --input", f"{path!r} is not UTF-8 text ({exc})",
+                        "convert it (iconv -t UTF-8), or leave it out") from exc
+    except OSError as exc:
+        raise DataError("prepare --input", f"{path!r} cannot be read ({exc})",
+                        "check the file and its permissions") from exc
+
+
+class _ShardWriter:
+    """Fills shards of ``shard_size`` records in a local staging directory."""
+
+    def __init__(self, cfg: PrepareConfig, staging: str, dtype: np.dtype) -> None:
+        self.cfg, self.staging, self.dtype = cfg, staging, dtype
+        self.per_shard = cfg.shard_size * cfg.seq_len
+        self.buf: list[np.ndarray] = []
+        self.buffered = 0
+        self.shards: list[tuple[str, Shard]] = []
+
+    def add(self, ids: list[int] | np.ndarray) -> None:
+        arr = np.asarray(ids, dtype=self.dtype)
+        self.buf.append(arr)
+        self.buffered += arr.size
+        while self.buffered >= self.per_shard:
+            flat = np.concatenate(self.buf)
+            self._write(flat[:self.per_shard])
+            rest = flat[self.per_shard:]
+            self.buf, self.buffered = [rest], rest.size
+
+    def finish(self) -> int:
+        """Write the last, shorter shard; returns the tokens dropped (less than a record)."""
+        flat = np.concatenate(self.buf) if self.buf else np.zeros(0, self.dtype)
+        whole = flat.size // self.cfg.seq_len * self.cfg.seq_len
+        if whole:
+            self._write(flat[:whole])
+        return int(flat.size - whole)
+
+    def _write(self, tokens: np.ndarray) -> None:
+        fmt = self.cfg.format
+        ext = {"bin": "bin", "npy": "npy", "arrayrecord": "arrayrecord"}[fmt]
+        name = f"shard-{len(self.shards):05d}.{ext}"
+        path = os.path.join(self.staging, name)
+        tokens = tokens.astype(self.dtype.newbyteorder("<"), copy=False)
+        if fmt == "bin":
+            tokens.tofile(path)
+        elif fmt == "npy":
+            np.save(path, tokens)
+        else:
+            from array_record.python.array_record_module import ArrayRecordWriter
+
+            writer = ArrayRecordWriter(path, "group_size:1")
+            for rec in tokens.reshape(-1, self.cfg.seq_len):
+                writer.write(rec.tobytes())
+            writer.close()
+        local, _ = fslib.filesystem(path, setting="prepare --out")
+        nbytes = os.path.getsize(path)
+        shard = Shard(path=name, bytes=nbytes, sha256=fslib.sha256(local, path),
+                      edge_sha256=fslib.edge_sha256(local, path, nbytes),
+                      records=tokens.size // self.cfg.seq_len, tokens=int(tokens.size))
+        self.shards.append((path, shard))
+
+
+def prepare(cfg: PrepareConfig, *, progress: bool = True) -> Manifest:
+    """Tokenize ``cfg.inputs`` into shards under ``cfg.out``; returns the manifest written."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    files = input_files(cfg.inputs, cfg.glob)
+    out_fs, out_root = fslib.filesystem(cfg.out, setting="prepare --out")
+    if out_fs.exists(fslib.join(out_root, MANIFEST)) and not cfg.overwrite:
+        raise DataError("prepare --out", f"{cfg.out!r} already holds a prepared dataset",
+                        "pick another --out, or pass --overwrite (runs reading the old data "
+                        "then stop at verify: new data is a new dataset)")
+    total = sum(os.path.getsize(f) for f in files)
+    bar = Progress(TextColumn("{task.description:<15}"), BarColumn(),
+                   TextColumn("{task.completed:,.0f}/{task.total:,.0f} {task.fields[unit]}"),
+                   TimeRemainingColumn(), disable=not progress)
+    with bar, tempfile.TemporaryDirectory(prefix="prepare-") as staging:
+        if cfg.tokenizer is None:
+            task = bar.add_task("training BPE", total=total, unit="bytes")
+            tok = toklib.train_bpe(_tracked(files, bar, task), vocab_size=cfg.vocab_size)
+            name = f"byte-bpe-{tok.get_vocab_size()}"
+        else:
+            tok = toklib.load(cfg.tokenizer)
+            name = os.path.splitext(os.path.basename(cfg.tokenizer))[0]
+        tok_json = toklib.to_json(tok)
+        vocab = tok.get_vocab_size()
+        eos = tok.token_to_id(toklib.EOS)
+        dtype = np.dtype(np.uint16 if vocab <= 1 << 16 else np.uint32)
+        writer = _ShardWriter(cfg, staging, dtype)
+        sources = []
+        task = bar.add_task("tokenizing", total=total, unit="bytes")
+        for i, path in enumerate(files):
+            if i:
+                writer.add([eos])
+            h = hashlib.sha256()
+            for ids in toklib.encode_chunks(tok, _tracked([path], bar, task, h)):
+                writer.add(ids)
+            sources.append({"path": path, "bytes": os.path.getsize(path),
+                            "sha256": h.hexdigest()})
+        dropped = writer.finish()
+        if not writer.shards:
+            raise DataError("prepare --input", f"the corpus has fewer than seq_len "
+                            f"{cfg.seq_len} tokens: no record", "give more text, or a smaller "
+                            "--seq-len")
+        tok_path = os.path.join(staging, TOKENIZER_FILE)
+        with open(tok_path, "w", encoding="utf-8") as f:
+            f.write(tok_json)
+        shards = tuple(s for _, s in writer.shards)
+        manifest = Manifest(
+            format=cfg.format, dtype=str(dtype), seq_len=cfg.seq_len, vocab_size=vocab,
+            records=sum(s.records for s in shards), tokens=sum(s.tokens for s in shards),
+            tokenizer=TokenizerInfo(file=TOKENIZER_FILE, name=name,
+                                    sha256=toklib.digest(tok_json), vocab_size=vocab,
+                                    eos_id=int(eos)),
+            shards=shards, sources=tuple(sources),
+            extra={"dropped_tail_tokens": dropped, "documents": len(files)})
+        task = bar.add_task("writing", total=len(shards) + 2, unit="files")
+        _publish(out_fs, out_root, [(p, s.path) for p, s in writer.shards]
+                 + [(tok_path, TOKENIZER_FILE)], manifest, lambda: bar.advance(task))
+    return manifest
+
+
+def _tracked(files: list[str], bar: Any, task: Any, h: Any = None) -> Iterator[str]:
+    for path in files:
+        for chunk in _chunks(path):
+            data = chunk.encode("utf-8")
+            if h is not None:
+                h.update(data)
+            bar.advance(task, len(data))
+            yield chunk
+
+
+def _publish(out_fs, out_root: str, files: list[tuple[str, str]], manifest: Manifest,
+             tick) -> None:
+    """Move (local) or upload (remote) the staged files, then write the manifest last."""
+    out_fs.makedirs(out_root, exist_ok=True)
+    stale = fslib.join(out_root, MANIFEST)
+    if out_fs.exists(stale):
+        out_fs.rm(stale)  # --overwrite: no manifest names half-replaced shards
+    for src, name in files:
+        dst = fslib.join(out_root, name)
+        if fslib.is_local(out_fs):
+            shutil.move(src, dst)
+        else:
+            out_fs.put_file(src, dst)
+        tick()
+    tmp = fslib.join(out_root, MANIFEST + ".tmp")
+    with out_fs.open(tmp, "w") as f:
+        f.write(manifest.to_json())
+    out_fs.mv(tmp, fslib.join(out_root, MANIFEST))
+    tick()
