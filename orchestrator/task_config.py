@@ -23,7 +23,8 @@ from typing import Any, Literal
 from orchestrator import configtools
 from orchestrator.errors import ConfigError
 
-BUILTIN_TASKS: dict[str, str] = {"lm": "workers.task.lm:make_task"}
+BUILTIN_TASKS: dict[str, str] = {"lm": "workers.task.lm:make_task",
+                                 "llama": "workers.task.llama:make_task"}
 """Built-in task kinds and the factory each names (resolved like a user's)."""
 
 
