@@ -142,13 +142,15 @@ def test_token_file_is_never_committed():
 def ray_clusters() -> list[tuple[str, dict[str, str], dict]]:
     """(cluster name, the pod labels that select exactly its Ray pods, the RayCluster/RayJob doc).
 
-    A RayCluster's pods carry `ray.io/cluster: <its name>`; a RayJob's cluster gets a generated name
-    (`<job>-raycluster-<random>`), so its pod templates carry `tpu-orchestrator/ray-cluster`."""
+    A RayCluster's pods carry `ray.io/cluster: <its name>`; a RayJob's cluster gets a generated
+    name (`<job>-raycluster-<random>`), so its pod templates carry
+    `tpu-orchestrator/ray-cluster`."""
     out = []
     for path in (KUBERAY / "raycluster-tpu.yaml", KUBERAY / "rayjob-example.yaml"):
         for doc in yaml_docs(path):
             name = doc["metadata"]["name"]
-            key = "ray.io/cluster" if doc["kind"] == "RayCluster" else "tpu-orchestrator/ray-cluster"
+            key = ("ray.io/cluster" if doc["kind"] == "RayCluster"
+                   else "tpu-orchestrator/ray-cluster")
             out.append((name, {key: name}, doc))
     return out
 
@@ -246,7 +248,7 @@ def test_egress_is_denied_by_default_and_allowed_per_destination():
     assert policies["default-deny-egress"] == {"podSelector": {}, "policyTypes": ["Egress"]}
     assert "0.0.0.0/0" not in (KUBERAY / "networkpolicy.yaml").read_text()
     autoresume_head = None
-    for name, labels, doc in ray_clusters():
+    for _name, labels, doc in ray_clusters():
         for template in ray_pod_templates(doc):
             pod_labels = {**template["metadata"]["labels"], **labels}
             assert_egress_is_only(egress_rules_of(policies, pod_labels),
@@ -264,7 +266,7 @@ def test_egress_is_denied_by_default_and_allowed_per_destination():
 
 def test_google_apis_resolve_to_the_private_range_the_egress_policy_names():
     """Terraform: *.googleapis.com -> private.googleapis.com (199.36.153.8/30) in a private zone
-    of the cluster's VPC, routed through Private Google Access, so 443 to that /30 is Google APIs."""
+    of the cluster's VPC, routed through Private Google Access: 443 to that /30 is Google APIs."""
     zones = tf_resources("google_dns_managed_zone")
     assert 'dns_name   = "googleapis.com."' in zones["googleapis"]
     assert 'visibility = "private"' in zones["googleapis"]
