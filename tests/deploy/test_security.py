@@ -136,7 +136,7 @@ def test_token_file_is_never_committed():
     assert "RAY_AUTH_TOKEN_PATH" in readme
 
 
-# --- finding 11 (issue 29): one cluster per policy, token and key per cluster, egress, metric writer
+# --- finding 11 (issue 29): one cluster per policy, token and key per cluster, egress, metrics
 
 
 def ray_clusters() -> list[tuple[str, dict[str, str], dict]]:
