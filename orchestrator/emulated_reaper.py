@@ -4,14 +4,16 @@ Ray ties the GCS and raylets it starts to their parent (``PR_SET_PDEATHSIG``), b
 raylet starts: after a ``kill -9`` of the driver every emulated node's dashboard agent and
 runtime-env agent lived on, reparented to init, through later runs (issue 28, item 8). So:
 
-* every process of the cluster carries ``TPU_ORCH_EMULATED_CLUSTER=<random id>`` in its
-  environment (set only while the driver starts Ray nodes; Ray hands its environment down to
-  every process a node starts), which tells exactly which processes are the cluster's;
-* a reaper (``python -m orchestrator.emulated_reaper``, its own session) waits for the driver
-  to die, or for the pipe the driver holds to close (a normal shutdown), and SIGKILLs every
-  process of this user that carries the id;
+* the processes a node starts carry ``TPU_ORCH_EMULATED_CLUSTER=<random id>`` in their
+  environment (set only while the driver starts Ray nodes), and the cluster is those and
+  their descendants: a raylet hands the agents it starts only part of its environment (which
+  variables it drops changes from start to start, measured), so the mark alone misses some;
+* a reaper (``python -m orchestrator.emulated_reaper``, its own session) notes the cluster's
+  processes every second while the driver lives (an orphan loses its parent), and when the
+  driver dies (its pidfd) or shuts the cluster down (the pipe it holds) SIGKILLs all of them;
 * a record per cluster (``$TMPDIR/tpu-orchestrator-<uid>/emulated/<id>.json``) lets the next
-  start clean what a dead driver left should its reaper have died with it.
+  start clean what a dead driver left should its reaper have died with it (the marked
+  processes and their descendants: an orphaned agent that lost the mark is beyond it).
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ from pathlib import Path
 MARK_ENV = "TPU_ORCH_EMULATED_CLUSTER"
 KILL_WITHIN_S = 10.0
 """How long the reaper keeps killing: a raylet being killed may still start a worker."""
+SNAPSHOT_S = 1.0
+"""How often the reaper notes the cluster's processes while the driver lives (a /proc scan;
+only new processes' environments are read)."""
 
 
 def records_dir() -> Path:
@@ -48,33 +53,76 @@ def start_time(pid: int) -> int | None:
         return None
 
 
-def marked(marker: str) -> list[int]:
-    """Live processes of this user whose environment carries ``marker`` (zombies excluded)."""
-    needle = f"{MARK_ENV}={marker}".encode()
-    found = []
+def _table() -> dict[int, tuple[int, int, str]]:
+    """This user's live processes (zombies excluded): pid -> (parent pid, start time, state)."""
+    out: dict[int, tuple[int, int, str]] = {}
+    uid = os.getuid()
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
             continue
         try:
-            if os.stat(f"/proc/{entry}").st_uid != os.getuid():
+            if os.stat(f"/proc/{entry}").st_uid != uid:
                 continue
-            if needle in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
-                state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
-                if state != "Z":
-                    found.append(int(entry))
-        except (OSError, IndexError):  # gone meanwhile, or not ours to read
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            if fields[0] != "Z":
+                out[int(entry)] = (int(fields[1]), int(fields[19]), fields[0])
+        except (OSError, IndexError, ValueError):  # gone meanwhile
             continue
+    return out
+
+
+def marked(marker: str, table: dict[int, tuple[int, int, str]] | None = None,
+           seen: dict[tuple[int, int], bool] | None = None) -> list[int]:
+    """Live processes of this user whose environment carries ``marker`` (zombies excluded).
+    ``seen`` caches the answer per (pid, start time): a process's environment never changes
+    (a repeated scan then reads only new processes')."""
+    needle = f"{MARK_ENV}={marker}".encode()
+    table = table if table is not None else _table()
+    cache = seen if seen is not None else {}
+    found = []
+    for pid, (_, born, _) in table.items():
+        key = (pid, born)
+        if key not in cache:
+            try:
+                cache[key] = needle in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            except OSError:  # gone meanwhile, or not ours to read
+                continue
+        if cache[key]:
+            found.append(pid)
+    if seen is not None:  # forget processes that are gone
+        for key in [k for k in seen if k[0] not in table or table[k[0]][1] != k[1]]:
+            del seen[key]
     return found
 
 
-def kill_marked(marker: str, *, within_s: float = KILL_WITHIN_S, spare: int | None = None
-                ) -> int:
-    """SIGKILL every process carrying ``marker`` (but ``spare``) until none is left or
+def cluster(marker: str, seen: dict[tuple[int, int], bool] | None = None) -> dict[int, int]:
+    """The cluster's processes now, pid -> start time: those carrying ``marker`` and their
+    descendants. Ray does not hand a raylet's whole environment to the agents it starts (which
+    variables it drops varies from start to start), so the mark alone misses some."""
+    table = _table()
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    found, todo = set(), marked(marker, table, seen)
+    while todo:
+        pid = todo.pop()
+        if pid not in found:
+            found.add(pid)
+            todo += children.get(pid, [])
+    return {pid: table[pid][1] for pid in found}
+
+
+def kill_cluster(marker: str, *, known: dict[int, int] | None = None,
+                 within_s: float = KILL_WITHIN_S, spare: int | None = None) -> int:
+    """SIGKILL the cluster's processes (``cluster``, and those of ``known``, pid -> start
+    time, still running: seen earlier, orphaned since) but ``spare`` until none is left or
     ``within_s`` passed; returns how many were killed."""
     killed: set[int] = set()
     until = time.monotonic() + within_s
     while True:
-        alive = [p for p in marked(marker) if p != spare]
+        alive = {**{p: t for p, t in (known or {}).items() if start_time(p) == t},
+                 **cluster(marker)}
+        alive.pop(spare, None)  # type: ignore[arg-type]
         if not alive or time.monotonic() > until:
             return len(killed)
         for pid in alive:
@@ -147,7 +195,7 @@ def clean_leftovers() -> int:
             continue
         if start_time(pid) is not None and start_time(pid) == born:
             continue  # its driver still runs: its cluster is in use
-        killed += kill_marked(str(rec["marker"]))
+        killed += kill_cluster(str(rec["marker"]))
         path.unlink(missing_ok=True)
     return killed
 
@@ -163,13 +211,17 @@ def watch(marker: str, driver_pid: int, driver_start: int | None) -> int:
     with contextlib.suppress(OSError, AttributeError):
         pidfd = os.pidfd_open(driver_pid)
     waits = [sys.stdin.fileno()] + ([pidfd] if pidfd is not None else [])
+    known: dict[int, int] = {}  # the cluster as last seen: its orphans lose their parent
+    seen: dict[tuple[int, int], bool] = {}
     while not _driver_gone(driver_pid, driver_start):
-        ready, _, _ = select.select(waits, [], [], 1.0)
+        known = {p: t for p, t in known.items() if start_time(p) == t}
+        known.update(cluster(marker, seen))
+        ready, _, _ = select.select(waits, [], [], SNAPSHOT_S)
         if pidfd is not None and pidfd in ready:
             break
         if sys.stdin.fileno() in ready:
             break  # "stop" or EOF: the driver shut its cluster down (or died)
-    kill_marked(marker, spare=driver_pid)
+    kill_cluster(marker, known=known, spare=driver_pid)
     (records_dir() / f"{marker}.json").unlink(missing_ok=True)
     return 0
 

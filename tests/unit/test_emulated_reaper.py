@@ -15,6 +15,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from orchestrator import emulated_reaper
@@ -23,15 +24,25 @@ from orchestrator.emulated_reaper import MARK_ENV, Reaper, clean_leftovers, mark
 ROOT = Path(__file__).resolve().parents[2]
 STUBBORN = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
 
+RAYLET = textwrap.dedent(f"""
+    import ctypes, os, subprocess, sys, time
+    from orchestrator.emulated_reaper import MARK_ENV
+    ctypes.CDLL(None).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL: dies with the driver, as Ray's
+    env = {{k: v for k, v in os.environ.items() if k != MARK_ENV}}  # as Ray's agents lose it
+    agent = subprocess.Popen([sys.executable, "-c", {STUBBORN!r}], env=env)
+    print(agent.pid, flush=True)
+    time.sleep(600)
+""")
 DRIVER = textwrap.dedent(f"""
     import subprocess, sys, time
     from orchestrator.emulated_reaper import Reaper, marking
     reaper = Reaper()
     reaper.start()
-    with marking(reaper.marker):  # a node's daemon, and one that leaves its parent's session
+    with marking(reaper.marker):  # a node's daemon, one leaving its parent's session, a raylet
         subprocess.Popen([sys.executable, "-c", {STUBBORN!r}])
         subprocess.Popen([sys.executable, "-c", {STUBBORN!r}], start_new_session=True)
-    print(reaper.marker, flush=True)
+        raylet = subprocess.Popen([sys.executable, "-c", {RAYLET!r}], stdout=subprocess.PIPE)
+    print(reaper.marker, raylet.stdout.readline().decode().strip(), flush=True)
     time.sleep(600)
 """)
 
@@ -55,11 +66,19 @@ def test_a_sigkilled_driver_takes_every_marked_process_with_it(tmp_path: Path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path)}
     driver = subprocess.Popen([sys.executable, "-c", DRIVER], stdout=subprocess.PIPE,
                               text=True, env=env, cwd=ROOT, start_new_session=True)
-    marker = driver.stdout.readline().strip()
-    assert len(marked(marker)) == 2, "the two marked processes run"
+    marker, agent = driver.stdout.readline().split()
+    unmarked = psutil.Process(int(agent))
+    assert len(marked(marker)) == 3, "the three marked processes run"
+    assert int(agent) not in marked(marker), "the raylet's child lost the mark"
+    time.sleep(emulated_reaper.SNAPSHOT_S * 2)  # the reaper has seen the child
     driver.kill()
     driver.wait(10)
     assert _gone_within(marker, 10.0) == []
+    try:
+        unmarked.wait(10)  # orphaned when the raylet died with the driver, still the cluster's
+    except psutil.TimeoutExpired:
+        unmarked.kill()
+        raise AssertionError("the raylet's unmarked child outlived the driver") from None
     records = tmp_path / f"tpu-orchestrator-{os.getuid()}" / "emulated"
     until = time.monotonic() + 10.0
     while list(records.glob("*")) and time.monotonic() < until:
