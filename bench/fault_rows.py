@@ -160,7 +160,8 @@ def corrupt_newest(d: Path, timeout_s: float) -> Outcome:
 
 def driver_sigkill(d: Path, timeout_s: float) -> Outcome:
     """SIGKILL the driver mid-run, count what outlives it, then run the command again (what
-    autoresume resubmits)."""
+    autoresume resubmits). Lost steps: the step the driver had seen minus the step restored
+    (the hosts may finish and save a chunk the driver never heard of: then 0)."""
     run = d / "run"
     bg = Background.start(run, "run.total_steps=60")
     try:
@@ -179,7 +180,7 @@ def driver_sigkill(d: Path, timeout_s: float) -> Outcome:
     ok = not left and code == 0 and rd.summary.get("state") == "SUCCEEDED"
     return Outcome(ok=ok, outcome=f"{len(left)} process(es) outlived the driver by 20 s; "
                                   f"resumed: {summary_line(rd)} from step {restored}",
-                   lost_steps=reached - restored if restored is not None else None,
+                   lost_steps=max(0, reached - restored) if restored is not None else None,
                    to_first_step_s=resumed_first_step(rd, killed_at),
                    detail={"leftovers": left, "reached": reached, "restored": restored})
 
@@ -263,7 +264,7 @@ def decision_drain_kill(d: Path, timeout_s: float) -> Outcome:
     return Outcome(ok=code == 0 and avoided and rd.summary.get("state") == "SUCCEEDED",
                    outcome=f"resumed: {summary_line(rd)} from step {restored}; noticed slice "
                            f"{'avoided' if avoided else 'trained on again'}",
-                   lost_steps=reached - restored if restored is not None else None,
+                   lost_steps=max(0, reached - restored) if restored is not None else None,
                    to_first_step_s=resumed_first_step(rd, killed_at),
                    detail={"meshes_per_driver": running})
 
