@@ -1,7 +1,7 @@
 """The settings of a prepared-data source (``workers.input.open_source``): plain data, so a
 config section or a task's settings dataclass can hold them (``data: DataSettings | None``).
 
-Errors name ``task.settings.data.<field>`` (``SETTING``), where a task's settings keep them;
+Errors name ``task.data.<field>`` (``SETTING``), where a task's settings keep them;
 a section elsewhere passes its own prefix to ``validate_data_settings``.
 """
 
@@ -12,7 +12,7 @@ from typing import Literal
 
 from orchestrator.errors import ConfigError
 
-SETTING = "task.settings.data"
+SETTING = "task.data"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -167,12 +167,12 @@ def test_a_stalled_read_fails_within_its_timeout():
 
 
 def test_settings_are_validated():
-    """DataSettings refuses bad values naming task.settings.data.<field>."""
-    with pytest.raises(ConfigError, match=r"task\.settings\.data\.verify"):
+    """DataSettings refuses bad values naming task.data.<field>."""
+    with pytest.raises(ConfigError, match=r"task\.data\.verify"):
         DataSettings(dir="/x", verify="sometimes")
-    with pytest.raises(ConfigError, match=r"task\.settings\.data\.tokenizer_sha256"):
+    with pytest.raises(ConfigError, match=r"task\.data\.tokenizer_sha256"):
         DataSettings(dir="/x", tokenizer_sha256="abc")
-    with pytest.raises(ConfigError, match=r"task\.settings\.data\.read_threads"):
+    with pytest.raises(ConfigError, match=r"task\.data\.read_threads"):
         DataSettings(dir="/x", read_threads=0)
-    with pytest.raises(ConfigError, match=r"task\.settings\.data\.dir"):
+    with pytest.raises(ConfigError, match=r"task\.data\.dir"):
         DataSettings(dir=" ")

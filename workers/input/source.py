@@ -59,7 +59,7 @@ class TokenSource:
     def __init__(self, records: Any, *, global_batch: int, seq_len: int, shuffle: bool = True,
                  prefetch_steps: int = 2, read_threads: int = 2, read_timeout_s: float = 120.0,
                  total_steps: int | None = None, trace_dir: str | None = None,
-                 name: str = "", setting: str = "task.settings.data") -> None:
+                 name: str = "", setting: str = "task.data") -> None:
         self.records = records
         self.n = len(records)
         if self.n < 1:
