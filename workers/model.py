@@ -10,15 +10,9 @@ from __future__ import annotations
 import flax.linen as nn
 import jax.numpy as jnp
 
-LOGICAL_RULES: tuple[tuple[str, str | None], ...] = (
-    ("batch", ("data", "fsdp")),  # type: ignore[assignment]
-    ("embed", "fsdp"),
-    ("mlp", "tensor"),
-    ("heads", "tensor"),
-    ("kv", None),
-    ("vocab", "tensor"),
-    ("seq", None),
-)
+from workers.task.contract import DEFAULT_RULES
+
+LOGICAL_RULES = DEFAULT_RULES  # one table: the built-in LM's rules are the tasks' default
 
 
 def _dense(features, names, dtype, name):
