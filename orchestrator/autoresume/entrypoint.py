@@ -13,6 +13,13 @@ itself reads it (``orchestrator/main.py: parse_args``, ``configtools.parse_overr
 * overrides ``key=value``: the key must be in ``ALLOWED_OVERRIDES`` (a section or a setting that
   names no path, URL, endpoint, subscription or metric identity: ``compile.dir``,
   ``cluster.address``, ``events.pubsub.subscription``... are not);
+* the task: ``task.kind`` (which code a host imports) only ever comes from the ``--config`` file
+  (inside the job's working_dir package, or under ``config_roots``), never an override.
+  ``task.<setting>`` overrides of a user's task (``task.data.dir=...``) are the task's own settings,
+  opaque here (one may name a path): each is resubmitted only when it changes nothing in the
+  task the run recorded (``RUN_DIR/config.yaml``, which the driver writes at every start), so the
+  resubmission brings back the run's task and settings, never others. The alert names only the
+  run id; nothing of the task comes from it;
 * ``run.run_dir`` must be the folder where run.json was found (the service must see run
   directories at the path the jobs write them, /runs in deploy/); when the argv does not name
   it, ``run.run_dir=<that folder>`` is appended, so the resubmission writes nowhere else;
@@ -21,9 +28,13 @@ itself reads it (``orchestrator/main.py: parse_args``, ``configtools.parse_overr
 
 from __future__ import annotations
 
+import copy
 import os
 import shlex
 from collections.abc import Sequence
+from typing import Any
+
+import yaml
 
 from orchestrator.autoresume.runenv import REDACTED, RefusedResubmission
 from orchestrator.configtools import parse_override
@@ -57,6 +68,11 @@ ALLOWED_OVERRIDES = (
     "metrics.cloud_monitoring.timeout_s", "metrics.cloud_monitoring.max_attempts",
     "metrics.cpu_peak_flops_per_device", "metrics.queue_size", "metrics.rolling_window_s",
 )
+RECORDED_CONFIG = "config.yaml"
+_RECORDED_MAX_BYTES = 1 << 20
+_TASK_FIX = ("Fix: give the task's kind and settings in the --config file (in the job's "
+             "working_dir package or under autoresume's config_roots), or submit the run again "
+             "by hand")
 _FIX = ("Fix: put the setting in the --config file (under autoresume's config_roots or in the "
         "job's working_dir package) or the image, and submit the run again by hand")
 
@@ -91,6 +107,9 @@ def _check_override(argv: Sequence[str], word: str, *, run_dir: str, run_id: str
     except ConfigError:
         raise _refuse(argv, f"{word[:200]!r} is neither a known flag nor key=value") from None
     key = ".".join(path)
+    if path[0] == "task":
+        _check_task_override(argv, path, value, run_dir=run_dir)
+        return key
     if not override_allowed(key):
         raise _refuse(argv, f"override {key[:200]!r} is not one autoresume resubmits (it may "
                       "name a path, URL, subscription or another run; allowed: "
@@ -105,6 +124,56 @@ def _check_override(argv: Sequence[str], word: str, *, run_dir: str, run_id: str
     if key == "run.name" and (isinstance(value, dict | list) or str(value) != run_id):
         raise _refuse(argv, f"run.name={str(value)[:100]!r} is not the run id {run_id!r}")
     return key
+
+
+def recorded_task(run_dir: str) -> dict[str, Any] | None:
+    """The ``task`` section (``{kind, settings}``) of the config the run's driver recorded in
+    ``RUN_DIR/config.yaml``, or None when there is none to read."""
+    path = os.path.join(run_dir, RECORDED_CONFIG)
+    try:
+        if os.path.islink(path) or os.path.getsize(path) > _RECORDED_MAX_BYTES:
+            return None
+        with open(path, encoding="utf-8") as fh:
+            data = yaml.safe_load(fh)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    task = data.get("task") if isinstance(data, dict) else None
+    if not (isinstance(task, dict) and isinstance(task.get("settings", {}), dict)):
+        return None
+    return task
+
+
+def _check_task_override(argv: Sequence[str], path: list[str], value: Any, *,
+                         run_dir: str) -> None:
+    """``task.<setting>=value`` (or ``task.settings.<setting>``) passes only when it changes
+    nothing in the task the run recorded; ``task`` and ``task.kind`` never pass."""
+    key = ".".join(path)
+    if len(path) == 1 or path[1] == "kind":
+        raise _refuse(argv, f"override {key[:200]!r} would choose the task's code: a task's "
+                      "kind comes from the --config file, never from an override autoresume "
+                      "resubmits. " + _TASK_FIX)
+    recorded = recorded_task(run_dir)
+    if recorded is None:
+        raise _refuse(argv, f"override {key[:200]!r} cannot be checked: the run recorded no "
+                      f"readable {RECORDED_CONFIG} in {run_dir}. " + _TASK_FIX)
+    settings = recorded.get("settings") or {}
+    sub = path[2:] if path[1] == "settings" else path[1:]
+    after: Any = copy.deepcopy(settings)
+    if sub:
+        node = after
+        for part in sub[:-1]:
+            node = node.setdefault(part, {}) if isinstance(node, dict) else None
+        if not isinstance(node, dict):
+            after = None
+        else:
+            node[sub[-1]] = value
+    else:
+        after = value
+    if after != settings:
+        raise _refuse(argv, f"override {key[:200]}={str(value)[:200]!r} differs from the "
+                      f"task the run recorded in {RECORDED_CONFIG} (kind "
+                      f"{str(recorded.get('kind'))[:100]!r}): autoresume brings back the run's "
+                      "own task and settings only. " + _TASK_FIX)
 
 
 def vet_entrypoint(argv: Sequence[str], *, run_dir: str, run_id: str,
