@@ -89,9 +89,24 @@ class ClusterConfig:
     slices: int = 0
     """TPU mode: slices to use (0 = every ready slice)."""
     connect_timeout_s: float = 60.0
+    device_memory_gib: float | None = None
+    """Memory of one device (GiB) the pre-start check fits the train state into. None: the
+    chip's HBM for ``accelerator`` on TPU (unknown: not checked), this machine's RAM shared by
+    the emulated devices on the CPU emulation (docs/models.md, "Will it fit?")."""
+    host_memory_gib: float | None = None
+    """RAM of one emulated host (GiB) for its devices' state and the RAM tier's copies. None:
+    this machine's RAM over the emulated hosts. On TPU a host's RAM is not checked before the
+    cluster is seen (devices per host unknown)."""
 
     def __post_init__(self) -> None:
         _positive("cluster.connect_timeout_s", self.connect_timeout_s)
+        for name in ("device_memory_gib", "host_memory_gib"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int | float)
+                                  or not math.isfinite(v) or v <= 0):
+                raise ConfigError(f"cluster.{name}", f"{v!r} is not a size in GiB > 0",
+                                  f"set cluster.{name} to the GiB each "
+                                  f"{name.split('_')[0]} has (e.g. 16), or null to detect it")
         if self.slices < 0:
             raise ConfigError("cluster.slices", "must be >= 0", "use 0 for all slices")
 

@@ -52,6 +52,19 @@ class ClusterUnreachableError(OrchestratorError):
     retryable = True
 
 
+class DoesNotFit(OrchestratorError):
+    """The train state needs more memory than a device or a host has (``workers/memory.py``
+    works it out from abstract shapes). ``component`` names which part (``device``, ``host``,
+    ``ram_tier``), ``need``/``have`` are bytes. Bad input: exit 2 before anything starts."""
+
+    def __init__(self, *, component: str, need: int, have: int, message: str,
+                 fix: str) -> None:
+        self.component = component
+        self.need = need
+        self.have = have
+        super().__init__(message, fix=fix)
+
+
 class CheckpointError(OrchestratorError):
     """A checkpoint is missing, incomplete or incompatible with the model."""
 

@@ -3,9 +3,9 @@
 Validates the config before anything starts, connects to Ray (or starts the emulated local
 cluster), wires the event intake and the metrics pipeline to the run controller, and exits with
 the run's outcome: 0 succeeded, 1 failed (reason logged and in summary.json), 2 bad input
-(config, cluster, checkpoint) with a one-paragraph message naming the fix, 143 stopped by
-SIGTERM (the step it stopped at saved first: ``orchestrator/driver/signals.py``), 130 Ctrl-C
-before the run started.
+(config, cluster, checkpoint, a model that does not fit in memory) with a one-paragraph message
+naming the fix, 143 stopped by SIGTERM (the step it stopped at saved first:
+``orchestrator/driver/signals.py``), 130 Ctrl-C before the run started.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from orchestrator.errors import (
     CheckpointError,
     ClusterUnreachableError,
     ConfigError,
+    DoesNotFit,
     OrchestratorError,
     TopologyError,
 )
@@ -59,7 +60,7 @@ def explain(exc: OrchestratorError) -> str:
     """The one-paragraph message a user sees for bad input."""
     kind = {ConfigError: "Configuration error", ClusterUnreachableError: "Ray cluster unreachable",
             CheckpointError: "Checkpoint problem", TopologyError: "Cluster too small",
-            RunDirBusy: "Run directory in use"}
+            RunDirBusy: "Run directory in use", DoesNotFit: "Does not fit in memory"}
     title = next((v for k, v in kind.items() if isinstance(exc, k)), "Cannot start the run")
     body = exc.message + (f" Fix: {exc.fix}" if exc.fix else "")
     return textwrap.fill(f"{title}: {body}", width=100)
@@ -80,7 +81,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(explain(exc), file=sys.stderr)
         return EXIT_BAD_INPUT
     driver = Driver(cfg, argv=list(sys.argv[1:] if argv is None else argv), signals=signals)
-    bad_input = (ConfigError, ClusterUnreachableError, CheckpointError, TopologyError, RunDirBusy)
+    bad_input = (ConfigError, ClusterUnreachableError, CheckpointError, TopologyError, RunDirBusy,
+                 DoesNotFit)
     try:
         return driver.run()
     except bad_input as exc:
@@ -118,7 +120,8 @@ class Driver:
         from orchestrator.ray_groups import ray_group_factory
 
         self.lock.acquire(submission_id=_submission_id())  # before anything reads or writes
-        check_task(self.cfg, self.run_dir)  # the task and its checkpoints: exit 2 if bad
+        # the task, its memory per host (printed; exit 2 if it cannot fit) and its checkpoints
+        check_task(self.cfg, self.run_dir)
         self._connect()
         self.signals.install()  # Ray's in-process head node installs its own SIGTERM handler
         cluster = RayClusterView()

@@ -28,23 +28,11 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
-from orchestrator.errors import OrchestratorError
+from orchestrator.errors import DoesNotFit  # raised here; defined where the driver catches it
 from workers.model import LOGICAL_RULES
 
 DEVICE_PARTS = ("params", "opt_state", "grads", "other")
 GIB = 1024**3
-
-
-class DoesNotFit(OrchestratorError):
-    """The train state needs more memory than a device or a host has; ``component`` names
-    which part (``device``, ``host``, ``ram_tier``), ``need``/``have`` are bytes."""
-
-    def __init__(self, *, component: str, need: int, have: int, message: str,
-                 fix: str) -> None:
-        self.component = component
-        self.need = need
-        self.have = have
-        super().__init__(message, fix=fix)
 
 
 def shard_shape(shape: Sequence[int], spec: PartitionSpec | None,
@@ -138,18 +126,38 @@ class MemoryEstimate:
 
     def human(self) -> str:
         """One line: per device, per host, the RAM tier, the mesh."""
-        parts = ", ".join(f"{p} {_gib(n)}" for p, n in self.device.items())
+        parts = ", ".join(f"{p} {size_text(n)}" for p, n in self.device.items())
         mesh = " ".join(f"{a}={s}" for a, s in self.mesh_shape)
-        ram = (f"RAM tier {_gib(self.ram_tier)}/host ({self.ram_keep}×{self.holder_factor}+1 "
-               f"copies of {_gib(self.copy_bytes)})" if self.ram_keep else "RAM tier off")
-        return (f"per device {_gib(self.device_total)} ({parts}); per host "
-                f"{_gib(self.device_total * self.devices_per_host)} on {self.devices_per_host} "
-                f"device(s); {ram}; state {_gib(self.state_bytes)} over {self.devices} "
+        ram = (f"RAM tier {size_text(self.ram_tier)}/host ({self.ram_keep}×{self.holder_factor}+1 "
+               f"copies of {size_text(self.copy_bytes)})" if self.ram_keep else "RAM tier off")
+        per_host = size_text(self.device_total * self.devices_per_host)
+        return (f"per device {size_text(self.device_total)} ({parts}); per host "
+                f"{per_host} on {self.devices_per_host} "
+                f"device(s); {ram}; state {size_text(self.state_bytes)} over {self.devices} "
                 f"device(s), {self.hosts} host(s), mesh {mesh}; activations not counted")
 
 
-def _gib(n: int) -> str:
-    return f"{n / GIB:.2f} GiB"
+def size_text(n: int) -> str:
+    """Bytes for people: GiB with two decimals from 1 GiB on, else MiB, KiB or B."""
+    for unit, size in (("GiB", GIB), ("MiB", 1024**2), ("KiB", 1024)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}" if unit != "KiB" else f"{n / size:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+def smaller_model_fix(kind: str, settings: Mapping[str, Any]) -> str:
+    """How to make the model of task ``kind`` (its settings as resolved) smaller, in its own
+    settings: the Llama family's preset and dtype, the ``lm`` task's ``model.*`` sizes."""
+    if kind == "llama":
+        preset = settings.get("preset")
+        down = {"8b": "1b", "1b": "tiny"}.get(str(preset))
+        return (f"a smaller preset (task.preset={down or 'tiny'}) or "
+                "task.model.param_dtype=bfloat16 (halves parameters, gradients and Adam "
+                "moments)")
+    if kind == "lm":
+        return ("a smaller model (model.d_model, model.num_layers, model.d_ff, "
+                "model.vocab_size)")
+    return SMALLER_MODEL
 
 
 def estimate(boxed_state: Any, *, mesh_shape: Mapping[str, int], devices_per_host: int,
@@ -159,15 +167,31 @@ def estimate(boxed_state: Any, *, mesh_shape: Mapping[str, int], devices_per_hos
     of ``mesh_shape`` (every mesh axis: e.g. ``{"data": 1, "fsdp": 64, "tensor": 1}``) with
     ``devices_per_host`` devices on each host. ``accum_steps`` > 1 adds the gradient
     accumulator; ``ram_keep``: ``checkpoint.ram.keep`` when the RAM tier is on, else 0."""
+    specs = jax.tree.leaves(mesh_specs(boxed_state, rules), is_leaf=_is_spec)
+    leaves = jax.tree.leaves(nn.meta.unbox(boxed_state))
+    if len(specs) != len(leaves):
+        raise ValueError(f"{len(leaves)} arrays but {len(specs)} partition specs: pass the "
+                         "state as jax.eval_shape returns it, boxes and all")
+    return estimate_state(nn.meta.unbox(boxed_state), specs, mesh_shape=mesh_shape,
+                          devices_per_host=devices_per_host, accum_steps=accum_steps,
+                          ram_keep=ram_keep, ram_max_host_bytes=ram_max_host_bytes)
+
+
+def estimate_state(abstract: Any, specs: Any, *, mesh_shape: Mapping[str, int],
+                   devices_per_host: int, accum_steps: int = 1, ram_keep: int = 0,
+                   ram_max_host_bytes: int | None = None) -> MemoryEstimate:
+    """``estimate`` of an unboxed abstract state ``{"params", "opt_state", ...}`` and its mesh
+    ``PartitionSpec``s (a tree of the same structure, or its leaves in order), e.g. what the
+    task check has (``workers.task.state.state_specs``)."""
     devices = math.prod(mesh_shape.values())
     if devices_per_host < 1 or devices % devices_per_host:
         raise ValueError(f"{devices} devices in mesh {dict(mesh_shape)} do not split into hosts "
                          f"of {devices_per_host}: pass the devices each host really has")
-    specs = jax.tree.leaves(mesh_specs(boxed_state, rules), is_leaf=_is_spec)
-    leaves = jax.tree_util.tree_flatten_with_path(nn.meta.unbox(boxed_state))[0]
+    specs = jax.tree.leaves(specs, is_leaf=_is_spec)
+    leaves = jax.tree_util.tree_flatten_with_path(abstract)[0]
     if len(specs) != len(leaves):
-        raise ValueError(f"{len(leaves)} arrays but {len(specs)} partition specs: pass the "
-                         "state as jax.eval_shape returns it, boxes and all")
+        raise ValueError(f"{len(leaves)} arrays but {len(specs)} partition specs: give one "
+                         "spec (or None) per array")
     device = dict.fromkeys(DEVICE_PARTS, 0)
     total = 0
     for (path, leaf), spec in zip(leaves, specs, strict=True):
@@ -184,40 +208,54 @@ def estimate(boxed_state: Any, *, mesh_shape: Mapping[str, int], devices_per_hos
                           ram_keep=ram_keep, ram_max_host_bytes=ram_max_host_bytes)
 
 
-def check_fits(est: MemoryEstimate, *, device_bytes: int, host_bytes: int) -> None:
+SMALLER_MODEL = ("a smaller model (the task's size settings), or parameters in bfloat16 "
+                 "(halves parameters, gradients and Adam moments)")
+"""``check_fits``' default advice on the model's side; the task check passes the task's own
+settings (``task.preset``, ``model.*``)."""
+
+
+def check_fits(est: MemoryEstimate, *, device_bytes: int | None, host_bytes: int | None,
+               shared: bool = False, smaller: str = SMALLER_MODEL) -> None:
     """Raise ``DoesNotFit`` naming the part that does not fit, the numbers and the fix: the
     state on a device (``device_bytes`` of accelerator memory), the RAM tier on a host
-    (``host_bytes`` of RAM, and ``checkpoint.ram.max_host_bytes``)."""
+    (``host_bytes`` of RAM, and ``checkpoint.ram.max_host_bytes``). A bound of None is not
+    checked. ``shared``: the devices live in the host's RAM (the CPU emulation), so a host's
+    RAM holds its devices' state and the RAM tier together. ``smaller``: how to make the
+    model itself smaller (the settings of the task at hand)."""
     need = est.device_total
-    if need > device_bytes:
+    if device_bytes is not None and need > device_bytes:
         sizes = dict(est.mesh_shape)
         now = sizes.get("fsdp", 1) * sizes.get("tensor", 1)
         ways = now * math.ceil(need / device_bytes)
         raise DoesNotFit(
             component="device", need=need, have=device_bytes,
-            message=f"The train state needs {_gib(need)} per device but a device has "
-                    f"{_gib(device_bytes)} ({est.human()}).",
-            fix=f"shard it more: fsdp × tensor = {now} now, about {ways} needed (raise "
-                "mesh.ici.fsdp or mesh.dcn.fsdp; tensor for wide layers), or a smaller preset "
-                "(task.model.preset), or task.model.param_dtype=bfloat16 (halves parameters, "
-                "gradients and Adam moments), and leave headroom for activations")
-    host_need = est.ram_tier
-    if host_need > host_bytes:
+            message=f"The train state needs {size_text(need)} per device but a device has "
+                    f"{size_text(device_bytes)} ({est.human()}).",
+            fix=f"shard it over more devices: fsdp × tensor = {now} now, about {ways} needed "
+                "(more hosts or slices, with mesh.ici.fsdp / mesh.dcn.fsdp over them; "
+                f"mesh.ici.tensor for wide layers), or {smaller}; and leave headroom for "
+                "activations")
+    devices_need = need * est.devices_per_host if shared else 0
+    host_need = devices_need + est.ram_tier
+    if host_bytes is not None and host_need > host_bytes:
+        what = ("the train state of its devices and the RAM tier need" if shared and est.ram_keep
+                else "the train state of its devices needs" if shared
+                else "the RAM tier needs")
         raise DoesNotFit(
             component="host", need=host_need, have=host_bytes,
-            message=f"The RAM tier needs {_gib(host_need)} of host memory per node but a host "
-                    f"has {_gib(host_bytes)} ({est.human()}).",
-            fix="keep fewer RAM copies (checkpoint.ram.keep=2 is the least), spread the state "
-                "over more hosts, use a smaller preset or task.model.param_dtype=bfloat16, or "
-                "turn the tier off (checkpoint.ram.enabled=false)")
+            message=f"On each host {what} {size_text(host_need)} of host memory but a host has "
+                    f"{size_text(host_bytes)} ({est.human()}).",
+            fix="spread the state over more hosts (mesh.ici.fsdp / mesh.dcn.fsdp over more "
+                "hosts or slices), keep fewer RAM copies (checkpoint.ram.keep=2 is the least) "
+                f"or turn the tier off (checkpoint.ram.enabled=false), or {smaller}")
     cap = est.ram_max_host_bytes
     if est.ram_keep and cap is not None and est.copy_bytes * est.ram_keep * 2 > cap:
         wanted = est.copy_bytes * est.ram_keep * 2
+        have = f" (the host has {size_text(host_bytes)})" if host_bytes is not None else ""
         raise DoesNotFit(
             component="ram_tier", need=wanted, have=cap,
-            message=f"Each host's RAM copy is {_gib(est.copy_bytes)}: {est.ram_keep} kept × 2 "
-                    f"hosts = {_gib(wanted)} exceeds checkpoint.ram.max_host_bytes="
-                    f"{cap} ({_gib(cap)}), so every host would turn its RAM tier off.",
-            fix=f"set checkpoint.ram.max_host_bytes={wanted} or more (the host has "
-                f"{_gib(host_bytes)}), spread the state over more hosts, or turn the tier off "
-                "(checkpoint.ram.enabled=false)")
+            message=f"Each host's RAM copy is {size_text(est.copy_bytes)}: {est.ram_keep} kept × 2 "
+                    f"hosts = {size_text(wanted)} exceeds checkpoint.ram.max_host_bytes="
+                    f"{cap} ({size_text(cap)}), so every host would turn its RAM tier off.",
+            fix=f"set checkpoint.ram.max_host_bytes={wanted} or more{have}, spread the state "
+                "over more hosts, or turn the tier off (checkpoint.ram.enabled=false)")

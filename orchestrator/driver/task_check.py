@@ -2,6 +2,11 @@
 it? Bad input either way: a ``ConfigError`` / ``CheckpointError`` naming the fix (exit 2), with
 nothing started and nothing written.
 
+The check also works out the train state's memory per device and per host over the mesh the
+run will have (``workers/memory.py``, from the same abstract shapes) and fits it into the
+bounds of ``memory_bound.bounds_for``: the driver prints one line with the figures, and a
+state that does not fit is ``DoesNotFit`` (exit 2) naming the numbers and the fix.
+
 The task is checked in a subprocess (``python -m workers.task.check``, JAX on the CPU only,
 abstract shapes only): the driver process never imports JAX or the user's module (CONTRACTS:
 ``orchestrator/`` never imports JAX). The subprocess starts where the driver started (its working
@@ -22,7 +27,8 @@ from typing import Any
 import structlog
 
 from orchestrator import configtools
-from orchestrator.errors import CheckpointError, ConfigError
+from orchestrator.driver.memory_bound import MemoryBounds, bounds_for, memory_line
+from orchestrator.errors import CheckpointError, ConfigError, DoesNotFit
 from orchestrator.task_config import task_ref
 
 log = structlog.get_logger(__name__)
@@ -44,21 +50,52 @@ class TaskSummary:
     flops_per_step: float | None
     tokens_per_step: int
     metrics: tuple[str, ...]
+    memory: dict | None = None
+    """The memory estimate (``workers/task/check.py: _memory``); None from an older check."""
+    bounds: MemoryBounds | None = None
 
 
 def check_task(cfg: Any, run_dir: Path, *, timeout_s: float | None = None) -> TaskSummary:
-    """The task check, then the checkpoint check (``check_checkpoint``)."""
+    """The task check, the memory estimate (printed; ``DoesNotFit`` when the state cannot
+    fit), then the checkpoint check (``check_checkpoint``)."""
     summary = run_check(cfg, timeout_s=timeout_s)
     log.info("task_checked", kind=summary.task["kind"], fingerprint=summary.fingerprint,
              n_params=summary.n_params, state_bytes=summary.state_bytes)
+    report_memory(summary)
     check_checkpoint(Path(run_dir) / "checkpoints", summary)
     return summary
 
 
-def request_for(cfg: Any) -> dict:
-    """The check's input: the task, train config, run length and the mesh axes known now."""
+def report_memory(summary: TaskSummary) -> None:
+    """Print the estimate's line and log it as one record; raise ``DoesNotFit`` when refused."""
+    mem = summary.memory
+    if mem is None:
+        return
+    print(memory_line(mem, summary.bounds), flush=True)
+    b = summary.bounds
+    refused = mem.get("refused")
+    fields = {k: mem.get(k) for k in ("mesh", "devices_per_host", "hosts", "device",
+                                      "device_total", "ram_tier", "host_total", "state_bytes")}
+    log.info("memory_estimate", **fields,
+             device_bound_bytes=b.device_bytes if b else None,
+             host_bound_bytes=b.host_bytes if b else None,
+             bound_source=b.source if b else None,
+             fits=None if mem.get("device") is None else not refused,
+             refused=refused["component"] if refused else None)
+    if refused:
+        raise DoesNotFit(component=refused["component"], need=refused["need"],
+                         have=refused["have"],
+                         message=f"{refused['message']} Bound: {b.source if b else 'given'}.",
+                         fix=refused["fix"])
+
+
+def request_for(cfg: Any, bounds: MemoryBounds | None = None) -> dict:
+    """The check's input: the task, train config, run length, the mesh axes known now and
+    what the memory estimate fits into."""
+    mesh = mesh_sizes(cfg)
     return {"task": dataclasses.asdict(task_ref(cfg)), "train": configtools.to_dict(cfg.train),
-            "total_steps": cfg.run.total_steps, "seed": cfg.run.seed, "mesh": mesh_sizes(cfg)}
+            "total_steps": cfg.run.total_steps, "seed": cfg.run.seed, "mesh": mesh,
+            "memory": bounds.request(cfg, mesh) if bounds is not None else None}
 
 
 def mesh_sizes(cfg: Any) -> dict[str, int]:
@@ -80,11 +117,12 @@ def mesh_sizes(cfg: Any) -> dict[str, int]:
 
 def run_check(cfg: Any, *, timeout_s: float | None = None) -> TaskSummary:
     bound = timeout_s or max(MIN_TIMEOUT_S, cfg.timeouts.compile_s)
+    memory = bounds_for(cfg)
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     env.pop("XLA_FLAGS", None)  # the driver's flags are not the hosts'; none are needed here
     try:
         done = subprocess.run([sys.executable, "-m", "workers.task.check"],
-                              input=json.dumps(request_for(cfg)), capture_output=True,
+                              input=json.dumps(request_for(cfg, memory)), capture_output=True,
                               text=True, env=env, timeout=bound, check=False)
     except subprocess.TimeoutExpired:
         raise ConfigError("task.kind", f"checking the task {cfg.task.kind!r} took longer than "
@@ -105,7 +143,8 @@ def run_check(cfg: Any, *, timeout_s: float | None = None) -> TaskSummary:
     return TaskSummary(fingerprint=out["fingerprint"], task=out["task"],
                        n_params=out["n_params"], state_bytes=out["state_bytes"],
                        flops_per_step=out["flops_per_step"],
-                       tokens_per_step=out["tokens_per_step"], metrics=tuple(out["metrics"]))
+                       tokens_per_step=out["tokens_per_step"], metrics=tuple(out["metrics"]),
+                       memory=out.get("memory"), bounds=memory)
 
 
 def check_checkpoint(ckpt: Path, summary: TaskSummary) -> None:

@@ -16,6 +16,7 @@ from workers.memory import (
     check_fits,
     estimate,
     shard_shape,
+    smaller_model_fix,
 )
 from workers.models.llama import LLAMA_RULES, LlamaConfig, LlamaLM, param_count
 
@@ -96,11 +97,13 @@ def test_8b_fp32_adamw_on_one_host_is_refused():
     _, est = _estimate("8b", (1, 4, 1), 4)
     assert est.device_total > 29 * GIB
     with pytest.raises(DoesNotFit) as err:
-        check_fits(est, device_bytes=16 * GIB, host_bytes=400 * GIB)
+        check_fits(est, device_bytes=16 * GIB, host_bytes=400 * GIB,
+                   smaller=smaller_model_fix("llama", {"preset": "8b"}))
     e = err.value
     assert e.component == "device" and e.need == est.device_total and e.have == 16 * GIB
     assert "16.00 GiB" in str(e) and f"{est.device_total / GIB:.2f} GiB" in str(e)
-    for fix in ("mesh.ici.fsdp", "task.model.preset", "param_dtype=bfloat16", "about 8 needed"):
+    for fix in ("mesh.ici.fsdp", "more hosts", "task.preset=1b", "param_dtype=bfloat16",
+                "about 8 needed"):
         assert fix in e.fix, e.fix
 
 
@@ -142,6 +145,27 @@ def test_ram_tier_over_host_memory_is_refused():
         check_fits(est, device_bytes=16 * GIB, host_bytes=8 * GIB)
     assert err.value.component == "host"
     assert "checkpoint.ram.keep" in err.value.fix and "checkpoint.ram.enabled" in err.value.fix
+
+
+def test_devices_in_host_ram_count_against_the_host():
+    """On the CPU emulation (shared) a host's RAM holds its devices' state and the RAM tier:
+    each fits alone, both together do not."""
+    _, est = _estimate("tiny", (1, 2, 1), 2, ram_keep=2)
+    devices = est.device_total * 2
+    check_fits(est, device_bytes=est.device_total, host_bytes=est.ram_tier, shared=False)
+    with pytest.raises(DoesNotFit) as err:
+        check_fits(est, device_bytes=est.device_total, host_bytes=est.ram_tier, shared=True)
+    e = err.value
+    assert e.component == "host" and e.need == devices + est.ram_tier
+    assert "train state of its devices and the RAM tier" in str(e)
+
+
+def test_unknown_bounds_are_not_checked_and_advice_follows_the_task():
+    _, est = _estimate("8b", (1, 4, 1), 4)
+    check_fits(est, device_bytes=None, host_bytes=None)
+    assert "model.d_model" in smaller_model_fix("lm", {})
+    assert "task.preset=tiny" in smaller_model_fix("llama", {"preset": "1b"})
+    assert "bfloat16" in smaller_model_fix("my_pkg.tasks:make", {"hidden": 8})
 
 
 def test_human_is_one_line_with_every_part():

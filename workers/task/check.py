@@ -70,7 +70,42 @@ def check(request: dict) -> dict:
             "n_params": n_params, "state_bytes": state_bytes,
             "flops_per_step": task.flops_per_step,
             "tokens_per_step": train.global_batch * task.tokens_per_example,
-            "metrics": sorted(metrics)}
+            "metrics": sorted(metrics),
+            "memory": _memory(request.get("memory"), abstract, specs, resolved.describe(),
+                              state_bytes, sizes)}
+
+
+def _memory(mem: dict | None, abstract: Any, specs: Any, task: dict, state_bytes: int,
+            sizes: dict) -> dict:
+    """Bytes per device and per host over the request's mesh (``workers/memory.py``), and
+    whether they fit its bounds: ``refused`` holds ``DoesNotFit``'s parts, else None."""
+    from orchestrator.errors import DoesNotFit
+    from workers import memory
+
+    if not mem:
+        return {"device": None, "state_bytes": state_bytes,
+                "unknown_axes": [a for a in ("data", "fsdp", "tensor") if a not in sizes]}
+    dph = mem.get("devices_per_host")
+    est = memory.estimate_state(abstract, specs, mesh_shape=mem["mesh"],
+                                devices_per_host=dph or 1, accum_steps=mem.get("accum_steps", 1),
+                                ram_keep=mem.get("ram_keep", 0) if dph else 0,
+                                ram_max_host_bytes=mem.get("ram_max_host_bytes"))
+    refused = None
+    try:
+        memory.check_fits(est, device_bytes=mem.get("device_bytes"),
+                          host_bytes=mem.get("host_bytes") if dph else None,
+                          shared=bool(mem.get("shared")),
+                          smaller=memory.smaller_model_fix(task["kind"], task["settings"]))
+    except DoesNotFit as exc:
+        refused = {"component": exc.component, "need": exc.need, "have": exc.have,
+                   "message": exc.message, "fix": exc.fix}
+    return {"mesh": dict(est.mesh_shape), "devices_per_host": dph,
+            "hosts": est.hosts if dph else None, "device": dict(est.device),
+            "device_total": est.device_total, "ram_keep": est.ram_keep,
+            "holder_factor": est.holder_factor, "copy_bytes": est.copy_bytes,
+            "ram_tier": est.ram_tier, "state_bytes": est.state_bytes,
+            "host_total": est.device_total * dph + est.ram_tier if dph else None,
+            "refused": refused}
 
 
 def _check_rows(data: Any, example: Any, seed: int, n: int, np: Any, jax: Any) -> None:
