@@ -184,7 +184,8 @@ class ChaosFaultConfig:
 
     at_step: int
     host: int
-    kind: Literal["preempt", "kill", "hang", "unhealthy", "kill_in_save", "hang_init"]
+    kind: Literal["preempt", "kill", "hang", "unhealthy", "kill_in_save", "hang_init",
+                  "crash_in_notice"]
     deadline_s: float = 30.0
 
 

@@ -21,6 +21,16 @@ class FaultKind(StrEnum):
     KILL_IN_SAVE = "kill_in_save"  # kill -9 right after step ``at_step``'s async save started
     HANG_INIT = "hang_init"  # the host never joins the distributed init of the group formed
     # at the first re-form whose starting step is >= ``at_step`` (0 = the first group)
+    CRASH_IN_NOTICE = "crash_in_notice"  # a preemption notice for the host with ``deadline_s``,
+    # then its process dies by SIGSEGV ``CRASH_IN_NOTICE_AFTER_S`` later: a spot host that
+    # crashes inside its notice window (the death is the preemption, not a host failure)
+
+
+CRASH_IN_NOTICE_AFTER_S = 1.0
+"""Seconds from a ``crash_in_notice`` fault's notice to its host's SIGSEGV."""
+
+NOTICE_KINDS = frozenset({FaultKind.PREEMPT, FaultKind.UNHEALTHY, FaultKind.CRASH_IN_NOTICE})
+"""Kinds that deliver a notice through the driver at exactly ``at_step``."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -75,6 +75,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _crash_later(after_s: float) -> None:
+    """Chaos: SIGSEGV to this process ``after_s`` from now, as a native crash would end it
+    (no cleanup, no flush); SIGKILL if a fault handler kept it alive."""
+    time.sleep(after_s)
+    log.warning("chaos: SIGSEGV to this host process (pid %d)", os.getpid())
+    os.kill(os.getpid(), signal.SIGSEGV)
+    time.sleep(5.0)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 class HostActor(RamTierMethods, WarmMethods, AheadMethods, WhereMethods):
     """One host's share of the run. Methods are the driver's only handle on JAX.
 
@@ -214,7 +224,13 @@ class HostActor(RamTierMethods, WarmMethods, AheadMethods, WhereMethods):
         """Test/chaos hook, fires once. ``{"at_step": s, "kind": k}`` with k: ``kill`` (SIGKILL
         before the step after ``s``), ``hang`` (stop answering there), ``error`` (raise there),
         ``kill_in_save`` (SIGKILL right after step ``s``'s async save started), ``hang_init``
-        (never join the next distributed init: a host that does not come up)."""
+        (never join the next distributed init: a host that does not come up). ``crash`` is not
+        armed but started: this process dies by SIGSEGV ``after_s`` from now, whatever it is
+        doing then (a spot host crashing inside its notice window)."""
+        if fault and fault["kind"] == "crash":
+            threading.Thread(target=_crash_later, args=(float(fault.get("after_s", 1.0)),),
+                             name="chaos-crash", daemon=True).start()
+            return
         self._fault = fault
 
     def _maybe_init_fault(self) -> None:

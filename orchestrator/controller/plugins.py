@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from orchestrator.controller.context import log
-from policies.chaos import Fault, FaultKind, FaultSchedule
+from policies.chaos import CRASH_IN_NOTICE_AFTER_S, NOTICE_KINDS, Fault, FaultKind, FaultSchedule
 
 if TYPE_CHECKING:
     from orchestrator.controller.context import Run
@@ -69,15 +69,19 @@ class ChaosPlugin(RunPlugin):
                 self.fired.add(f.key)
                 log.info("chaos_armed", kind=f.kind.value, host=f.host, step=f.at_step)
                 group.inject(f.host, _fault_dict(f))
-            elif f.kind in (FaultKind.PREEMPT, FaultKind.UNHEALTHY) and f.at_step == step:
+            elif f.kind in NOTICE_KINDS and f.at_step == step:
                 self.fired.add(f.key)
                 self._notice(run, f)
+                if f.kind is FaultKind.CRASH_IN_NOTICE:  # the host dies inside its window
+                    log.info("chaos_armed", kind=f.kind.value, host=f.host, step=f.at_step)
+                    group.inject(f.host, {"at_step": f.at_step, "kind": "crash",
+                                          "after_s": CRASH_IN_NOTICE_AFTER_S})
 
     @staticmethod
     def _notice(run: Run, f: Fault) -> None:
         assert run.plan is not None
         host = run.plan.hosts[f.host]
-        kind = "preemption_notice" if f.kind is FaultKind.PREEMPT else "host_unhealthy"
+        kind = "host_unhealthy" if f.kind is FaultKind.UNHEALTHY else "preemption_notice"
         payload = {"schema_version": 1, "kind": kind, "id": f"chaos-{f.at_step}-{f.host}-{kind}",
                    "target": {"job": run.cfg.run.name, "host": host.instance},
                    "deadline": run.now() + f.deadline_s, "source": "chaos"}

@@ -45,3 +45,22 @@ def test_a_crash_of_a_host_without_notice_stays_a_host_loss(tmp_path):
     summary = sim.run()
     assert sim.payloads("RELEASING")[0].cause.value == "host_lost"
     assert "host_lost" in summary.restarts
+
+
+def test_the_crash_in_notice_chaos_kind_sends_the_notice_then_crashes_the_host(tmp_path):
+    """``crash_in_notice`` at step 7: a preemption notice for host 1 through the driver, and a
+    crash armed in host 1 (SIGSEGV ``CRASH_IN_NOTICE_AFTER_S`` later); the death that follows
+    is the preemption."""
+    from policies.chaos import CRASH_IN_NOTICE_AFTER_S
+
+    sim = make(tmp_path, "controller.chaos=[{at_step: 7, host: 1, kind: crash_in_notice, "
+                         "deadline_s: 30}]", spare=("s1",))
+    crash = (1, {"at_step": 7, "kind": "crash", "after_s": CRASH_IN_NOTICE_AFTER_S})
+    sim.fleet.on_step(8, lambda g: lost(hosts=(1,)) if crash in g.injected else None)
+    summary = sim.run()
+    assert crash in sim.fleet.groups[0].injected
+    lines = [e for e in sim.events() if e.get("event_id") == "chaos-7-1-preemption_notice"]
+    assert any("inside their notice window" in str(e) for e in lines if e.get("action")), lines
+    assert summary.state == "SUCCEEDED" and set(summary.restarts) == {"spot_preemption"}
+    assert sim.payloads("RELEASING")[0].cause.value == "spot_preemption"
+    assert "BACKOFF" not in sim.states()

@@ -71,6 +71,33 @@ def test_notice_for_one_host_reforms_on_spare_with_bit_identical_params(cluster,
         np.testing.assert_array_equal(v, hit.final_params[k], err_msg=k)
 
 
+
+def test_a_host_that_crashes_inside_its_notice_window_is_the_preemption(cluster, tmp_path):
+    """chaos ``crash_in_notice``: a 60 s preemption notice for host 1 at step 8, then host 1's
+    process dies by SIGSEGV 1 s later while the run trains on (handing over to the spare slice
+    as it warms up). That death is the preemption come early: the spot_preemption budget, no
+    backoff, the notice recorded as fulfilled; not a host_lost failure (issue 28, item 3)."""
+    chaos = [ChaosFaultConfig(at_step=8, host=1, kind="crash_in_notice", deadline_s=60)]
+    with capture_logs() as logs:
+        result = run_controller(fault_config(
+            tmp_path / "run", "run.total_steps=200", "controller.warm.handover_max_s=60",
+            chaos=chaos))
+    print_recovery("crash-in-notice", result)
+
+    s = result.summary
+    assert (s.state, s.step) == ("SUCCEEDED", 200)
+    assert s.restarts == {"spot_preemption": 1}, s.restarts
+    assert "BACKOFF" not in result.states
+    # the host died before any drain: a failure of the running group, charged to the notice
+    released = next(t for t in result.timeline if t["state"] == "RELEASING")
+    assert released["prev"] in ("RUNNING", "HANDING_OVER"), released
+    assert released["payload"]["cause"] == "spot_preemption", released
+    assert "ActorDiedError" in released["reason"], released["reason"]
+    excluded = [e for e in logs if e["event"] == "event_action" and e["action"] == "excluded"]
+    assert any("inside their notice window" in e.get("reason", "") for e in excluded), excluded
+    assert "DRAINING" not in result.states, "the crash came before the drain, not after it"
+
+
 # ---- unannounced -------------------------------------------------------------------------
 
 
