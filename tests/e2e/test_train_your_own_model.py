@@ -32,19 +32,20 @@ pytestmark = [pytest.mark.cluster, pytest.mark.timeout(1200)]
 
 REPO = Path(__file__).resolve().parents[2]
 START, END = "<!-- train-your-own-model:start -->", "<!-- train-your-own-model:end -->"
-LAST = "python -m orchestrator.cluster down"
+FIRST, LAST = "source .venv/bin/activate", "python -m orchestrator.cluster down"
 PROGRESS = re.compile(r"step\s+\d+ \| loss\s+[\d.]+ \| step")
 
 
 def readme_block(root: Path = REPO) -> tuple[str, str]:
-    """The block without its last command, and that command (cluster down)."""
+    """The block without its last command, and that command (cluster down) in the same shell
+    state: after the block's first line, which activates the virtualenv."""
     text = (root / "README.md").read_text()
     assert text.count(START) == 1 and text.count(END) == 1
     body = text[text.index(START) + len(START):text.index(END)].strip()
     assert body.startswith("```bash") and body.endswith("```")
     lines = body.removeprefix("```bash").removesuffix("```").strip().splitlines()
-    assert lines[-1].strip() == LAST, lines[-1]
-    return "\n".join(lines[:-1]) + "\n", lines[-1] + "\n"
+    assert lines[0].strip() == FIRST and lines[-1].strip() == LAST, (lines[0], lines[-1])
+    return "\n".join(lines[:-1]) + "\n", f"{lines[0]}\n{lines[-1]}\n"
 
 
 def user_env(home: Path) -> dict[str, str]:
