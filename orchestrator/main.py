@@ -130,6 +130,7 @@ class Driver:
         self._prepare_run_dir()
         self.metrics = self._build_metrics()
         self.intake = self._build_intake()
+        self.intake.add_observer(self._mark_event)  # events marked beside the transitions
         self._emulate_cloud()
         peak_box: dict[str, Any] = {}
         hooks = Hooks(on_step=lambda rec, ctx: self._on_step(rec, ctx, peak_box),
@@ -266,6 +267,12 @@ class Driver:
         intake = EventIntake(self.cfg.events, run_dir=self.run_dir, job=self.cfg.run.name)
         intake.start()
         return intake
+
+    def _mark_event(self, event: Any, hosts: Any) -> None:
+        """Each event the intake accepted (recorded in events.jsonl, about to be handled) to the
+        metric sinks: TensorBoard marks it as text ``lifecycle/events`` beside the lifecycle
+        transitions (a re-form is a transition: ``lifecycle/transitions``)."""
+        self.metrics.on_event({**event.to_json(with_raw=False), "at": time.time()})
 
     def _emulate_cloud(self) -> None:
         """With cluster.emulate.replace_after_s: preempted emulated slices go away at their

@@ -191,6 +191,34 @@ def test_the_run_dir_holds_every_step_and_the_timings(journey: Journey) -> None:
     assert len(summary["compile_s"]) == 2
 
 
+def test_the_driver_printed_the_memory_estimate_before_the_cluster(journey: Journey) -> None:
+    """The default task's estimate per host, fitted to this machine's RAM, before Ray starts."""
+    output = journey.output
+    line = [ln for ln in output.splitlines() if ln.startswith("Memory per host")]
+    assert len(line) == 1 and "Fits within" in line[0], line
+    assert output.index(line[0]) < output.index("emulated_cluster_started")
+
+
+def test_tensorboard_marks_the_preemption_and_the_reform(journey: Journey) -> None:
+    """RUN_DIR/tensorboard (read back with every record's CRC checked) holds the CLI's notice
+    as a ``lifecycle/events`` text (its id and kind, written when the intake accepted it, before
+    the drain) and the re-form it caused as a ``lifecycle/transitions`` text with its cause."""
+    from tests.metrics.tfevents import read_dir, series
+
+    assert journey.rc == 0, journey.output[-4000:]
+    _, points = read_dir(journey.run_dir / "tensorboard")
+    marks = [(p, json.loads(str(p.value))) for p in series(points, "lifecycle/events")]
+    notice = [(p, e) for p, e in marks if e.get("id") == journey.event_id]
+    assert len(notice) == 1, [e for _, e in marks]
+    point, event = notice[0]
+    assert event["kind"] == "preemption_notice" and event["target"]["host"] in ("1", 1), event
+    transitions = series(points, "lifecycle/transitions")
+    drains = [p for p in transitions if "→ DRAINING**" in str(p.value)]
+    assert drains and point.wall_time <= drains[0].wall_time, [p.value for p in transitions]
+    reforms = [str(p.value) for p in transitions if "re-form, cause:" in str(p.value)]
+    assert reforms, [p.value for p in transitions]
+
+
 def test_incompatible_checkpoint_is_refused_and_untouched(journey: Journey) -> None:
     """A run_dir holding another model's checkpoint: exit != 0, the fix named, files unchanged."""
     run_dir = journey.run_dir
