@@ -36,6 +36,7 @@ import orbax.checkpoint as ocp
 
 from orchestrator.errors import CheckpointCorrupt, CheckpointError
 from workers import ckpt_layout as layout
+from workers import ckpt_space
 from workers.ckpt_layout import StepState
 
 log = logging.getLogger(__name__)
@@ -103,6 +104,8 @@ class CheckpointStore:
         self.committed_step()
         if step in self._started or step in self.manager.all_steps():
             return False
+        # a full disk met inside Orbax's async commit hangs the group: refuse the save here
+        ckpt_space.check_room(str(self.directory), ckpt_space.state_bytes(state))
         self.manager.save(step, args=ocp.args.Composite(
             state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=True)
         self._started.add(step)
