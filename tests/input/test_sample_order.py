@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import pathlib
 
 import numpy as np
@@ -137,4 +138,5 @@ def test_trace_records_the_samples_each_step_consumed(datasets, tmp_path):
         ids = src.sample_ids(SEED, 7, range(2, 6)).tolist()
     [trace] = list(pathlib.Path(tmp_path).glob("samples-*.jsonl"))
     line = json.loads(trace.read_text().splitlines()[0])
+    assert line.pop("pid") == os.getpid() and line.pop("t") > 0
     assert line == {"step": 7, "rows": [2, 6], "ids": ids, "epoch": 0}

@@ -21,6 +21,7 @@ import math
 import os
 import socket
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -206,7 +207,8 @@ def process_rows(global_batch: int, *, accum_steps: int, process_index: int,
 
 
 class _Trace:
-    """Appends ``{"step", "rows", "ids", "epoch"}`` per read to a file of this process's."""
+    """Appends ``{"step", "rows", "ids", "epoch", "pid", "t"}`` per read to a file of this
+    process's (``t``: wall time, so a test can tell the reads of each restore apart)."""
 
     def __init__(self, trace_dir: str) -> None:
         os.makedirs(trace_dir, exist_ok=True)
@@ -216,7 +218,8 @@ class _Trace:
 
     def write(self, step: int, rows: range, ids: np.ndarray, epoch: int) -> None:
         line = json.dumps({"step": step, "rows": [rows.start, rows.stop],
-                           "ids": ids.tolist(), "epoch": epoch})
+                           "ids": ids.tolist(), "epoch": epoch, "pid": os.getpid(),
+                           "t": time.time()})
         with self._lock:
             self._f.write(line + "\n")
             self._f.flush()
