@@ -84,3 +84,20 @@ class Compiling:
     restore_s: float = 0.0
     nbytes: int = 0
     lost_steps: int = 0
+    data: dict | None = None
+    """Where the data resumed: ``{tier, step, kind, epoch, index, records, global_batch,
+    recorded, processes, processes_now}`` (``workers.task.data_state.resume``)."""
+
+
+def data_resumed_text(where: dict | None) -> str:
+    """``data resumed at step 5 (epoch 0, record 40) from its record`` for ``Compiling.data``
+    and the summary's restores ('' without one)."""
+    if not where:
+        return ""
+    at = f"step {where.get('step')}"
+    if "epoch" in where:
+        at += f" (epoch {where['epoch']}, record {where.get('index')})"
+    if where.get("tier") == "seed":
+        return f"data from its start, {at}"
+    src = "its record" if where.get("recorded") else "the step (no record in this tier)"
+    return f"data resumed at {at} from {src}"

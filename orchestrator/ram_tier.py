@@ -235,7 +235,8 @@ class RamTier:
         return Restored(restored_step=choice.step, step=choice.step,
                         restore_s=max(float(o["restore_s"]) for o in outs), tier=choice.tier,
                         tier_reason=choice.reason,
-                        nbytes=choice.nbytes or int(outs[0].get("nbytes", 0)))
+                        nbytes=choice.nbytes or int(outs[0].get("nbytes", 0)),
+                        data=outs[0].get("data"))
 
     def stats(self) -> dict[str, dict]:
         """Bytes and copies each holder keeps now (for the summary)."""

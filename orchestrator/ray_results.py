@@ -132,4 +132,4 @@ def restored(outs: Sequence[dict], note: str = "") -> Restored:
     o = outs[0]
     return Restored(restored_step=o["restored_step"], step=int(o["step"]),
                     restore_s=float(o["restore_s"]), skipped=tuple(o.get("skipped", ())),
-                    tier="durable", tier_reason=note)
+                    tier="durable", tier_reason=note, data=o.get("data"))

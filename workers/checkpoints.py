@@ -51,6 +51,9 @@ class RestoreOutcome:
     state: Any
     skipped: list[dict] = field(default_factory=list)
     """``{"step", "reason", "moved_to"}`` for every step passed over, newest first."""
+    data: dict | None = None
+    """The step's data record (its ``data`` item, ``workers.task.data_state``); None for a
+    checkpoint written before the item existed."""
 
 
 @dataclass(frozen=True)
@@ -62,7 +65,9 @@ class _Decision:
 
 
 class CheckpointStore:
-    """One Orbax ``CheckpointManager`` (items ``state`` and ``meta``) over a shared directory."""
+    """One Orbax ``CheckpointManager`` over a shared directory, items ``state`` (the train
+    state), ``meta`` (run metadata: the task, the plan) and ``data`` (the data position,
+    ``workers.task.data_state``)."""
 
     def __init__(self, directory: str | Path, *, keep: int, async_save: bool,
                  model_fingerprint: str, model_desc: str,
@@ -91,13 +96,14 @@ class CheckpointStore:
         from RAM never makes one, and none is made inside a switch (~0.1 s)."""
         if self._manager is None:
             self._manager = ocp.CheckpointManager(self.directory, options=self._options,
-                                                  item_names=("state", "meta"))
+                                                  item_names=("state", "meta", "data"))
         return self._manager
 
     # ---- saving ---------------------------------------------------------------------------
 
-    def save(self, step: int, state: Any, meta: dict) -> bool:
+    def save(self, step: int, state: Any, meta: dict, data: dict | None = None) -> bool:
         """Start saving ``step`` (async when configured); False if it is already saved/saving.
+        ``data``: the data record, saved as its own item.
 
         Every process must call it for the same steps (Orbax synchronises them inside).
         """
@@ -106,8 +112,10 @@ class CheckpointStore:
             return False
         # a full disk met inside Orbax's async commit hangs the group: refuse the save here
         ckpt_space.check_room(str(self.directory), ckpt_space.state_bytes(state))
-        self.manager.save(step, args=ocp.args.Composite(
-            state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=True)
+        items = {"state": ocp.args.StandardSave(state), "meta": ocp.args.JsonSave(meta)}
+        if data is not None:
+            items["data"] = ocp.args.JsonSave(data)
+        self.manager.save(step, args=ocp.args.Composite(**items), force=True)
         self._started.add(step)
         self._pending.append(step)
         return True
@@ -161,7 +169,8 @@ class CheckpointStore:
                 raise mine if mine is not None else self._refusal(code, step)
             self._reload()
             try:
-                state = self._read(step, abstract_state, retries=1 if process_count == 1 else 0)
+                state, data = self._read(step, abstract_state,
+                                         retries=1 if process_count == 1 else 0)
             except Exception as exc:
                 reason = f"{type(exc).__name__}: {str(exc)[:300]}"
                 if process_count > 1:
@@ -174,7 +183,7 @@ class CheckpointStore:
                 skip.add(step)
                 continue
             self._committed = step
-            return RestoreOutcome(step=step, state=state, skipped=skipped)
+            return RestoreOutcome(step=step, state=state, skipped=skipped, data=data)
 
     def _decide(self, skip: set[int], *, is_primary: bool) -> _Decision:
         """Process 0 moves bad/skipped step directories aside and picks the step to restore.
@@ -231,12 +240,16 @@ class CheckpointStore:
             f"this run's task is {self.model_desc}.",
             fix=layout.OTHER_TASK_FIX)
 
-    def _read(self, step: int, abstract_state: Any, *, retries: int) -> Any:
+    def _read(self, step: int, abstract_state: Any, *, retries: int) -> tuple[Any, dict | None]:
+        """The state and the data record (None: a step saved before the ``data`` item)."""
+        with_data = (self.directory / str(step) / "data").is_dir()
         for attempt in range(retries + 1):
             try:
-                out = self.manager.restore(step, args=ocp.args.Composite(
-                    state=ocp.args.StandardRestore(abstract_state)))
-                return out["state"]
+                items = {"state": ocp.args.StandardRestore(abstract_state)}
+                if with_data:
+                    items["data"] = ocp.args.JsonRestore()
+                out = self.manager.restore(step, args=ocp.args.Composite(**items))
+                return out["state"], (out["data"] if with_data else None)
             except Exception:
                 if attempt == retries:
                     raise

@@ -186,7 +186,8 @@ class HostActor(RamTierMethods, WarmMethods, AheadMethods, WhereMethods):
         out = self._need_trainer("restore").restore(list(skip_steps))
         self._step = self.trainer.step
         return {"restored_step": out.step, "step": self._step,
-                "restore_s": time.perf_counter() - t0, "skipped": out.skipped}
+                "restore_s": time.perf_counter() - t0, "skipped": out.skipped,
+                "data": self.trainer.data_resumed}
 
     def compile(self) -> dict:
         """Load the step from RUN_DIR/executables when its key matches, else compile (and
@@ -269,7 +270,8 @@ class HostActor(RamTierMethods, WarmMethods, AheadMethods, WhereMethods):
                 saved, saved_s, ram_s = False, 0.0, 0.0
                 if out.step in saves and self._can_persist():
                     ram_s = self._replicator.after_step(out.step, tr.state,
-                                                        persist=self._persist)
+                                                        persist=self._persist,
+                                                        data=tr.data_record)
                     saved, saved_s = True, ram_s
                     blocking += saved_s
                 elif out.step in saves:
@@ -278,7 +280,8 @@ class HostActor(RamTierMethods, WarmMethods, AheadMethods, WhereMethods):
                     blocking += saved_s
                     self._maybe_save_fault(out.step)
                 elif self._replicator is not None:
-                    ram_s = self._replicator.after_step(out.step, tr.state)
+                    ram_s = self._replicator.after_step(out.step, tr.state,
+                                                        data=tr.data_record)
                 if report:
                     records.append({"step": out.step, "loss": out.loss,
                                     "grad_norm": out.grad_norm, "step_time_s": out.step_time_s,

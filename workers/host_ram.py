@@ -9,6 +9,8 @@ import logging
 import time
 from typing import Any
 
+from orchestrator.errors import DataError
+
 log = logging.getLogger(__name__)
 
 
@@ -72,7 +74,7 @@ class RamTierMethods:
         return self.restore_copies(step, copies, token, started=t0)
 
     def restore_copies(self, step: int, copies: dict[str, dict], token: str, *,
-                       started: float | None = None) -> dict:
+                       started: float | None = None, tier: str = "ram") -> dict:
         """``restore_from_ram`` once the copies are here (label -> ``RamHolder.get``): each is
         authenticated (``ram_auth.verify_copy``) before any of its bytes is used."""
         from workers import ram_auth
@@ -87,12 +89,16 @@ class RamTierMethods:
             if len(set(sources)) != len(sources):
                 raise ValueError(f"the copies repeat a source ({sorted(sources)})")
             tr.restore_from_copies(step, [(got["layout"], got["data"])
-                                          for got in copies.values()])
+                                          for got in copies.values()],
+                                   sources=sources, tier=tier)
+        except DataError:
+            raise  # the copies are fine, the data cannot resume from them: the run stops
         except Exception as exc:
             return self._ram_refused(step, exc, t0)
         self._step = tr.step
         return {"ok": True, "step": tr.step, "restore_s": time.perf_counter() - t0,
-                "nbytes": sum(len(got["data"]) for got in copies.values())}
+                "nbytes": sum(len(got["data"]) for got in copies.values()),
+                "data": tr.data_resumed}
 
     def restore_from_disk_copy(self, step: int, token: str) -> dict:
         """``restore_from_ram`` from the copies the holders saved durably (copy_store)."""
@@ -105,7 +111,7 @@ class RamTierMethods:
                       for i in range(copy_store.sources_of(where, step))}
         except Exception as exc:
             return self._ram_refused(step, exc, t0)
-        return self.restore_copies(step, copies, token, started=t0)
+        return self.restore_copies(step, copies, token, started=t0, tier="copy")
 
     def _ram_refused(self, step: int, exc: Exception, t0: float) -> dict:
         reason = f"{type(exc).__name__}: {str(exc)[:300]}"
@@ -128,7 +134,8 @@ class RamTierMethods:
             return {"ok": False, "step": tr.step, "reason": why,
                     "seconds": time.perf_counter() - t0}
         r.after_step(tr.step, tr.state, force=True,
-                     persist=self._persist if persist and self._persist is not None else None)
+                     persist=self._persist if persist and self._persist is not None else None,
+                     data=tr.data_record)
         delivered = r.settle()
         ok = delivered and bool(r.holders)
         why = ("" if ok else "the copy was not delivered in time" if not delivered

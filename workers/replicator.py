@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -106,16 +106,19 @@ class Replicator:
         self._lag_logged = False
 
     def after_step(self, step: int, state: Any, *, persist: dict | None = None,
-                   force: bool = False) -> float:
+                   force: bool = False, data: Callable[[], dict] | None = None) -> float:
         """Pack ``state`` (now at ``step``) if due, forced, or ``persist`` asks for it (then
         the first live holder, this node's, also saves it durably: ``RamHolder.put``) and queue
-        it for the sender; returns the seconds this step was blocked (the pack)."""
+        it for the sender; returns the seconds this step was blocked (the pack). ``data``
+        gives the data record of the step (``workers.task.data_state``), asked only when a
+        copy is made: it travels in the copy's layout (authenticated with it)."""
         due = self.periodic_due(step) or persist is not None or force
         if not due or not self.holders or self.stats.disabled:
             return 0.0
         t0 = time.perf_counter()
         try:
-            return self._queue_copy(step, state, persist, t0)
+            return self._queue_copy(step, state, persist, t0,
+                                    data() if data is not None else None)
         except Exception as exc:  # the tier is an optimisation: never fail the step for it
             self.stats.disabled = f"copy failed: {type(exc).__name__}: {str(exc)[:300]}"
             log.error("RAM tier off on this host: %s", self.stats.disabled)
@@ -124,7 +127,8 @@ class Replicator:
     def periodic_due(self, step: int) -> bool:
         return copy_due(step, every=self.every, ab_block_steps=self.ab_block_steps)
 
-    def _queue_copy(self, step: int, state: Any, persist: dict | None, t0: float) -> float:
+    def _queue_copy(self, step: int, state: Any, persist: dict | None, t0: float,
+                    data: dict | None = None) -> float:
         if self._packer is None:
             self._packer = replica.Packer(state)
         nbytes = self._packer.nbytes
@@ -134,8 +138,10 @@ class Replicator:
                                    f"exceeds checkpoint.ram.max_host_bytes={self.max_host_bytes}")
             log.warning("RAM tier off on this host: %s", self.stats.disabled)
             return time.perf_counter() - t0
-        layout, data = self._packer.pack(state)
-        copy = _Copy(step=step, layout=layout, data=data, persist=persist)
+        layout, body = self._packer.pack(state)
+        if data is not None:
+            layout = {**layout, "data": data}
+        copy = _Copy(step=step, layout=layout, data=body, persist=persist)
         t_wait = time.perf_counter()
         settled = self.settle(LAG_WAIT_S)  # the promise: <= 1 step lost
         waited = time.perf_counter() - t_wait

@@ -33,6 +33,7 @@ from workers.executables import (
     mesh_ingredients,
     runtime_ingredients,
 )
+from workers.task import data_state
 from workers.task.contract import TaskContext
 from workers.task.resolve import ResolvedTask, resolve
 from workers.task.state import (
@@ -147,6 +148,8 @@ class Trainer:
         self.tokens_per_step = self.global_batch * task.tokens_per_example
         self.state: Any = None
         self._host_step: int | None = None
+        self.data_resumed: dict | None = None
+        """Where the last restore resumed the data (``data_state.resume``)."""
         self.ckpt = CheckpointStore(
             spec.checkpoint_dir, keep=spec.checkpoint.keep, async_save=spec.checkpoint.async_save,
             model_fingerprint=self.resolved.fingerprint,
@@ -172,6 +175,7 @@ class Trainer:
                                                                    (abstract_key,))
         self.state = self._init_compiled(jax.random.key(seed))
         self._host_step = None
+        self.data_resumed = self._resume_data(None, None, "seed")
 
     # ---- executables --------------------------------------------------------------------
 
@@ -255,6 +259,24 @@ class Trainer:
                           extra={k: float(v) for k, v in got.items()
                                  if k not in RESERVED_METRICS})
 
+    # ---- the data position --------------------------------------------------------------
+
+    def data_record(self, *, every_process: bool = False) -> dict:
+        """The data position of the current step (``workers.task.data_state``): this
+        process's for a RAM copy; ``every_process`` gathers every process's iterator state
+        (an iterator source only; a collective) for the Orbax item."""
+        data = self.task.data
+        iterators = None
+        if every_process and data_state.is_stateful(data):
+            iterators = data_state.gather(data.state(), jax.process_count())
+        return data_state.record(data, self.step, process_index=jax.process_index(),
+                                 process_count=jax.process_count(), iterators=iterators)
+
+    def _resume_data(self, saved: dict | None, step: int | None, tier: str) -> dict:
+        return data_state.resume(self.task.data, saved, step=step, tier=tier,
+                                 process_index=jax.process_index(),
+                                 process_count=jax.process_count())
+
     # ---- checkpoints --------------------------------------------------------------------
 
     def save(self, *, wait: bool = False) -> SaveOutput:
@@ -270,7 +292,8 @@ class Trainer:
                 "plan": self.plan.describe(), "config_digest": self.spec.config_digest}
         if self.resolved.ref.kind == "lm":  # the lm task's settings, where tools look for them
             meta["model"] = self.resolved.settings_dict
-        started = self.ckpt.save(step, self.state, meta)
+        started = self.ckpt.save(step, self.state, meta,
+                                 data=self.data_record(every_process=True))
         if wait:
             self.ckpt.wait()
         return SaveOutput(step=step, started=started, blocking_s=time.perf_counter() - t0)
@@ -287,18 +310,27 @@ class Trainer:
             self.state = out.state
             out.state = None
             self._host_step = None
+            self.data_resumed = self._resume_data(out.data, self.step, "durable")
         return out
 
-    def restore_from_copies(self, step: int, copies: list[tuple[dict, bytes]]) -> None:
-        """Take the state of ``step`` from RAM copies (``workers.replica``), in this mesh."""
+    def restore_from_copies(self, step: int, copies: list[tuple[dict, bytes]], *,
+                            sources: list[int] | None = None, tier: str = "ram") -> None:
+        """Take the state of ``step`` from RAM copies (``workers.replica``), in this mesh, and
+        the data position from their layouts (``sources``: each copy's source index, default
+        their order; ``tier``: "ram", or "copy" for the copies saved from RAM)."""
         from workers.replica import ReplicaMismatch, unpack
 
         state = unpack(copies, self.abstract_state)
         found = int(jax.device_get(state["step"]))
         if found != step:
             raise ReplicaMismatch(f"the copies hold step {found}, not {step}")
+        order = sources if sources is not None else list(range(len(copies)))
+        saved = data_state.from_copies({src: layout.get("data") for src, (layout, _) in
+                                        zip(order, copies, strict=True)})
+        resumed = self._resume_data(saved, found, tier)  # before the state is taken
         self.state = state
         self._host_step = found
+        self.data_resumed = resumed
 
     def params_host(self) -> dict:
         """Parameters gathered to host numpy (tests compare runs with it)."""

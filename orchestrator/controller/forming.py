@@ -12,6 +12,7 @@ from orchestrator.controller import ahead, recovering
 from orchestrator.controller.context import Next, Run, log
 from orchestrator.controller.seam import Formed, GroupFailed, GroupSpec
 from orchestrator.lifecycle import Compiling, Restoring, RunState
+from orchestrator.lifecycle_payloads import data_resumed_text
 
 S = RunState
 
@@ -56,7 +57,7 @@ def restoring(run: Run) -> Next:
         run.ledger.recorded_upto = last_recorded_step(run)
     lost = run.ledger.restored(restored_step=out.restored_step, step=out.step,
                                restore_s=out.restore_s, skipped=out.skipped, tier=out.tier,
-                               tier_reason=out.tier_reason, nbytes=out.nbytes)
+                               tier_reason=out.tier_reason, nbytes=out.nbytes, data=out.data)
     if lost:
         log.warning("steps_lost", lost=lost, restored_step=out.restored_step,
                     reached=run.ledger.max_step_reached)
@@ -66,6 +67,8 @@ def restoring(run: Run) -> Next:
         reason += f" ({out.tier_reason})"
     if out.skipped:
         reason += f" (skipped unreadable step(s) {[s['step'] for s in out.skipped]})"
+    if out.data:
+        reason += f"; {data_resumed_text(out.data)}"
     tier = out.tier if out.restored_step is not None else "seed"
     gap = run.ledger.metrics_gaps[-1] if run.ledger.metrics_gaps else None
     if gap is not None and gap[1] == out.restored_step:
@@ -73,7 +76,8 @@ def restoring(run: Run) -> Next:
                     why="trained and checkpointed, but no step record was written for them")
     return Next(S.COMPILING, reason, Compiling(tier=tier, restored_step=out.restored_step,
                                                restore_s=round(out.restore_s, 4),
-                                               nbytes=out.nbytes, lost_steps=lost))
+                                               nbytes=out.nbytes, lost_steps=lost,
+                                               data=out.data))
 
 
 def compiling(run: Run) -> Next:

@@ -140,11 +140,12 @@ class RecoveryLedger:
 
     def restored(self, *, restored_step: int | None, step: int, restore_s: float,
                  skipped: tuple[dict, ...] = (), tier: str = "durable",
-                 tier_reason: str = "", nbytes: int = 0) -> int:
+                 tier_reason: str = "", nbytes: int = 0, data: dict | None = None) -> int:
         """Record a restore; returns the steps lost (re-done) because of it: from the furthest
         step reached, or from a newer checkpoint passed over as unreadable (which a resumed
         driver only learns from the skip). A restore from the RAM tier leaves
-        ``last_committed`` (the durable tier's) where it was."""
+        ``last_committed`` (the durable tier's) where it was. ``data``: where the data resumed
+        (``Restored.data``), kept with the restore."""
         newest_skipped = max((int(s["step"]) for s in skipped), default=0)
         self.reached(newest_skipped)
         lost = max(0, self.max_step_reached - step)
@@ -160,7 +161,8 @@ class RecoveryLedger:
         self.restores.append({"incarnation": self.incarnation, "restored_step": restored_step,
                               "step": step, "lost_steps": lost, "restore_s": round(restore_s, 3),
                               "skipped": list(skipped), "tier": tier,
-                              "tier_reason": tier_reason, "nbytes": nbytes})
+                              "tier_reason": tier_reason, "nbytes": nbytes,
+                              **({"data": data} if data is not None else {})})
         r = self.open_recovery
         if r is not None:
             r.lost_steps += lost

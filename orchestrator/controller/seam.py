@@ -131,6 +131,10 @@ class Restored:
     """"ram" (the hosts' RAM copies) or "durable" (Orbax on disk)."""
     tier_reason: str = ""
     nbytes: int = 0
+    data: dict | None = None
+    """Where the data resumed (host 0's ``workers.task.data_state.resume``): tier, step,
+    kind, epoch and record index, whether the tier held a record; None from a seam that does
+    not say."""
 
 
 @dataclass(frozen=True, kw_only=True)

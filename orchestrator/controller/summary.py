@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from orchestrator.controller.context import Run, log
 from orchestrator.lifecycle import RunState
+from orchestrator.lifecycle_payloads import data_resumed_text
 
 EXIT_OK, EXIT_FAILED = 0, 1
 EXIT_SIGTERM = 143  # 128 + SIGTERM: orchestrator.driver.signals.EXIT_SIGTERM (no import: Ray-free)
@@ -73,10 +74,13 @@ class RunSummary:
         for first, last in self.metrics_gaps:
             lines.append(f"  metrics gap: steps {first}-{last} were trained and checkpointed, "
                          "but their records never reached metrics.jsonl (a driver died first)")
-        for r in self.restores[1:]:
+        for i, r in enumerate(self.restores):
+            if i == 0 and r.get("restored_step") is None:
+                continue  # the first start, from the seed
+            data = data_resumed_text(r.get("data"))
             lines.append(f"  restore: step {r.get('restored_step')} from the "
                          f"{r.get('tier', 'durable')} tier in {r.get('restore_s')} s, lost "
-                         f"{r.get('lost_steps', 0)} step(s)")
+                         f"{r.get('lost_steps', 0)} step(s)" + (f"; {data}" if data else ""))
         for r in self.recoveries:
             lines.append(f"  recovery ({r.get('kind')}, {r.get('cause')}): "
                          f"to first step {_fmt(r.get('to_first_step_s'), 's')}, lost "
