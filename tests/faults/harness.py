@@ -140,9 +140,11 @@ def started_cluster(**kwargs: Any) -> Iterator[RunningCluster]:
 
 def run_controller(cfg: RunConfig, *, actions: Sequence[Action] = (), intake: Any = None,
                    collect_params: bool = False, timeout_s: float = 400.0,
-                   release_ram: bool = True) -> RunResult:
+                   release_ram: bool = True, plugins: Sequence[Any] | None = None) -> RunResult:
     """Run to a terminal state; fire each of ``actions`` once when its step is reached.
-    ``release_ram`` False leaves the RAM tier's holders up, as a driver that died would."""
+    ``release_ram`` False leaves the RAM tier's holders up, as a driver that died would.
+    ``plugins``: the controller's (``RunPlugin``s, run in its thread; default: the config's
+    chaos)."""
     box: dict[str, Any] = {}
 
     def on_final(group: Any) -> None:
@@ -155,7 +157,7 @@ def run_controller(cfg: RunConfig, *, actions: Sequence[Action] = (), intake: An
     ram = RamTier.for_config(cfg)
     groups = ray_group_factory(cfg, cluster, group_cls=group_cls, ram=ram)
     ctl = Controller(cfg, run_dir=Path(cfg.run.run_dir), cluster=cluster, make_group=groups,
-                     intake=intake, hooks=Hooks(on_final_group=on_final))
+                     intake=intake, hooks=Hooks(on_final_group=on_final), plugins=plugins)
     todo = sorted(actions, key=lambda a: a.step)
     box_out: dict[str, Any] = {}
 
