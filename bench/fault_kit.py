@@ -9,11 +9,13 @@ found exactly (and killed after it is counted).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -83,6 +85,38 @@ class Background:
             time.sleep(0.2)
         return False
 
+    def wait_transition(self, pred: Callable[[dict], bool], timeout_s: float,
+                        poll_s: float = 0.005) -> dict | None:
+        """The first timeline line ``pred`` accepts, read as the driver writes it (every
+        ``poll_s``); None if the driver ended or the time ran out first."""
+        path, offset, buf = self.run_dir / "timeline.jsonl", 0, b""
+        until = time.monotonic() + timeout_s
+        while time.monotonic() < until:
+            alive = self.proc.poll() is None
+            with contextlib.suppress(OSError), path.open("rb") as f:
+                f.seek(offset)
+                data = f.read()
+                offset += len(data)
+                *lines, buf = (buf + data).split(b"\n")
+                for line in lines:
+                    with contextlib.suppress(ValueError):
+                        if pred(t := json.loads(line)):
+                            return t
+            if not alive:
+                return None
+            time.sleep(poll_s)
+        return None
+
+    def host_process(self, instance: str, timeout_s: float = 30.0) -> int | None:
+        """Pid of the host actor process on emulated node ``instance`` (its raylet's labels
+        name it), once there is one."""
+        until = time.monotonic() + timeout_s
+        while time.monotonic() < until and self.proc.poll() is None:
+            if (pid := host_process(self.marker, instance)) is not None:
+                return pid
+            time.sleep(0.2)
+        return None
+
     def wait(self, timeout_s: float) -> int | None:
         try:
             return self.proc.wait(timeout=timeout_s)
@@ -131,6 +165,42 @@ def marked(marker: str) -> dict[int, str]:
         except (OSError, IndexError):
             continue
     return found
+
+
+def host_process(marker: str, instance: str) -> int | None:
+    """The ``ray::HostActor`` process started by the raylet of this run (``marker``) whose
+    node labels name ``instance`` (an emulated host, e.g. ``emu-slice-0-w1``); None if none."""
+    import psutil
+
+    for pid in marked(marker):
+        try:
+            raylet = psutil.Process(pid)
+            cmd = raylet.cmdline()
+            if not cmd or Path(cmd[0]).name != "raylet" or f'"{instance}"' not in " ".join(cmd):
+                continue
+            for child in raylet.children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    if " ".join(child.cmdline()).startswith("ray::HostActor"):
+                        return child.pid
+        except psutil.Error:
+            continue
+    return None
+
+
+def node_processes(marker: str, instance: str) -> list[int]:
+    """The raylet of this run's emulated node ``instance`` and every process under it (its
+    workers, their children): what goes when that machine vanishes; [] if none."""
+    import psutil
+
+    for pid in marked(marker):
+        try:
+            raylet = psutil.Process(pid)
+            cmd = raylet.cmdline()
+            if cmd and Path(cmd[0]).name == "raylet" and f'"{instance}"' in " ".join(cmd):
+                return [pid, *(c.pid for c in raylet.children(recursive=True))]
+        except psutil.Error:
+            continue
+    return []
 
 
 def recovery(rd: RunDir) -> dict:

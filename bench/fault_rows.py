@@ -8,6 +8,7 @@ that was not measured.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import signal
@@ -21,6 +22,7 @@ from bench.fault_kit import (
     Outcome,
     cli,
     drivers,
+    node_processes,
     recovery,
     resumed_first_step,
     running_slices,
@@ -45,6 +47,9 @@ class Row:
     """A module the fault's handling lives in: without it the row says not implemented yet."""
     cluster: bool = True
     """Whether it starts drivers (then it waits for an idle machine first)."""
+    needs: Callable[[], str | None] | None = None
+    """What this machine must allow (``needs()``: None, or why not): without it the row is
+    skipped, saying what it needs."""
 
     def unavailable(self) -> str | None:
         if self.run is None:
@@ -52,6 +57,10 @@ class Row:
         if self.requires and importlib.util.find_spec(self.requires) is None:
             return f"not implemented yet: {self.requires} is not in this tree"
         return None
+
+    def skipped(self) -> str | None:
+        why = self.needs() if self.needs is not None else None
+        return None if why is None else f"skipped: {why}"
 
 
 def _chaos(*faults: str) -> str:
@@ -111,6 +120,63 @@ def kill_in_save(d: Path, timeout_s: float) -> Outcome:
     code, rd = cli(d / "run", _chaos("at_step: 10, host: 1, kind: kill_in_save"),
                    timeout_s=timeout_s)
     return _recovered(rd, code, cause="host_lost", max_lost=5)
+
+
+def machines_lost(d: Path, timeout_s: float, *, workers: tuple[int, ...]) -> Outcome:
+    """kill -9 of the raylets of the mesh slice's hosts ``workers`` and every process under
+    them at step 12, all at once: the machines vanish (no notice), a spare slice is free."""
+    run = d / "run"
+    bg = Background.start(run, SPARE, "run.total_steps=60")
+    try:
+        first = bg.wait_transition(lambda t: t.get("state") == "RUNNING", timeout_s)
+        if first is None or not bg.wait_step(12, timeout_s):
+            return Outcome(ok=False, outcome=f"never reached step 12: {bg.log_tail(300)}")
+        victims = [p for w in workers
+                   for p in node_processes(bg.marker, f"{first['slices'][0]}-w{w}")]
+        for pid in victims:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        code = bg.wait(timeout_s)
+    finally:
+        bg.end()
+    rd = RunDir.read(run)
+    out = _recovered(rd, code, cause="host_lost", max_lost=5,
+                     note=f"{len(victims)} processes killed; meshes {_meshes(rd)}")
+    out.ok = out.ok and bool(victims) and len(_meshes(rd)) == 2
+    return out
+
+
+def _meshes(rd: RunDir) -> list[list[str]]:
+    """The distinct slice sets the run trained on, in order."""
+    out: list[list[str]] = []
+    for t in rd.timeline:
+        if t.get("state") == "RUNNING" and list(t.get("slices", ())) not in out:
+            out.append(list(t.get("slices", ())))
+    return out
+
+
+def node_lost(d: Path, timeout_s: float) -> Outcome:
+    return machines_lost(d, timeout_s, workers=(1,))
+
+
+def slice_lost(d: Path, timeout_s: float) -> Outcome:
+    return machines_lost(d, timeout_s, workers=(0, 1))
+
+
+def unhealthy(d: Path, timeout_s: float) -> Outcome:
+    code, rd = cli(d / "run", SPARE, "run.total_steps=60", "controller.health.cordon_after=1",
+                   _chaos("at_step: 10, host: 1, kind: unhealthy"), timeout_s=timeout_s)
+    out = _recovered(rd, code, cause="hardware_health", max_lost=0,
+                     note=f"meshes {_meshes(rd)}")
+    out.ok = out.ok and len(_meshes(rd)) == 2
+    return out
+
+
+def short_notice(d: Path, timeout_s: float) -> Outcome:
+    code, rd = cli(d / "run", SPARE, "run.total_steps=60",
+                   _chaos("at_step: 12, host: 1, kind: preempt, deadline_s: 0.5"),
+                   timeout_s=timeout_s)
+    return _recovered(rd, code, cause="spot_preemption", max_lost=5)
 
 
 def hang_step(d: Path, timeout_s: float) -> Outcome:
@@ -224,12 +290,95 @@ def sigterm(d: Path, timeout_s: float) -> Outcome:
 
 
 def notice_crash(d: Path, timeout_s: float) -> Outcome:
-    code, rd = cli(d / "run", SPARE, _chaos("at_step: 10, host: 1, kind: kill",
-                                            "at_step: 10, host: 1, kind: preempt, "
-                                            "deadline_s: 60"), timeout_s=timeout_s)
-    out = _recovered(rd, code, cause="spot_preemption", max_lost=5)
-    out.ok = out.ok and "host_lost" not in (rd.summary.get("restarts") or {})
+    """chaos ``crash_in_notice``: a 30 s notice for host 1, its process SIGSEGVed 1 s later
+    while the run trains on (handing over to the spare as it warms up)."""
+    code, rd = cli(d / "run", SPARE, "run.total_steps=100", "controller.warm.handover_max_s=60",
+                   _chaos("at_step: 10, host: 1, kind: crash_in_notice, deadline_s: 30"),
+                   timeout_s=timeout_s)
+    released = next((t for t in rd.timeline if t.get("state") == "RELEASING"), {})
+    cause = (released.get("payload") or {}).get("cause")
+    out = _recovered(rd, code, cause="spot_preemption", max_lost=5,
+                     note=f"died in {released.get('prev')}, charged to {cause}")
+    out.ok = (out.ok and "host_lost" not in (rd.summary.get("restarts") or {})
+              and released.get("prev") in ("RUNNING", "HANDING_OVER")
+              and cause == "spot_preemption"
+              and not any(t.get("state") == "BACKOFF" for t in rd.timeline))
     return out
+
+
+def final_save_lost(d: Path, timeout_s: float) -> Outcome:
+    """kill -9 of host 1's process ~40 ms after the driver wrote "reached step N: final save"
+    (a spare slice, the budget unused): the run re-forms, restores and saves again."""
+    run, total = d / "run", 30
+    bg = Background.start(run, SPARE, f"run.total_steps={total}")
+    try:
+        first = bg.wait_transition(lambda t: t.get("state") == "RUNNING", timeout_s)
+        pid = bg.host_process(f"{first['slices'][0]}-w1") if first else None
+        if pid is None:
+            return Outcome(ok=False, outcome=f"host 1's process not found: {bg.log_tail(300)}")
+        final = bg.wait_transition(lambda t: t.get("state") == "CHECKPOINTING" and
+                                   "final save" in str(t.get("reason")), timeout_s)
+        if final is None:
+            return Outcome(ok=False, outcome=f"never reached the final save: {bg.log_tail(300)}")
+        time.sleep(0.04)
+        os.kill(pid, signal.SIGKILL)
+        after_ms = round((time.time() - float(final["at"])) * 1000)
+        code = bg.wait(timeout_s)
+    finally:
+        bg.end()
+    rd = RunDir.read(run)
+    seq = next(i for i, t in enumerate(rd.timeline) if t.get("seq") == final.get("seq"))
+    then = rd.timeline[seq + 1]["state"] if len(rd.timeline) > seq + 1 else None
+    ckpts = sorted(p.name for p in (run / "checkpoints").iterdir())
+    out = _recovered(rd, code, cause="host_lost", max_lost=5,
+                     note=f"killed {after_ms} ms after the final-save line, then {then}; "
+                          f"checkpoints {ckpts}")
+    out.ok = (out.ok and then == "RELEASING" and rd.summary.get("step") == total
+              and str(total) in ckpts and not [c for c in ckpts if "tmp" in c])
+    out.detail["killed_after_ms"] = after_ms
+    return out
+
+
+def disk_full(d: Path, timeout_s: float) -> Outcome:
+    """The run dir's checkpoints on a 64 MiB tmpfs, filled at step 12 (``bench/fault_disk``):
+    the run stops naming the fix, no retries; space freed, the same command resumes."""
+    import json
+    import subprocess
+
+    from bench import fault_disk, procs
+
+    run, result = d / "run", d / "disk-full.json"
+    cmd = fault_disk.command("--run", str(run), "--out", str(result),
+                             "--timeout-s", str(timeout_s))
+    assert cmd is not None  # the row is skipped without unshare
+    log = d / "unshare.log"
+    d.mkdir(parents=True, exist_ok=True)
+    with log.open("wb") as fh:
+        done = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=procs.ROOT,
+                              env=procs.child_env(), timeout=3 * timeout_s, check=False)
+    if done.returncode != 0 or not result.exists():
+        return Outcome(ok=False, outcome=f"harness exit {done.returncode}: "
+                                         f"{log.read_text(errors='replace')[-300:]}")
+    res = json.loads(result.read_text())
+    if "error" in res:
+        return Outcome(ok=False, outcome=res["error"][:300], detail=res)
+    first = res.get("first_summary") or {}
+    rerun = res.get("rerun") or {}
+    rs = rerun.get("summary") or {}
+    restore = (rs.get("restores") or [{}])[0]
+    committed = res["full"]["steps"]
+    ok = (res.get("exit_code") not in (0, None) and not res.get("leftovers")
+          and "free space" in str(first.get("reason", ""))
+          and not first.get("restarts") and rerun.get("exit_code") == 0
+          and rs.get("state") == "SUCCEEDED" and bool(committed)
+          and restore.get("restored_step") == committed[-1] and not restore.get("skipped"))
+    return Outcome(ok=ok, lost_steps=first.get("lost_steps"), detail=res,
+                   outcome=f"stopped: exit {res.get('exit_code')} "
+                           f"{round(res['stopped_at'] - res['filled_at'], 1)} s after the "
+                           f"fill, restarts {first.get('restarts') or 'none'}, "
+                           f"\"{str(first.get('reason', ''))[:60]}...\"; space freed, rerun: "
+                           f"{rs.get('state')} from step {restore.get('restored_step')} "
+                           f"(committed {committed}, skipped {restore.get('skipped') or 'none'})")
 
 
 def decision_drain_kill(d: Path, timeout_s: float) -> Outcome:
@@ -282,6 +431,12 @@ def stale_megascale(d: Path, timeout_s: float) -> Outcome:
                    f"stale MEGASCALE_* on: {stale}")
 
 
+def _disk_full_needs() -> str | None:
+    from bench import fault_disk
+
+    return fault_disk.unavailable()
+
+
 ROWS: tuple[Row, ...] = (
     Row("preempt-spare", "preemption notice for host 1 (60 s), a spare slice",
         "drain, checkpoint, re-form on the spare, 0 lost", preempt_spare),
@@ -293,6 +448,15 @@ ROWS: tuple[Row, ...] = (
         kill_9),
     Row("kill-in-save", "kill -9 of host 1 right after an async save started",
         "restore the last complete checkpoint, <= 5 lost", kill_in_save),
+    Row("node-lost", "kill -9 of host 1's raylet and every process under it (the VM vanishes)",
+        "re-form on the spare slice, <= 5 lost", node_lost),
+    Row("slice-lost", "kill -9 of both hosts' raylets and their processes (the slice vanishes)",
+        "re-form on the spare slice, <= 5 lost", slice_lost),
+    Row("unhealthy", "an unhealthy report for host 1 (health.cordon_after=1), a spare slice",
+        "cordon, drain onto the spare, 0 lost", unhealthy),
+    Row("short-notice", "a preemption notice for host 1 with 0.5 s left (no time to save)",
+        "fall back to the last checkpoint, <= 5 lost, charged to the preemption",
+        short_notice),
     Row("hang-step", "host 1 stops before a step (timeouts.step_s=3)",
         "timeout, stacks dumped, the hang names host 1 only, recovered", hang_step),
     Row("hang-init", "host 1 never joins the distributed init (timeouts.init_s=10)",
@@ -306,19 +470,15 @@ ROWS: tuple[Row, ...] = (
     Row("sigterm", "SIGTERM to the driver mid-run, then the same command again",
         "exit 143 after a checkpoint, nothing left, the rerun resumes", sigterm,
         requires="orchestrator.driver.signals"),
-    Row("notice-crash", "host 1 dies inside its notice window",
-        "counted as the preemption (no host_lost), recovered", notice_crash),
+    Row("notice-crash", "SIGSEGV of host 1 1 s after its 30 s notice (chaos crash_in_notice)",
+        "the preemption: its budget, no backoff, no host_lost; recovered", notice_crash),
     Row("decision-drain-kill", "driver SIGKILLed after a notice's decision, before its drain",
         "the next driver still avoids the noticed slice", decision_drain_kill),
-    Row("final-save-lost", "a host lost during the final save",
-        "recovered, the final save done again", None,
-        missing="no chaos kind reaches a host inside the final save() from outside; the "
-                "controller path is tested on the fake seam (tests/controller/"
-                "test_fault_endings.py)"),
-    Row("disk-full", "the run dir's disk fills up (ENOSPC)",
-        "the run stops with its own message and fix, no retries", None,
-        missing="needs a size-limited filesystem for the run dir (a mount needs root); the "
-                "mapping is tested in tests/controller/test_ray_mapping.py"),
+    Row("final-save-lost", "kill -9 of host 1 ~40 ms after \"reached step N: final save\"",
+        "recovered on the spare, the final save done again", final_save_lost),
+    Row("disk-full", "the checkpoints' disk fills up at step 12 (ENOSPC, a 64 MiB tmpfs)",
+        "stops naming the fix (free space), no retries; freed, the rerun resumes", disk_full,
+        needs=_disk_full_needs),
     Row("stale-megascale", "a 2-slice TPU mesh loses a slice (plan and host env, no cluster)",
         "no MEGASCALE_* of the old mesh in any host process", stale_megascale, cluster=False),
 )

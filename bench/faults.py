@@ -6,15 +6,17 @@ line per fault: outcome (and whether it is the expected one), steps lost, time t
 productive step after the fault (failure or notice seen -> first step; for a driver killed or
 stopped: the signal -> the resumed run's first step). The rows are ``bench/fault_rows.py``;
 one whose fault cannot be injected yet, or whose handling is not in this tree, says "not
-implemented yet" instead of a result. Output: the table and ``<out>/faults-<time>.json``
-(machine, 1-minute load before each row, per-row detail); ``--dry-run`` runs nothing and lists
-what would run. A row started at a 1-minute load >= 1.5 marks its time NOT A RESULT (the
-outcome stands).
+implemented yet" instead of a result, and one this machine cannot inject (disk-full needs a
+mount namespace: root, or unprivileged user namespaces) says "skipped: needs ...". Output: the
+table and ``<out>/faults-<time>.json`` (machine, commit, 1-minute load before each row, per-row
+detail); ``--dry-run`` runs nothing and lists what would run. A row started at a 1-minute load
+>= 1.5 marks its time NOT A RESULT (the outcome stands).
 """
 
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 import tempfile
 import time
@@ -32,6 +34,8 @@ def run_row(row: Row, scratch: Path, *, timeout_s: float, dry_run: bool) -> dict
     base = {"fault": row.name, "does": row.fault, "expect": row.expect}
     if (why := row.unavailable()) is not None:
         return {**base, "status": "not implemented", "outcome": why}
+    if (why := row.skipped()) is not None:
+        return {**base, "status": "skipped", "outcome": why}
     if dry_run:
         return {**base, "status": "dry run", "outcome": "would run"}
     assert row.run is not None
@@ -49,13 +53,27 @@ def run_row(row: Row, scratch: Path, *, timeout_s: float, dry_run: bool) -> dict
             "load_after": machine.load_average(), "detail": out.detail}
 
 
+def _commit() -> str:
+    """The commit under test, "+dirty" when tracked files differ from it."""
+    root = Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root, text=True,
+                              capture_output=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=root, text=True, capture_output=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+dirty" if dirty.strip() else "")
+
+
 def _cell(v: object) -> str:
     return "-" if v is None else f"{v:.2f}" if isinstance(v, float) else str(v)
 
 
 def render(result: dict) -> str:
     lines = [f"fault matrix ({result['seconds']} s, {result['machine']['nproc']} cores, "
-             f"1-minute load at start {result['machine']['load_average_1_5_15'][0]})", "",
+             f"1-minute load at start {result['machine']['load_average_1_5_15'][0]}, commit "
+             f"{result.get('commit', 'unknown')})", "",
              "| fault | status | outcome | lost steps | to first step (s) | load before |",
              "|---|---|---|---|---|---|"]
     for r in result["rows"]:
@@ -66,7 +84,7 @@ def render(result: dict) -> str:
                      f"{_cell(r.get('lost_steps'))} | {ttf} | "
                      f"{_cell(load[0] if load else None)} |")
     counts = {s: sum(r["status"] == s for r in result["rows"])
-              for s in ("ok", "UNEXPECTED", "not implemented", "dry run")}
+              for s in ("ok", "UNEXPECTED", "skipped", "not implemented", "dry run")}
     lines.append("\n" + ", ".join(f"{n} {s}" for s, n in counts.items() if n))
     return "\n".join(lines)
 
@@ -89,11 +107,15 @@ def main(argv: list[str] | None = None) -> int:
     scratch.mkdir(parents=True, exist_ok=True)
     print(f"scratch: {scratch}", flush=True)
     started, results = time.time(), []
+    start_machine, commit = machine.describe(), _commit()
+    print(f"commit {commit}, 1-minute load at start "
+          f"{start_machine['load_average_1_5_15'][0]}", flush=True)
     for row in rows:
         res = run_row(row, scratch, timeout_s=args.timeout_s, dry_run=args.dry_run)
         results.append(res)
         print(f"  {row.name}: {res['status']}: {res['outcome']}", flush=True)
-    result = {"machine": machine.describe(), "settings": vars(args), "rows": results,
+    result = {"machine": {**start_machine, "load_average_at_end": machine.load_average()},
+              "commit": commit, "settings": vars(args), "rows": results,
               "seconds": round(time.time() - started, 1)}
     path = write_result("faults", args.out, result)
     print(render(result))

@@ -39,9 +39,13 @@ def test_a_dry_run_lists_every_row_and_runs_nothing(tmp_path, capsys):
     rows = {r["fault"]: r for r in _json(tmp_path)["rows"]}
     assert set(rows) == {r.name for r in ROWS}
     for row in ROWS:
-        want = "not implemented" if row.unavailable() else "dry run"
+        want = ("not implemented" if row.unavailable() else "skipped" if row.skipped()
+                else "dry run")
         assert rows[row.name]["status"] == want, row.name
-    assert rows["disk-full"]["outcome"].startswith("not implemented yet: ")
+    assert not [r for r in rows.values() if r["status"] == "not implemented"], (
+        "every fault of the matrix is injected")
+    assert rows["disk-full"]["status"] == "dry run" or rows["disk-full"]["outcome"].startswith(
+        "skipped: needs ")
     header = "| fault | status | outcome | lost steps | to first step (s) |"
     assert header in capsys.readouterr().out
     assert list((tmp_path / "w").iterdir()) == [], "a dry run starts no run"
@@ -67,6 +71,21 @@ def test_a_missing_feature_or_a_failing_harness_is_said_not_faked(tmp_path):
                              tmp_path, timeout_s=1, dry_run=False)
     assert failing["status"] == "UNEXPECTED"
     assert failing["outcome"] == "bench error: RuntimeError: no cluster here"
+
+
+def test_a_row_this_machine_cannot_inject_is_skipped_saying_what_it_needs(tmp_path):
+    def never(d: Path, timeout_s: float) -> Outcome:
+        raise AssertionError("a skipped row must not run")
+
+    row = Row("z", "a fault", "a reaction", never, needs=lambda: "needs a mount namespace")
+    res = faults.run_row(row, tmp_path, timeout_s=1, dry_run=False)
+    assert (res["status"], res["outcome"]) == ("skipped", "skipped: needs a mount namespace")
+
+
+def test_the_disk_filler_stops_at_a_full_disk():
+    from bench import fault_disk
+
+    assert fault_disk.fill(Path("/dev/full")) == 0, "ENOSPC at once: nothing written, no error"
 
 
 def test_leftovers_are_found_by_the_run_marker_and_killed(tmp_path):
