@@ -97,7 +97,7 @@ def test_readme_train_your_own_model_block_runs_as_written(tmp_path):
     out = res.stdout + res.stderr
     assert "prepared " in out and "token auth on" in out
     assert PROGRESS.search(res.stdout), "no progress line in `ray job logs -f`:\n" + out[-4000:]
-    assert "SUCCEEDED" in res.stdout
+    assert "Run SUCCEEDED" in res.stdout and "Job 'text-lm-r0' succeeded" in out
 
     data_dir = clone / "runs" / "data" / "sqlite"
     assert (data_dir / "manifest.json").is_file()
