@@ -20,7 +20,7 @@ from orchestrator.events.config import EventsConfig
 from orchestrator.metrics.config import MetricsConfig
 from orchestrator.task_config import ModelConfig, TaskConfig, reconcile
 
-__all__ = ["ModelConfig", "RunConfig", "TaskConfig", "TrainConfig", "load_config"]
+__all__ = ["EvalConfig", "ModelConfig", "RunConfig", "TaskConfig", "TrainConfig", "load_config"]
 
 
 def _positive(setting: str, value: float, fix: str = "") -> None:
@@ -227,6 +227,29 @@ class TrainConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class EvalConfig:
+    """Periodic eval of the task on its held-out split (``Task.eval_data``, docs/tasks.md):
+    after every ``every``-th step, at that step boundary on the training mesh, ``batches``
+    batches of ``train.global_batch`` held-out rows; loss and perplexity go to the metric sinks
+    and ``summary.json``. Off by default: an eval costs its forward passes and a compile per
+    group, and a task without a held-out split has nothing to evaluate."""
+
+    every: int = 0
+    """Steps between evals (at steps ``every``, ``2·every``, ...); 0: no eval."""
+    batches: int = 4
+    """Held-out batches per eval, each of ``train.global_batch`` rows (the same rows every
+    eval, so evals compare); the held-out split must hold ``batches × global_batch`` rows."""
+
+    def __post_init__(self) -> None:
+        for name, low in (("every", 0), ("batches", 1)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ConfigError(f"eval.{name}", f"{value!r} is not a whole number >= {low}",
+                                  "set eval.every to the steps between evals (0: off) and "
+                                  "eval.batches to 1 or more")
+
+
+@dataclass(frozen=True, kw_only=True)
 class RamTierConfig:
     """The host-RAM tier: every ``every`` steps each host's shards are copied to a holder on its
     own node and on a peer host in another slice (policies/ram_tier.py), so a host lost without
@@ -354,9 +377,15 @@ class RunConfig:
     controller: ControllerConfig = field(default_factory=ControllerConfig)
     events: EventsConfig = field(default_factory=EventsConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "model", reconcile(self.task, self.model))  # lm: one place
+        if self.eval.every > self.run.total_steps:
+            raise ConfigError("eval.every", f"{self.eval.every} is more than run.total_steps="
+                              f"{self.run.total_steps}: no eval would run",
+                              f"set eval.every to at most {self.run.total_steps} (a divisor of "
+                              "it evaluates the final model), or 0 for no eval")
 
     def validate_for(self, *, slices: int, hosts_per_slice: int,
                      devices_per_host: int) -> MeshShape:

@@ -7,9 +7,9 @@ Pure data: no Ray, no JAX, so the driver and tests build it freely.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from orchestrator.config import CheckpointConfig, RunConfig, TrainConfig
+from orchestrator.config import CheckpointConfig, EvalConfig, RunConfig, TrainConfig
 from orchestrator.errors import ConfigError
 from orchestrator.hosts import HostRef
 from orchestrator.plan import MeshPlan
@@ -51,6 +51,9 @@ class HostSpec:
     """Start the JAX runtime with ``jax_enable_recoverability``: a peer's death fails this
     process's collectives instead of aborting it, so it can be re-initialised in process
     (``controller.warm.reuse_processes``)."""
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    """``eval.*``: evaluate after every ``every``-th step (0: never) on ``batches`` held-out
+    batches (``Task.eval_data``); every host evaluates at the same steps (a collective)."""
 
     def __post_init__(self) -> None:
         if self.accum_steps < 1:
@@ -96,4 +99,4 @@ class HostSpec:
                    executables_key=(executables_key or key_path()) if use_store else None,
                    share_compile=cfg.compile.share,
                    share_wait_s=0.5 * min(cfg.timeouts.compile_s, cfg.timeouts.restore_s),
-                   survive_peers=survive_peers)
+                   survive_peers=survive_peers, eval=cfg.eval)

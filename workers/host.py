@@ -246,7 +246,9 @@ class HostActor(RamTierMethods, WarmMethods, AheadMethods, WhereMethods):
 
         Every host gets the same bound and save steps: the group stops at one boundary. An
         async save starts right after each step whose number is in ``save_steps`` (the driver
-        decides them). ``committed_step`` is the newest step whose save Orbax reports finished
+        decides them). With ``eval.every`` on, the task's eval runs after each step that is a
+        multiple of it (host 0's record of that step carries it under ``eval``).
+        ``committed_step`` is the newest step whose save Orbax reports finished
         and which is committed on disk (never one only started). Host 0 (``report``) returns
         per-step records.
         """
@@ -282,13 +284,20 @@ class HostActor(RamTierMethods, WarmMethods, AheadMethods, WhereMethods):
                 elif self._replicator is not None:
                     ram_s = self._replicator.after_step(out.step, tr.state,
                                                         data=tr.data_record)
+                wall = time.time()
+                # the eval is a collective: every host runs it at the same steps (a pure
+                # function of the step, never of a stop request only some have seen yet)
+                every = getattr(tr, "eval_every", 0)
+                ev = tr.evaluate() if every and out.step % every == 0 else None
                 if report:
                     records.append({"step": out.step, "loss": out.loss,
                                     "grad_norm": out.grad_norm, "step_time_s": out.step_time_s,
                                     "lr": out.lr, "checkpoint_blocking_s": saved_s,
                                     "ram_copy_s": ram_s, "saved": saved,
                                     "saved_from_ram": saved and ram_s > 0,
-                                    "metrics": out.extra, "wall_time": time.time()})
+                                    "metrics": out.extra, "wall_time": wall})
+                    if ev is not None:
+                        records[-1]["eval"] = ev.as_record(tr.task.tokens_per_example)
         finally:
             if chunk is not None:
                 self._stops.end(chunk)

@@ -23,6 +23,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from orchestrator.errors import ConfigError
 from orchestrator.hostspec import HostSpec
 from orchestrator.plan import MeshPlan
 from workers.checkpoints import CheckpointStore, RestoreOutcome
@@ -41,6 +42,7 @@ from workers.task.state import (
     abstract_batch,
     batch_specs,
     check_divisible,
+    eval_step,
     init_unboxed,
     state_specs,
     train_step,
@@ -49,6 +51,8 @@ from workers.task.state import (
 log = logging.getLogger(__name__)
 
 AXES = ("data", "fsdp", "tensor")
+EVAL_FIX = ("set eval.every=0, or give the task a held-out split: Task(eval_data=...) "
+            "(docs/tasks.md; for prepared data, prepare with --eval-records N)")
 
 
 def build_mesh(plan: MeshPlan, devices: list | None = None) -> Mesh:
@@ -79,6 +83,27 @@ class SaveOutput:
     """False when this step was already saved or being saved."""
     blocking_s: float
     """Seconds the caller was blocked (the async part runs on in Orbax's thread)."""
+
+
+@dataclasses.dataclass
+class EvalOutput:
+    """One eval of the state at ``step`` on the task's held-out split."""
+
+    step: int
+    loss: float
+    metrics: dict
+    """The eval's other metrics by name (each a mean over the eval's micro-batches)."""
+    batches: int
+    rows: int
+    seconds: float
+    """Wall time of the eval: reading its batches, the forward passes, one device→host copy."""
+
+    def as_record(self, tokens_per_example: int) -> dict:
+        """What host 0's step record carries under ``eval`` (the driver's ``EvalRecord``)."""
+        return {"split": "eval", "loss": self.loss, "metrics": dict(self.metrics),
+                "batches": self.batches, "rows": self.rows,
+                "tokens": self.rows * tokens_per_example, "seconds": self.seconds,
+                "wall_time": time.time()}
 
 
 @dataclasses.dataclass
@@ -135,6 +160,7 @@ class Trainer:
         )
         self._compiled = None
         self._init_compiled = None
+        self._setup_eval(spec)
         self.executables = (ExecutableStore(spec.executables_dir, key_file=spec.executables_key)
                             if spec.executables_dir else None)
         self._key_parts: tuple[dict, dict] | None = None
@@ -157,6 +183,28 @@ class Trainer:
 
     # ---- construction -------------------------------------------------------------------
 
+    def _setup_eval(self, spec: HostSpec) -> None:
+        """The eval's batch layout and jitted function (the task's ``eval_data``, laid out
+        like a training batch: ``(accum, micro, ...)`` over the same mesh axes)."""
+        self.eval_every, self.eval_batches = spec.eval.every, spec.eval.batches
+        self._eval_compiled = None
+        self.eval_info: CompileInfo | None = None
+        data = self.task.eval_data
+        if data is None:
+            if self.eval_every:
+                raise ConfigError("eval.every", f"eval.every={self.eval_every} but the task "
+                                  f"{self.resolved.ref.kind!r} has no held-out split "
+                                  "(Task.eval_data is None)", EVAL_FIX)
+            return
+        self.eval_example = data.example()
+        self.eval_shape = abstract_batch(self.eval_example, self.accum_steps, self.micro)
+        self.eval_sharding = _named(self.mesh, batch_specs(self.eval_example))
+        check_divisible(self.eval_shape, batch_specs(self.eval_example), dict(self.mesh.shape),
+                        "eval batch")
+        self._eval_fn = jax.jit(functools.partial(eval_step, self.task),
+                                in_shardings=(self.state_sharding["params"], self.eval_sharding),
+                                out_shardings=self.replicated)
+
     def compile(self) -> float:
         """Load the step's executable from the store, or lower and compile it; returns the
         seconds it took (``compile_info`` says which). Records XLA's FLOP count."""
@@ -166,7 +214,18 @@ class Trainer:
         self._compiled, self.compile_info = self._executable(
             "train_step", self._step_fn, (self.abstract_state, batch), cost=True)
         self.flops_xla = self.compile_info.flops
+        if self.eval_every:
+            self.compile_eval()
         return time.perf_counter() - t0
+
+    def compile_eval(self) -> None:
+        """Load or compile the eval (with ``eval.every`` on, ``compile`` does it too, so a
+        group's first eval costs no compile); its own key (``function`` ``eval_step``)."""
+        params = self.abstract_state["params"]  # shapes with their shardings
+        batch = jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
+                             self.eval_shape, self.eval_sharding)
+        self._eval_compiled, self.eval_info = self._executable("eval_step", self._eval_fn,
+                                                               (params, batch))
 
     def init_state(self, seed: int) -> None:
         if self._init_compiled is None:
@@ -212,8 +271,18 @@ class Trainer:
     def batch(self, step: int) -> Any:
         """Global batch for ``step`` built from this process's rows only (each device's rows
         asked of the task's data once, whatever the number of leaves)."""
-        data, seed, micro = self.task.data, self.spec.seed, self.micro
-        treedef = jax.tree.structure(self.example)
+        return self._global_batch(self.task.data, step, self.example, self.batch_shape,
+                                  self.batch_sharding)
+
+    def eval_batch(self, index: int) -> Any:
+        """Eval batch ``index`` of the held-out split, laid out as a training batch."""
+        return self._global_batch(self.task.eval_data, index, self.eval_example,
+                                  self.eval_shape, self.eval_sharding)
+
+    def _global_batch(self, data: Any, step: int, example: Any, batch_shape: Any,
+                      batch_sharding: Any) -> Any:
+        seed, micro = self.spec.seed, self.micro
+        treedef = jax.tree.structure(example)
         cache: dict[tuple, list] = {}
 
         def rows(index) -> list:
@@ -229,8 +298,8 @@ class Trainer:
         leaves = [jax.make_array_from_callback(
             shape.shape, sharding, functools.partial(_leaf_rows, rows, i))
             for i, (shape, sharding) in enumerate(zip(
-                treedef.flatten_up_to(self.batch_shape),
-                treedef.flatten_up_to(self.batch_sharding), strict=True))]
+                treedef.flatten_up_to(batch_shape),
+                treedef.flatten_up_to(batch_sharding), strict=True))]
         return treedef.unflatten(leaves)
 
     # ---- stepping -----------------------------------------------------------------------
@@ -276,6 +345,24 @@ class Trainer:
         return data_state.resume(self.task.data, saved, step=step, tier=tier,
                                  process_index=jax.process_index(),
                                  process_count=jax.process_count())
+
+    def evaluate(self, batches: int | None = None) -> EvalOutput:
+        """The task's eval of the current parameters on ``batches`` (default ``eval.batches``)
+        held-out batches: the same rows at every eval. Reads the parameters only; the state,
+        its RNG and the step (the data position) stay as they are."""
+        if self.task.eval_data is None:
+            raise ConfigError("eval.every", f"the task {self.resolved.ref.kind!r} has no "
+                              "held-out split (Task.eval_data is None)", EVAL_FIX)
+        if self._eval_compiled is None:
+            self.compile_eval()
+        n = self.eval_batches if batches is None else batches
+        t0 = time.perf_counter()
+        params = self.state["params"]
+        outs = [self._eval_compiled(params, self.eval_batch(b)) for b in range(n)]
+        got = jax.device_get(outs)  # one device->host copy for the whole eval
+        means = {k: float(np.mean([o[k] for o in got], dtype=np.float64)) for k in got[0]}
+        return EvalOutput(step=self.step, loss=means.pop("loss"), metrics=means, batches=n,
+                          rows=n * self.global_batch, seconds=time.perf_counter() - t0)
 
     # ---- checkpoints --------------------------------------------------------------------
 

@@ -88,8 +88,20 @@ class Task:
     XLA's count of the compiled step."""
     tokens_per_example: int = 1
     """Throughput counts ``global_batch × tokens_per_example`` per step."""
-    eval_step: Callable[..., Any] | None = None
-    """Reserved for an eval on a held-out split: not run by this version (must stay None)."""
+    eval_data: DataSource | None = None
+    """The held-out split (``eval.*`` evaluates on it): a stateless source like ``data`` whose
+    ``rows(seed, b, rows)`` are rows of eval batch ``b`` (``b`` = 0, 1, ... ``eval.batches`` - 1,
+    the same rows at every eval). Its rows must be none of the training rows (a disjoint seed
+    stream, or a split held out when the data was prepared). A source that knows its size
+    says it with ``__len__`` (rows it holds): an eval needing more is refused before the run
+    starts, never wrapped around."""
+    eval_step: Callable[[Any, Any], dict] | None = None
+    """``eval_step(params, batch) -> {name: scalar}`` on one micro-batch of ``eval_data``
+    (a leading batch axis), at least ``loss``; every entry is averaged over the eval's
+    micro-batches (equal sizes: return means). None: ``loss``'s value and its dict. No RNG is
+    passed: an eval is deterministic and leaves the train state, its RNG and the data position
+    as they were. ``perplexity`` is reported as exp(loss) (a perplexity when ``loss`` is a
+    per-token negative log-likelihood in nats)."""
     code: tuple[str, ...] = ()
     """Modules outside the factory's package whose source defines the step (the executable
     key digests them with the factory's package: an edit never loads a stale step)."""
@@ -111,8 +123,19 @@ class Task:
             _bad("data", f"{type(self.data).__name__} has no example() and rows(seed, step, "
                  "rows)", "pass a stateless source (workers.task.contract.DataSource)")
         if self.eval_step is not None:
-            _bad("eval_step", "evaluation is not run by this version",
-                 "leave eval_step=None; evaluate from a checkpoint for now")
+            _callable("eval_step", self.eval_step)
+            if self.eval_data is None:
+                _bad("eval_step", "is given without eval_data (nothing to evaluate on)",
+                     "give the held-out split as Task(eval_data=...), or drop eval_step")
+        if self.eval_data is not None:
+            if not isinstance(self.eval_data, DataSource):
+                _bad("eval_data", f"{type(self.eval_data).__name__} has no example() and "
+                     "rows(seed, step, rows)", "pass a stateless source of held-out rows "
+                     "(workers.task.contract.DataSource)")
+            if self.eval_step is None and self.loss is None:
+                _bad("eval_step", "the task gives its own step and eval_data but no eval_step "
+                     "(there is no loss to evaluate with)",
+                     "give Task(eval_step=lambda params, batch: {'loss': ...})")
         if not isinstance(self.tokens_per_example, int) or self.tokens_per_example < 1:
             _bad("tokens_per_example", f"{self.tokens_per_example!r} is not a whole number >= 1",
                  "count the tokens one example holds (1 for non-sequence data)")
@@ -123,6 +146,22 @@ class Task:
         if not all(isinstance(m, str) for m in self.code):
             _bad("code", f"{self.code!r} is not a tuple of module names",
                  "list importable module names, e.g. ('my_pkg.layers',)")
+
+    def eval_fn(self) -> Callable[[Any, Any], dict] | None:
+        """The eval of one micro-batch: ``eval_step``, else ``loss``'s value and its dict as
+        ``{"loss": ..., **dict}``; None without ``eval_data``."""
+        if self.eval_data is None:
+            return None
+        if self.eval_step is not None:
+            return self.eval_step
+        loss = self.loss
+        assert loss is not None
+
+        def from_loss(params: Any, batch: Any) -> dict:
+            value, aux = loss(params, batch)
+            return {**aux, "loss": value}
+
+        return from_loss
 
     def all_rules(self) -> tuple[tuple[str, Any], ...]:
         """``rules`` plus each mesh axis naming itself (explicit shardings)."""

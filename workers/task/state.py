@@ -74,6 +74,29 @@ def train_step(task: Task, state, batch):
                        "lr": _lr(task, state), **aux}
 
 
+def eval_step(task: Task, params, batch):
+    """The task's eval metrics on ``batch`` (leaves ``(accum, micro, ...)``), each averaged over
+    the micro-batches, as float32 scalars. Reads the parameters only: nothing of the train
+    state is changed or donated."""
+    fn = task.eval_fn()
+    assert fn is not None, "the task has no eval_data"
+
+    def one(micro):
+        return {k: jnp.asarray(v, jnp.float32) for k, v in dict(fn(params, micro)).items()}
+
+    n = jax.tree.leaves(batch)[0].shape[0]
+    if n == 1:
+        return one(jax.tree.map(lambda x: x[0], batch))
+    first = jax.tree.map(lambda x: x[0], batch)
+    zeros = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), jax.eval_shape(one, first))
+
+    def body(total, micro):
+        return jax.tree.map(jnp.add, total, one(micro)), None
+
+    total, _ = jax.lax.scan(body, zeros, batch)
+    return jax.tree.map(lambda v: v / n, total)
+
+
 def _lr(task: Task, state):
     if task.schedule is None:
         return jnp.zeros((), jnp.float32)
