@@ -329,6 +329,10 @@ class Driver:
             slices=ctx["slices"], checkpoint_blocking_s=rec["checkpoint_blocking_s"],
             lr=rec["lr"], ram_copy_s=float(rec.get("ram_copy_s", 0.0)),
             metrics=rec.get("metrics")))
+        if rec.get("eval"):  # host 0 evaluated after this step (eval.every)
+            from orchestrator.metrics.records import EvalRecord
+
+            self.metrics.on_eval(EvalRecord.from_host(rec["step"], rec["eval"]))
 
     def _goodput(self) -> float | None:
         """Goodput from the run directory's timeline and metrics (for the summary)."""

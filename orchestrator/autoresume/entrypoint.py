@@ -44,7 +44,7 @@ _ENTRYPOINT_PREFIX = ("-m", "orchestrator.main")
 _PYTHONS = frozenset({"python", "python3"})
 _FLAGS = frozenset({"--config", "--log-format", "--log-level"})
 ALLOWED_OVERRIDES = (
-    "run.name", "run.run_dir", "run.total_steps", "run.seed", "run.steps_per_call",
+    "run.name", "run.run_dir", "run.total_steps", "run.seed", "run.steps_per_call", "eval",
     "cluster.mode", "cluster.emulate", "cluster.accelerator", "cluster.slices",
     "cluster.connect_timeout_s",
     "mesh", "model", "train", "checkpoint", "timeouts",

@@ -7,6 +7,7 @@ is derived from it. ``last_committed`` only ever moves to a step the hosts repor
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,6 +50,19 @@ class Recovery:
         return {k: v for k, v in self.__dict__.items() if v not in (None, [], {})}
 
 
+def eval_summary(step: int, ev: dict) -> dict:
+    """What ``summary.json`` keeps of an eval (``last_eval``)."""
+    loss = float(ev["loss"])
+    try:
+        perplexity = math.exp(loss)
+    except OverflowError:
+        perplexity = math.inf
+    return {"step": step, "loss": loss, "perplexity": perplexity,
+            "tokens": int(ev.get("tokens", 0)), "batches": int(ev.get("batches", 0)),
+            "seconds": round(float(ev.get("seconds", 0.0)), 4),
+            "metrics": dict(ev.get("metrics") or {})}
+
+
 @dataclass
 class RecoveryLedger:
     step: int = 0
@@ -82,6 +96,9 @@ class RecoveryLedger:
     """The newest step whose record reached the driver (None: not read from metrics.jsonl)."""
     metrics_gaps: list[list[int]] = field(default_factory=list)
     """[first, last] step ranges restored past without a step record (never in metrics.jsonl)."""
+    last_eval: dict | None = None
+    """The newest eval host 0 reported (``eval.every``): step, loss, perplexity, tokens,
+    seconds, the task's other eval metrics."""
 
     # ---- progress --------------------------------------------------------------------------
 
@@ -117,6 +134,8 @@ class RecoveryLedger:
             self.last_loss = rec["loss"]
             if rec.get("saved"):
                 self.save_started = int(rec["step"])
+            if rec.get("eval"):
+                self.last_eval = eval_summary(int(rec["step"]), rec["eval"])
             if rec.get("ram_copy_s"):
                 self.copy_costs.append(float(rec["ram_copy_s"]))
             if rec.get("checkpoint_blocking_s") and not rec.get("saved_from_ram"):

@@ -45,13 +45,22 @@ def running(run: Run) -> Next:
         run.chunk += 1
         assert run.group is not None
         run.group.start_chunk(until, chunk=run.chunk, save_steps=save_steps)
-        status = _wait_chunk(run, steps=until - step)
+        status = _wait_chunk(run, steps=until - step + eval_batches(run, step, until))
         if not isinstance(status, Progress):
             return recovering.after_failure(run, status)
         _absorb(run, status)
         _finish_recovery(run, status)
         _check_grow(run)
         ahead.guarded(run)
+
+
+def eval_batches(run: Run, step: int, until: int) -> int:
+    """Eval batches the hosts run in steps ``step+1 .. until`` (``eval.every``): each is
+    bounded like a step (a forward pass of a batch costs less than a step)."""
+    ev = run.cfg.eval
+    if not ev.every:
+        return 0
+    return (until // ev.every - step // ev.every) * ev.batches
 
 
 def save_interval(run: Run) -> int:

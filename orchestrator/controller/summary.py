@@ -50,6 +50,9 @@ class RunSummary:
     """Steps past the last save when the run ended without its final save (in ``lost_steps``)."""
     metrics_gaps: list[list[int]] = dataclasses.field(default_factory=list)
     """[first, last] step ranges restored past with no record in metrics.jsonl."""
+    last_eval: dict | None = None
+    """The newest eval (``eval.every``): ``{step, loss, perplexity, tokens, batches, seconds,
+    metrics}``; None when no eval ran."""
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -68,6 +71,10 @@ class RunSummary:
         if self.stopped_by:
             lines.append(f"  stopped by {self.stopped_by} (exit {self.exit_code}); last "
                          f"committed checkpoint: step {self.last_committed_step}")
+        if self.last_eval:
+            e = self.last_eval
+            lines.append(f"  eval at step {e['step']}: loss {_fmt(e['loss'])}, perplexity "
+                         f"{_fmt(e['perplexity'])} ({e['tokens']} tokens, {e['seconds']} s)")
         if self.unsaved_steps:
             lines.append(f"  {self.unsaved_steps} step(s) past the last save were discarded at "
                          "the end (counted in lost steps)")
@@ -123,7 +130,7 @@ def write_summary(run: Run, reason: str) -> RunSummary:
         exit_code=(EXIT_OK if state is RunState.SUCCEEDED else
                    EXIT_SIGTERM if stopped_by == "SIGTERM" else EXIT_FAILED),
         stopped_by=stopped_by, unsaved_steps=unsaved,
-        metrics_gaps=[list(g) for g in led.metrics_gaps])
+        metrics_gaps=[list(g) for g in led.metrics_gaps], last_eval=led.last_eval)
     try:
         run.run_dir.mkdir(parents=True, exist_ok=True)
         tmp = run.run_dir / "summary.json.tmp"

@@ -9,7 +9,7 @@ from typing import Any, TextIO
 
 from orchestrator.metrics.goodput import compute_goodput
 from orchestrator.metrics.ledger import StepLedger
-from orchestrator.metrics.records import StepRecord
+from orchestrator.metrics.records import EvalRecord, StepRecord
 from orchestrator.metrics.sink import MetricSink
 
 
@@ -53,6 +53,12 @@ class ConsoleSink(MetricSink):
         self._steps.add(rec)
         if rec.step % self._every == 0:
             print(format_progress(rec, goodput=self._goodput()), file=self._stream, flush=True)
+
+    def on_eval(self, rec: EvalRecord) -> None:
+        extra = "".join(f" | {k} {v:.4g}" for k, v in sorted(rec.metrics.items()))
+        print(f"{rec.split} at step {rec.step:>5d} | loss {rec.loss:8.4f} | perplexity "
+              f"{rec.perplexity:10.4g}{extra} | {rec.tokens} tokens in {rec.seconds:.2f} s",
+              file=self._stream, flush=True)
 
     def _goodput(self) -> float | None:
         if not self._timeline:

@@ -1,4 +1,5 @@
-"""Append step records to RUN_DIR/metrics.jsonl, one JSON object per line (the report reads it).
+"""Append step records to RUN_DIR/metrics.jsonl, one JSON object per line (the report reads it),
+and eval records (``"kind": "eval"``, ``EvalRecord.to_dict``), which step-record readers skip.
 
 Lines are buffered and written out at least every ``flush_every_s`` seconds (and on flush/close):
 a write per step costs a system call per step on the driver, and a crash then loses at most that
@@ -13,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
-from orchestrator.metrics.records import StepRecord
+from orchestrator.metrics.records import EvalRecord, StepRecord
 from orchestrator.metrics.sink import MetricSink
 
 
@@ -32,9 +33,15 @@ class JsonlSink(MetricSink):
         self._last_flush = clock()
 
     def on_step(self, rec: StepRecord) -> None:
+        self._line(rec.to_dict())
+
+    def on_eval(self, rec: EvalRecord) -> None:
+        self._line(rec.to_dict())
+
+    def _line(self, row: dict) -> None:
         if self._fh is None:
             return
-        self._fh.write(json.dumps(rec.to_dict(), allow_nan=True) + "\n")
+        self._fh.write(json.dumps(row, allow_nan=True) + "\n")
         now = self._clock()
         if now - self._last_flush >= self._flush_every_s:
             self._fh.flush()

@@ -125,7 +125,9 @@ def _coerce(name: str, tp: Any, value: Any) -> Any:
 
 _FIELD_NAMES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(StepRecord))
 
-_SPLIT = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+METRIC_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+"""An eval split or metric name (a TensorBoard tag part): lower-case letters, digits and _."""
+_SPLIT = METRIC_NAME
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -145,6 +147,8 @@ class EvalRecord:
     tokens: int = 0
     split: str = "eval"
     metrics: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    seconds: float = 0.0
+    """Wall time the eval took on the hosts (its batches read, its forward passes)."""
 
     def __post_init__(self) -> None:
         if not _SPLIT.match(self.split):
@@ -164,3 +168,19 @@ class EvalRecord:
             return math.exp(self.loss)
         except OverflowError:
             return math.inf
+
+    def to_dict(self) -> dict[str, Any]:
+        """Its ``metrics.jsonl`` line: ``kind: eval`` tells it from step records (whose
+        readers skip it)."""
+        return {"kind": "eval", "split": self.split, "step": self.step, "loss": self.loss,
+                "perplexity": self.perplexity, "tokens": self.tokens, "seconds": self.seconds,
+                "metrics": dict(self.metrics), "wall_time": self.wall_time}
+
+    @classmethod
+    def from_host(cls, step: int, ev: Mapping[str, Any]) -> EvalRecord:
+        """From the ``eval`` entry of host 0's record of ``step`` (``workers.trainer``)."""
+        return cls(step=int(step), loss=float(ev["loss"]),
+                   wall_time=float(ev.get("wall_time") or 0.0), tokens=int(ev.get("tokens", 0)),
+                   split=str(ev.get("split", "eval")),
+                   metrics={str(k): float(v) for k, v in (ev.get("metrics") or {}).items()},
+                   seconds=float(ev.get("seconds", 0.0)))

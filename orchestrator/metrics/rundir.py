@@ -107,6 +107,8 @@ def load_run(run_dir: Path, *, now: float, max_points: int = 5000,
     thin = Thinned(max_points)
     total = 0
     for row in iter_jsonl(run_dir / "metrics.jsonl", skipped):
+        if row.get("kind") == "eval":  # an eval record (EvalRecord.to_dict), not a step's
+            continue
         try:
             rec = StepRecord.from_dict(row)
         except BadStepRecord:

@@ -24,7 +24,7 @@ What goes where (x-axis, wall time):
 - per event the driver forwards (unix milliseconds, strictly increasing): text
   ``lifecycle/events``.
 - per eval (the training step): ``<split>/loss``, ``<split>/perplexity`` and the task's extra
-  metrics as ``<split>/<name>``.
+  metrics as ``<split>/<name>``; ``perf/eval_time_s``, the seconds the eval took.
 """
 
 from __future__ import annotations
@@ -114,6 +114,8 @@ class TensorBoardSink(MetricSink):
     def on_eval(self, rec: EvalRecord) -> None:
         values = {f"{rec.split}/loss": rec.loss, f"{rec.split}/perplexity": rec.perplexity}
         values.update({f"{rec.split}/{k}": v for k, v in rec.metrics.items()})
+        if rec.seconds > 0:
+            values["perf/eval_time_s"] = rec.seconds
         self._write(rec.step, rec.wall_time, scalars=values)
 
     def flush(self) -> None:
