@@ -94,8 +94,15 @@ def request_for(cfg: Any, bounds: MemoryBounds | None = None) -> dict:
     what the memory estimate fits into."""
     mesh = mesh_sizes(cfg)
     return {"task": dataclasses.asdict(task_ref(cfg)), "train": configtools.to_dict(cfg.train),
-            "total_steps": cfg.run.total_steps, "seed": cfg.run.seed, "mesh": mesh,
+            "total_steps": cfg.run.total_steps, "seed": cfg.run.seed,
+            "eval": eval_request(cfg), "mesh": mesh,
             "memory": bounds.request(cfg, mesh) if bounds is not None else None}
+
+
+def eval_request(cfg: Any) -> dict:
+    """``eval.*`` for the check: with ``every`` on, the task's held-out split and its eval are
+    checked too (``workers/task/check.py: _check_eval``)."""
+    return configtools.to_dict(cfg.eval)
 
 
 def mesh_sizes(cfg: Any) -> dict[str, int]:

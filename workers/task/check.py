@@ -17,6 +17,8 @@ import traceback
 from typing import Any
 
 MARKER = "TASK_CHECK "
+EVAL_FIX = ("set eval.every=0, or give the task a held-out split: Task(eval_data=...) "
+            "(docs/tasks.md; for prepared data, prepare with --eval-records N)")
 
 
 def check(request: dict) -> dict:
@@ -64,6 +66,7 @@ def check(request: dict) -> dict:
     except Exception as exc:
         raise _traced("loss" if task.step is None else "step", exc) from exc
     _check_step(abstract, out_state, metrics, jax)
+    _check_eval(task, request, abstract, sizes, train)
     n_params = sum(int(np.prod(a.shape)) for a in jax.tree.leaves(abstract["params"]))
     state_bytes = sum(int(np.prod(a.shape)) * a.dtype.itemsize for a in jax.tree.leaves(abstract))
     return {"ok": True, "fingerprint": resolved.fingerprint, "task": resolved.describe(),
@@ -108,20 +111,85 @@ def _memory(mem: dict | None, abstract: Any, specs: Any, task: dict, state_bytes
             "refused": refused}
 
 
-def _check_rows(data: Any, example: Any, seed: int, n: int, np: Any, jax: Any) -> None:
+def _check_eval(task: Any, request: dict, abstract: Any, sizes: dict, train: Any) -> None:
+    """With ``eval.every`` on: the task has a held-out split that holds the eval's rows (none
+    read twice), its rows match its ``example()``, its batch splits over the mesh, and its eval
+    traces to scalar metrics with a ``loss`` under names the metric sinks take."""
+    import functools
+
+    import jax
+    import numpy as np
+
+    from orchestrator.errors import ConfigError
+    from orchestrator.metrics.records import METRIC_NAME
+    from workers.task import state as st
+
+    ev = request.get("eval") or {}
+    every, batches = int(ev.get("every") or 0), int(ev.get("batches") or 1)
+    if not every:
+        return
+    data, g = task.eval_data, train.global_batch
+    if data is None:
+        raise ConfigError("eval.every", f"eval.every={every}, but the task "
+                          f"{request['task']['kind']!r} has no held-out split "
+                          "(Task.eval_data is None)", EVAL_FIX)
+    example = data.example()
+    if not all(isinstance(e, jax.ShapeDtypeStruct) for e in jax.tree.leaves(example)):
+        raise ConfigError("task.kind", f"the eval data's example() is {example!r}, not a pytree "
+                          "of jax.ShapeDtypeStruct", "describe one held-out row: "
+                          "jax.ShapeDtypeStruct(shape_without_batch, dtype) per leaf")
+    try:
+        size = len(data)
+    except TypeError:
+        size = None  # an unbounded source (a seed stream)
+    if size is not None and size < batches * g:
+        most = size // g
+        raise ConfigError("eval.batches", f"the task's held-out split holds {size} rows; "
+                          f"eval.batches={batches} batches of train.global_batch={g} rows "
+                          f"need {batches * g} (an eval never reads a row twice)",
+                          (f"set eval.batches={most} or less, or " if most else
+                           "lower train.global_batch, or ") +
+                          f"hold out {batches * g} rows or more (prepared data: prepare with "
+                          f"--eval-records {batches * g} or more)")
+    batch = st.abstract_batch(example, 1, g)
+    st.check_divisible(batch, st.batch_specs(example), sizes, "eval batch")
+    for b in sorted({0, batches - 1}):
+        _check_rows(data, example, request["seed"], min(2, g), np, jax, what="eval data",
+                    step=b)
+    try:
+        metrics = jax.eval_shape(functools.partial(st.eval_step, task), abstract["params"],
+                                 batch)
+    except ConfigError:
+        raise
+    except Exception as exc:
+        raise _traced("eval_step" if task.eval_step is not None else "loss (as the eval)",
+                      exc) from exc
+    bad = [k for k, v in metrics.items() if getattr(v, "shape", None) != ()]
+    names = [k for k in metrics if k != "loss" and (k == "perplexity" or
+                                                    not METRIC_NAME.match(str(k)))]
+    if "loss" not in metrics or bad or names:
+        raise ConfigError("task.kind", f"the task's eval returns {sorted(metrics)}: it needs a "
+                          f"scalar 'loss' and scalars only (not scalar: {bad}), named with "
+                          f"lower-case letters, digits and _, other than perplexity (bad: "
+                          f"{names})", "return {'loss': mean_loss, 'name': mean, ...} from "
+                          "Task.eval_step (or loss's dict, when eval_step is None)")
+
+
+def _check_rows(data: Any, example: Any, seed: int, n: int, np: Any, jax: Any, *,
+                what: str = "data", step: int = 0) -> None:
     from orchestrator.errors import ConfigError
 
-    rows = data.rows(seed, 0, range(n))
+    rows = data.rows(seed, step, range(n))
     want = jax.tree.map(lambda e: ((n, *e.shape), np.dtype(e.dtype)), example)
     try:
         got = jax.tree.map(lambda r: (tuple(np.shape(r)), np.asarray(r).dtype), rows)
     except Exception as exc:
-        raise ConfigError("task.kind", f"the data's rows(seed, 0, range({n})) returned "
+        raise ConfigError("task.kind", f"the {what}'s rows(seed, {step}, range({n})) returned "
                           f"{type(rows).__name__} ({exc})", "return numpy arrays") from exc
     if jax.tree.structure(want, is_leaf=_pair) != jax.tree.structure(got, is_leaf=_pair) or \
             jax.tree.leaves(want, is_leaf=_pair) != jax.tree.leaves(got, is_leaf=_pair):
-        raise ConfigError("task.kind", f"the data's rows(seed, 0, range({n})) give (shape, dtype)"
-                          f" {_plain(got)}, but its example() says {_plain(want)}",
+        raise ConfigError("task.kind", f"the {what}'s rows(seed, {step}, range({n})) give "
+                          f"(shape, dtype) {_plain(got)}, but its example() says {_plain(want)}",
                           "make rows() return example()'s tree with a leading axis of "
                           "len(rows), in its dtypes")
 
