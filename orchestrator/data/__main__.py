@@ -2,6 +2,7 @@
 
     prepare --input FILE_OR_DIR [...] --out DIR [--tokenizer FILE] [--vocab-size N]
             [--seq-len N] [--shard-size RECORDS] [--format bin|npy|arrayrecord]
+            [--eval-records N]
     verify DIR [--level auto|full|quick] [--tokenizer-sha256 HEX]
 
 Exit 0 on success, 2 for bad input (a missing file, a changed shard, a bad option) with a
@@ -35,6 +36,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     pp.add_argument("--shard-size", type=int, default=16384, help="records per shard")
     pp.add_argument("--format", choices=("bin", "npy", "arrayrecord"), default="bin")
     pp.add_argument("--glob", default="*.txt", help="files taken from input directories")
+    pp.add_argument("--eval-records", type=int, default=0,
+                    help="hold the stream's last N records out as the eval split (eval.*)")
     pp.add_argument("--overwrite", action="store_true")
     pp.add_argument("--no-progress", action="store_true")
     pv = sub.add_parser("verify", help="check a prepared directory against its manifest")
@@ -62,11 +65,13 @@ def _prepare(args: argparse.Namespace) -> int:
     cfg = PrepareConfig(inputs=tuple(args.input), out=args.out, tokenizer=args.tokenizer,
                         vocab_size=args.vocab_size, seq_len=args.seq_len,
                         shard_size=args.shard_size, format=args.format, glob=args.glob,
-                        overwrite=args.overwrite)
+                        overwrite=args.overwrite, eval_records=args.eval_records)
     m = prepare(cfg, progress=not args.no_progress)
     print(f"prepared {args.out}: {m.records} records of {m.seq_len} tokens ({m.tokens} tokens) "
           f"in {len(m.shards)} {m.format} shard(s); tokenizer {m.tokenizer.name} "
-          f"({m.vocab_size} tokens, sha256 {m.tokenizer.sha256[:12]}…)")
+          f"({m.vocab_size} tokens, sha256 {m.tokenizer.sha256[:12]}…)"
+          + (f"; held out for eval: {m.eval_records} records in {len(m.eval_shards)} "
+             "shard(s)" if m.eval_shards else ""))
     return 0
 
 

@@ -59,6 +59,12 @@ class Manifest:
     format_version: int = FORMAT_VERSION
     created_by: str = "python -m orchestrator.data prepare"
     extra: dict = field(default_factory=dict)
+    eval_shards: tuple[Shard, ...] = ()
+    """The held-out split (``prepare --eval-records``): the last records of the token stream,
+    in shards of their own that training never reads (``records``/``tokens``/``shards`` are
+    the training split's). Empty: no held-out split."""
+    eval_records: int = 0
+    eval_tokens: int = 0
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, sort_keys=True) + "\n"
@@ -107,16 +113,22 @@ def _from_dict(doc: dict) -> Manifest:
                     vocab_size=int(doc["vocab_size"]), records=int(doc["records"]),
                     tokens=int(doc["tokens"]), tokenizer=TokenizerInfo(**doc["tokenizer"]),
                     shards=shards, sources=tuple(doc.get("sources", ())),
-                    created_by=doc.get("created_by", ""), extra=doc.get("extra", {}))
+                    created_by=doc.get("created_by", ""), extra=doc.get("extra", {}),
+                    eval_shards=tuple(Shard(**s) for s in doc.get("eval_shards", ())),
+                    eval_records=int(doc.get("eval_records", 0)),
+                    eval_tokens=int(doc.get("eval_tokens", 0)))
 
 
 def verify(data_dir: str, *, level: Literal["auto", "full", "quick"] = "auto",
-           tokenizer_sha256: str | None = None, setting: str = "data.dir") -> Manifest:
+           tokenizer_sha256: str | None = None, setting: str = "data.dir",
+           split: Literal["all", "eval"] = "all") -> Manifest:
     """Check ``data_dir`` against its manifest before a run reads it: every shard present and
     readable with the listed size and checksum (``full``: SHA-256 of every byte; ``quick``:
     size and the hash of each shard's edges; ``auto``: full up to 1 GiB of shards), the
     tokenizer file beside them unchanged, and, when ``tokenizer_sha256`` is given, the one the
-    run expects. Raises one ``DataError`` listing what is wrong, with the fix."""
+    run expects. Raises one ``DataError`` listing what is wrong, with the fix. ``split``:
+    ``all`` checks the training and held-out shards, ``eval`` the held-out ones only (an eval
+    source opening after the training source checked the rest)."""
     m = load(data_dir, setting=setting)
     if level not in ("auto", "full", "quick"):
         raise DataError(setting, f"verify level {level!r} is not auto, full or quick",
@@ -127,7 +139,7 @@ def verify(data_dir: str, *, level: Literal["auto", "full", "quick"] = "auto",
     tok = _check_file(fs, fslib.join(root, m.tokenizer.file), None, m.tokenizer.sha256, True)
     if tok:
         problems.append(f"tokenizer {m.tokenizer.file}: {tok}")
-    for shard in m.shards:
+    for shard in (m.shards if split == "all" else ()) + m.eval_shards:
         bad = _check_file(fs, fslib.join(root, shard.path), shard, shard.sha256, full)
         if bad:
             problems.append(f"shard {shard.path}: {bad}")

@@ -2,7 +2,9 @@
 
 Each input file is one document; documents are joined by ``<|endoftext|>`` into one token
 stream, cut into records of ``seq_len`` tokens (a tail shorter than a record is dropped and
-counted), and written ``shard_size`` records to a shard:
+counted), and written ``shard_size`` records to a shard. ``eval_records`` > 0 holds the last
+records of the stream out as the held-out split (``eval-*`` shards, the manifest's
+``eval_shards``; training never reads them):
 
 - ``bin``: the shard's tokens back to back, little-endian ``uint16`` (``uint32`` past 65,536
   tokens), no header (the manifest says the dtype);
@@ -51,6 +53,9 @@ class PrepareConfig:
     format: Literal["bin", "npy", "arrayrecord"] = "bin"
     glob: str = "*.txt"
     overwrite: bool = False
+    eval_records: int = 0
+    """Records (of ``seq_len`` tokens) held out from the end of the stream as the eval split
+    (``Task.eval_data``, ``eval.*``); 0: none."""
 
     def __post_init__(self) -> None:
         if not self.inputs:
@@ -66,6 +71,9 @@ class PrepareConfig:
         if self.shard_size < 1:
             raise ConfigError("prepare --shard-size", f"{self.shard_size} records per shard",
                               "give 1 or more")
+        if self.eval_records < 0:
+            raise ConfigError("prepare --eval-records", f"{self.eval_records} records",
+                              "give 0 (no held-out split) or more")
         if self.format not in ("bin", "npy", "arrayrecord"):
             raise ConfigError("prepare --format", f"{self.format!r} is not bin, npy or "
                               "arrayrecord", "pick one of bin, npy, arrayrecord")
@@ -114,9 +122,13 @@ def _chunks(path: str) -> Iterator[str]:
 class _ShardWriter:
     """Fills shards of ``shard_size`` records in a local staging directory."""
 
-    def __init__(self, cfg: PrepareConfig, staging: str, dtype: np.dtype) -> None:
+    def __init__(self, cfg: PrepareConfig, staging: str, dtype: np.dtype, *,
+                 hold_records: int = 0, prefix: str = "shard") -> None:
+        """``hold_records``: the stream's last records are kept back (``finish`` returns them)."""
         self.cfg, self.staging, self.dtype = cfg, staging, dtype
         self.per_shard = cfg.shard_size * cfg.seq_len
+        self.hold = hold_records * cfg.seq_len
+        self.prefix = prefix
         self.buf: list[np.ndarray] = []
         self.buffered = 0
         self.shards: list[tuple[str, Shard]] = []
@@ -125,24 +137,26 @@ class _ShardWriter:
         arr = np.asarray(ids, dtype=self.dtype)
         self.buf.append(arr)
         self.buffered += arr.size
-        while self.buffered >= self.per_shard:
+        while self.buffered >= self.per_shard + self.hold:
             flat = np.concatenate(self.buf)
             self._write(flat[:self.per_shard])
             rest = flat[self.per_shard:]
             self.buf, self.buffered = [rest], rest.size
 
-    def finish(self) -> int:
-        """Write the last, shorter shard; returns the tokens dropped (less than a record)."""
+    def finish(self) -> tuple[int, np.ndarray]:
+        """Write what is left (the last, shorter shard) but the records held back; returns the
+        tokens dropped (less than a record, at the stream's end) and the held-back tokens."""
         flat = np.concatenate(self.buf) if self.buf else np.zeros(0, self.dtype)
         whole = flat.size // self.cfg.seq_len * self.cfg.seq_len
-        if whole:
-            self._write(flat[:whole])
-        return int(flat.size - whole)
+        split = max(0, whole - self.hold)
+        for start in range(0, split, self.per_shard):
+            self._write(flat[start:min(split, start + self.per_shard)])
+        return int(flat.size - whole), flat[split:whole]
 
     def _write(self, tokens: np.ndarray) -> None:
         fmt = self.cfg.format
         ext = {"bin": "bin", "npy": "npy", "arrayrecord": "arrayrecord"}[fmt]
-        name = f"shard-{len(self.shards):05d}.{ext}"
+        name = f"{self.prefix}-{len(self.shards):05d}.{ext}"
         path = os.path.join(self.staging, name)
         tokens = tokens.astype(self.dtype.newbyteorder("<"), copy=False)
         if fmt == "bin":
@@ -190,7 +204,7 @@ def prepare(cfg: PrepareConfig, *, progress: bool = True) -> Manifest:
         vocab = tok.get_vocab_size()
         eos = tok.token_to_id(toklib.EOS)
         dtype = np.dtype(np.uint16 if vocab <= 1 << 16 else np.uint32)
-        writer = _ShardWriter(cfg, staging, dtype)
+        writer = _ShardWriter(cfg, staging, dtype, hold_records=cfg.eval_records)
         sources = []
         task = bar.add_task("tokenizing", total=total, unit="bytes")
         for i, path in enumerate(files):
@@ -201,15 +215,28 @@ def prepare(cfg: PrepareConfig, *, progress: bool = True) -> Manifest:
                 writer.add(ids)
             sources.append({"path": path, "bytes": os.path.getsize(path),
                             "sha256": h.hexdigest()})
-        dropped = writer.finish()
+        dropped, held = writer.finish()
+        if cfg.eval_records and (held.size < cfg.eval_records * cfg.seq_len or
+                                 not writer.shards):
+            records = (sum(s.records for _, s in writer.shards) +
+                       held.size // cfg.seq_len)
+            raise DataError("prepare --eval-records", f"the corpus makes {records} records of "
+                            f"{cfg.seq_len} tokens; holding out {cfg.eval_records} leaves none "
+                            "for training", "hold out fewer records (--eval-records), or give "
+                            "more text")
         if not writer.shards:
             raise DataError("prepare --input", f"the corpus has fewer than seq_len "
                             f"{cfg.seq_len} tokens: no record", "give more text, or a smaller "
                             "--seq-len")
+        evals = _ShardWriter(cfg, staging, dtype, prefix="eval")
+        if held.size:
+            evals.add(held)
+            evals.finish()
         tok_path = os.path.join(staging, TOKENIZER_FILE)
         with open(tok_path, "w", encoding="utf-8") as f:
             f.write(tok_json)
         shards = tuple(s for _, s in writer.shards)
+        eval_shards = tuple(s for _, s in evals.shards)
         manifest = Manifest(
             format=cfg.format, dtype=str(dtype), seq_len=cfg.seq_len, vocab_size=vocab,
             records=sum(s.records for s in shards), tokens=sum(s.tokens for s in shards),
@@ -217,9 +244,11 @@ def prepare(cfg: PrepareConfig, *, progress: bool = True) -> Manifest:
                                     sha256=toklib.digest(tok_json), vocab_size=vocab,
                                     eos_id=int(eos)),
             shards=shards, sources=tuple(sources),
-            extra={"dropped_tail_tokens": dropped, "documents": len(files)})
-        task = bar.add_task("writing", total=len(shards) + 2, unit="files")
-        _publish(out_fs, out_root, [(p, s.path) for p, s in writer.shards]
+            extra={"dropped_tail_tokens": dropped, "documents": len(files)},
+            eval_shards=eval_shards, eval_records=sum(s.records for s in eval_shards),
+            eval_tokens=sum(s.tokens for s in eval_shards))
+        task = bar.add_task("writing", total=len(shards) + len(eval_shards) + 2, unit="files")
+        _publish(out_fs, out_root, [(p, s.path) for p, s in writer.shards + evals.shards]
                  + [(tok_path, TOKENIZER_FILE)], manifest, lambda: bar.advance(task))
     return manifest
 

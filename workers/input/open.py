@@ -1,12 +1,16 @@
 """From ``DataSettings`` to a checked ``TokenSource``: verify the directory against its
-manifest, refuse data the model cannot take, then build the records and the source."""
+manifest, refuse data the model cannot take, then build the records and the source; and the
+held-out split (``open_heldout``) as a task's ``eval_data``."""
 
 from __future__ import annotations
+
+import dataclasses
 
 from orchestrator.data import fs as fslib
 from orchestrator.data.manifest import Manifest, check_model, load, verify
 from orchestrator.data.settings import SETTING, DataSettings
 from orchestrator.errors import DataError
+from workers.input.heldout import HeldOut
 from workers.input.records import ArrayRecordTokens, FlatTokens, ShardSpec
 from workers.input.source import TokenSource
 
@@ -54,3 +58,31 @@ def manifest_records(data_dir: str, m: Manifest, *, seq_len: int, vocab_size: in
                                                                            strict=True)]
     return FlatTokens(specs, dtype=m.dtype, seq_len=seq_len, vocab_size=vocab_size,
                       setting=setting)
+
+
+def open_heldout(settings: DataSettings, *, seq_len: int, vocab_size: int, global_batch: int,
+                 model_setting: str = "model", setting: str = SETTING) -> HeldOut | None:
+    """The held-out split of ``settings.dir`` (``prepare --eval-records``) as ``eval_data``,
+    or None when the data has none. Checks its shards against the manifest (``settings.verify``;
+    ``open_source`` checks the training shards) and the model against the data, as
+    ``open_source`` does."""
+    where = f"{setting}.dir"
+    if settings.verify == "off":
+        m = load(settings.dir, setting=where)
+    else:
+        m = verify(settings.dir, level=settings.verify,
+                   tokenizer_sha256=settings.tokenizer_sha256, setting=where, split="eval")
+    if not m.eval_shards:
+        return None
+    check_model(m, seq_len=seq_len, vocab_size=vocab_size, setting=where,
+                model_setting=model_setting)
+    held = dataclasses.replace(m, shards=m.eval_shards)
+    if m.format != "arrayrecord" and seq_len > max(s.tokens for s in held.shards):
+        raise DataError(f"{model_setting}.seq_len", f"seq_len {seq_len} is longer than the "
+                        f"held-out split of {where} ({max(s.tokens for s in held.shards)} "
+                        "tokens): no eval record fits", f"lower {model_setting}.seq_len, or "
+                        "prepare with a larger --eval-records")
+    records = manifest_records(settings.dir, held, seq_len=seq_len, vocab_size=vocab_size,
+                               setting=where)
+    return HeldOut(records, global_batch=global_batch, seq_len=seq_len, name=settings.dir,
+                   setting=setting)
