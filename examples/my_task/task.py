@@ -68,6 +68,9 @@ class Regression:
     ``y = sin(x · a) + 0.5 · cos(x · b)`` with ``a``, ``b`` fixed by the seed."""
 
     features: int
+    held_out: bool = False
+    """True: rows from another seed stream (a spawn key of ``(seed, s, r)``'s), none of which a
+    training step draws: the eval split."""
 
     def example(self) -> dict:
         return {"x": jax.ShapeDtypeStruct((self.features,), jnp.float32),
@@ -76,10 +79,15 @@ class Regression:
     def rows(self, seed: int, step: int, rows: range) -> dict:
         w = np.random.default_rng([seed, 7]).normal(size=(2, self.features)) / np.sqrt(
             self.features)
-        x = np.stack([np.random.default_rng([seed, step, r]).normal(size=self.features)
+        x = np.stack([np.random.default_rng(self._seed(seed, step, r)).normal(size=self.features)
                       for r in rows]).astype(np.float32).reshape(len(rows), self.features)
         y = np.sin(x @ w[0]) + 0.5 * np.cos(x @ w[1])
         return {"x": x, "y": y.astype(np.float32)}
+
+    def _seed(self, seed: int, step: int, row: int):
+        if self.held_out:
+            return np.random.SeedSequence([seed, step, row], spawn_key=(1,))
+        return [seed, step, row]
 
 
 def make_task(settings: MLPSettings, ctx: TaskContext) -> Task:
@@ -90,7 +98,13 @@ def make_task(settings: MLPSettings, ctx: TaskContext) -> Task:
         err = model.apply(params, batch["x"]) - batch["y"]
         return jnp.mean(err**2), {"mae": jnp.mean(jnp.abs(err))}
 
+    def eval_step(params, batch):  # on held-out rows; every metric a mean over its rows
+        err = model.apply(params, batch["x"]) - batch["y"]
+        return {"loss": jnp.mean(err**2), "mae": jnp.mean(jnp.abs(err)),
+                "within_0_1": jnp.mean((jnp.abs(err) < 0.1).astype(jnp.float32))}
+
     matmul = settings.features * settings.hidden + (settings.depth - 1) * settings.hidden**2
     return Task(init=model.init, loss=loss, optimizer=tx, schedule=schedule,
                 data=Regression(settings.features),
+                eval_data=Regression(settings.features, held_out=True), eval_step=eval_step,
                 flops_per_step=6.0 * ctx.train.global_batch * (matmul + settings.hidden))

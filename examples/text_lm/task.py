@@ -9,6 +9,14 @@ The factory opens (and verifies) the data, so a missing or changed shard, anothe
 a model that cannot take the data stops the run at the driver's task check (exit 2) with the
 fix. The batch of step ``s`` is records ``[s·B, (s+1)·B)`` of the seeded shuffle: every restore,
 resize and hand-over keeps the sample order (docs/data.md).
+
+Eval (``eval.every``) reads the held-out split ``prepare --eval-records N`` wrote (the stream's
+last N records, never trained on), with the training loss as the eval's:
+
+    python -m orchestrator.data prepare --input examples/data --out $PWD/runs/data/sqlite \\
+        --eval-records 128 --overwrite
+    python -m orchestrator.main --config examples/text_lm/config.yaml \\
+        task.data.dir=$PWD/runs/data/sqlite eval.every=50
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ import optax
 from orchestrator.config import ModelConfig
 from orchestrator.data.settings import DataSettings
 from orchestrator.errors import ConfigError
-from workers.input import open_source
+from workers.input import open_heldout, open_source
 from workers.model import LOGICAL_RULES, analytic_flops_per_step, build_model
 from workers.task import Task, TaskContext
 from workers.task.optim import adamw_cosine
@@ -64,10 +72,14 @@ def make_task(settings: TextLMSettings, ctx: TaskContext) -> Task:
     data = open_source(settings.data, seq_len=settings.seq_len,
                        vocab_size=settings.vocab_size, global_batch=ctx.train.global_batch,
                        total_steps=ctx.total_steps, model_setting="task", setting="task.data")
+    # the held-out split prepare --eval-records wrote (None without one: eval.every refused)
+    held_out = open_heldout(settings.data, seq_len=settings.seq_len,
+                            vocab_size=settings.vocab_size, global_batch=ctx.train.global_batch,
+                            model_setting="task", setting="task.data")
     tx, schedule = adamw_cosine(ctx)
     return Task(init=functools.partial(_init, model, settings.seq_len),
                 loss=functools.partial(_loss, model), optimizer=tx, schedule=schedule,
-                data=data, rules=LOGICAL_RULES,
+                data=data, eval_data=held_out, rules=LOGICAL_RULES,
                 flops_per_step=analytic_flops_per_step(cfg, ctx.train.global_batch),
                 tokens_per_example=settings.seq_len - 1, code=("workers.model",))
 

@@ -1,6 +1,7 @@
 """The built-in ``llama`` task: a Llama-style decoder (``workers/models/llama.py``: presets
 ``tiny``, ``1b``, ``8b``) on the bundled stateless token data, AdamW with warmup + cosine from
-``train.*``, next-token cross-entropy, MFU from the family's analytic FLOPs.
+``train.*``, next-token cross-entropy, MFU from the family's analytic FLOPs; held-out rows from
+another seed stream of the same data, as the ``lm`` task's (``eval.*``).
 
 ``task: {kind: llama, preset: 1b}``; a preset's fields are overridden under ``task.model``
 (``task.model.num_layers=8``, ``task.model.param_dtype=bfloat16``), validated by
@@ -12,6 +13,7 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any
 
+from workers.data import EVAL_STREAM
 from workers.models.llama import LLAMA_RULES, LlamaConfig, build_llama, flops_per_step
 from workers.task.contract import Task, TaskContext
 from workers.task.lm import TokenData, _init, _loss
@@ -37,7 +39,9 @@ def make_task(settings: LlamaSettings, ctx: TaskContext) -> Task:
     tx, schedule = adamw_cosine(ctx)
     return Task(init=functools.partial(_init, model, cfg.seq_len),
                 loss=functools.partial(_loss, model), optimizer=tx, schedule=schedule,
-                data=TokenData(cfg.seq_len, cfg.vocab_size), rules=LLAMA_RULES,
+                data=TokenData(cfg.seq_len, cfg.vocab_size),
+                eval_data=TokenData(cfg.seq_len, cfg.vocab_size, stream=EVAL_STREAM),
+                rules=LLAMA_RULES,
                 flops_per_step=flops_per_step(cfg, ctx.train.global_batch),
                 tokens_per_example=cfg.seq_len - 1,
                 code=("workers.models.llama", "workers.data"))

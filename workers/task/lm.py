@@ -1,6 +1,11 @@
 """The built-in ``lm`` task: the decoder LM of ``workers/model.py`` on the bundled stateless
 token data (``workers/data.py``), AdamW with warmup + cosine from ``train.*``, next-token
-cross-entropy. It goes through the same contract as a user's task (``task.kind: lm``)."""
+cross-entropy. It goes through the same contract as a user's task (``task.kind: lm``).
+
+Its held-out split (``eval.*``) is the same data from another seed stream (``stream=
+EVAL_STREAM``): rows no training step draws. The data has few distinct rows (``_RULES`` rules ×
+the vocabulary's start tokens), so held-out rows may equal training rows: its eval loss tracks
+the training distribution, it does not measure generalisation."""
 
 from __future__ import annotations
 
@@ -25,13 +30,15 @@ class TokenData:
 
     seq_len: int
     vocab_size: int
+    stream: int = 0
+    """0: the training rows; ``data_lib.EVAL_STREAM``: the held-out rows."""
 
     def example(self) -> jax.ShapeDtypeStruct:
         return jax.ShapeDtypeStruct((self.seq_len,), jnp.int32)
 
     def rows(self, seed: int, step: int, rows: range) -> np.ndarray:
         return data_lib.make_rows(seed, step, rows, seq_len=self.seq_len,
-                                  vocab_size=self.vocab_size)
+                                  vocab_size=self.vocab_size, stream=self.stream)
 
 
 def make_task(settings: ModelConfig, ctx: TaskContext) -> Task:
@@ -39,7 +46,9 @@ def make_task(settings: ModelConfig, ctx: TaskContext) -> Task:
     tx, schedule = adamw_cosine(ctx)
     return Task(init=functools.partial(_init, model, settings.seq_len),
                 loss=functools.partial(_loss, model), optimizer=tx, schedule=schedule,
-                data=TokenData(settings.seq_len, settings.vocab_size), rules=LOGICAL_RULES,
+                data=TokenData(settings.seq_len, settings.vocab_size),
+                eval_data=TokenData(settings.seq_len, settings.vocab_size,
+                                    stream=data_lib.EVAL_STREAM), rules=LOGICAL_RULES,
                 flops_per_step=analytic_flops_per_step(settings, ctx.train.global_batch),
                 tokens_per_example=settings.seq_len - 1,
                 code=("workers.model", "workers.data"))
