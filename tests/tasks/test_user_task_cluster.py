@@ -284,17 +284,23 @@ def _wait(pred, timeout_s: float, what: str) -> None:
         time.sleep(0.2)
 
 
-def _alive_hosts(cluster: RunningCluster) -> list[int]:
-    """Pids of the cluster's host actor processes (workers its raylets started, titled
-    ``ray::HostActor...``); the in-process runs before left none (their groups are closed)."""
-    raylets = {info.process.pid for node in cluster.emulated.nodes.values()
-               for info in node.all_processes.get("raylet", [])}
-    out = []
-    for p in psutil.process_iter(["pid", "ppid", "cmdline"]):
-        cmd = p.info["cmdline"] or []
-        if cmd and cmd[0].startswith("ray::HostActor") and p.info["ppid"] in raylets:
-            out.append(p.info["pid"])
-    return out
+def _host_pids() -> set[int]:
+    """Pids of the cluster's live host actors, from Ray's actor table (only the driver under
+    test has any: the in-process runs before closed theirs)."""
+    from ray._private import state
+
+    return {int(a["Pid"]) for a in state.actors(actor_state_name="ALIVE").values()
+            if a["ActorClassName"] == "HostActor"}
+
+
+def _gone(pids: set[int]) -> bool:
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                return False
+        except psutil.NoSuchProcess:
+            continue
+    return True
 
 
 def _final_params(run_dir: Path, out: Path) -> dict[str, np.ndarray]:
@@ -327,12 +333,13 @@ def test_killed_driver_autoresumed_past_a_corrupt_checkpoint_keeps_the_sample_or
                    and _newest_step(run_dir) >= 12) or jobs.status(first) != JobStatus.RUNNING,
           300, "step 10 committed")
     assert jobs.status(first) == JobStatus.RUNNING, jobs.log(first)
-    assert len(_alive_hosts(cluster)) == 2, "the wait below would not see the hosts"
+    hosts = _host_pids()
+    assert len(hosts) == 2, hosts
     jobs.jobs[first][0].send_signal(signal.SIGKILL)
     jobs.jobs[first][0].wait(30)
     assert jobs.status(first) == JobStatus.FAILED
-    # Ray ends a dead driver's actors: once they are gone no save can still commit
-    _wait(lambda: not _alive_hosts(cluster), 120, "the killed driver's host actors gone")
+    # Ray ends a dead driver's actors: once their processes are gone no save can still commit
+    _wait(lambda: _gone(hosts), 120, "the killed driver's host processes gone")
     # the newest committed checkpoint: process 1's shard of it truncated
     newest = max(ckpt_layout.committed_steps(run_dir / "checkpoints"))
     shards = sorted((run_dir / "checkpoints" / str(newest) / "state").glob("ocdbt.process_1/d/*"))
@@ -430,4 +437,4 @@ def test_shrink_to_one_slice_and_grow_back_keep_the_sample_order(cluster, data_d
     worst = max(float(np.max(np.abs(v - got[k]))) for k, v in plain["params"].items())
     print(f"\n[text-lm-shrink-grow] parameters bit-identical: {same}; max |diff| {worst:.3g}")
     for k, v in plain["params"].items():
-        np.testing.assert_allclose(got[k], v, rtol=1e-4, atol=1e-6, err_msg=k)
+        np.testing.assert_allclose(got[k], v, rtol=1e-5, atol=1e-6, err_msg=k)
