@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import flax.linen as nn
@@ -75,6 +76,11 @@ def loss_breaks(settings: Settings, ctx: TaskContext) -> Task:
         return jnp.mean(x @ jnp.ones((5, 3))), {}  # x is (micro, 4)
 
     return _task(settings, loss=bad)
+
+
+def eval_rows_wrong(settings: Settings, ctx: TaskContext) -> Task:
+    """Held-out rows 5 wide where its example() says 4 (tests/tasks/test_eval.py)."""
+    return dataclasses.replace(_task(settings), eval_data=Rows(Settings(rows_width=5)))
 
 
 def not_annotated(settings, ctx):
