@@ -173,10 +173,18 @@ def unhealthy(d: Path, timeout_s: float) -> Outcome:
 
 
 def short_notice(d: Path, timeout_s: float) -> Outcome:
+    """A notice whose deadline (50 ms) leaves no time to stop and save: no drain save (the
+    deadline policy falls back to the last checkpoint), charged to the preemption."""
     code, rd = cli(d / "run", SPARE, "run.total_steps=60",
-                   _chaos("at_step: 12, host: 1, kind: preempt, deadline_s: 0.5"),
+                   _chaos("at_step: 12, host: 1, kind: preempt, deadline_s: 0.05"),
                    timeout_s=timeout_s)
-    return _recovered(rd, code, cause="spot_preemption", max_lost=5)
+    saved = any((t.get("payload") or {}).get("purpose") == "drain" for t in rd.timeline)
+    restored = (rd.summary.get("restores") or [{}])[-1].get("restored_step")
+    out = _recovered(rd, code, cause="spot_preemption", max_lost=5,
+                     note="saved inside the notice" if saved else
+                     f"no drain save, restored step {restored}")
+    out.ok = out.ok and not saved
+    return out
 
 
 def hang_step(d: Path, timeout_s: float) -> Outcome:
@@ -454,7 +462,7 @@ ROWS: tuple[Row, ...] = (
         "re-form on the spare slice, <= 5 lost", slice_lost),
     Row("unhealthy", "an unhealthy report for host 1 (health.cordon_after=1), a spare slice",
         "cordon, drain onto the spare, 0 lost", unhealthy),
-    Row("short-notice", "a preemption notice for host 1 with 0.5 s left (no time to save)",
+    Row("short-notice", "a preemption notice for host 1 with 50 ms left (no time to save)",
         "fall back to the last checkpoint, <= 5 lost, charged to the preemption",
         short_notice),
     Row("hang-step", "host 1 stops before a step (timeouts.step_s=3)",
