@@ -289,8 +289,10 @@ class _Trainer:
     def __init__(self) -> None:
         self.used: list[list[tuple[dict, bytes]]] = []
         self.step = 0
+        self.data_resumed: dict | None = None
 
-    def restore_from_copies(self, step: int, copies: list[tuple[dict, bytes]]) -> None:
+    def restore_from_copies(self, step: int, copies: list[tuple[dict, bytes]], *,
+                            sources: list[int] | None = None, tier: str = "ram") -> None:
         self.used.append([(layout, bytes(data)) for layout, data in copies])
         self.step = step
 
