@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from orchestrator import logs
+from orchestrator.driver import logs
 from orchestrator.errors import ConfigError
 
 

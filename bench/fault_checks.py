@@ -14,7 +14,7 @@ from orchestrator.config import load_config
 from orchestrator.hosts import HostRef
 from orchestrator.hostspec import HostSpec
 from orchestrator.plan import MEGASCALE_KEYS, MeshPlan, plan_mesh
-from orchestrator.ray_group import host_envs
+from orchestrator.raygroup.group import host_envs
 
 
 def _plan(cfg, layout: dict[str, int]) -> MeshPlan:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from orchestrator import configtools
-from orchestrator.controller_config import ControllerConfig
+from orchestrator.controller.config import ControllerConfig
 from orchestrator.errors import ConfigError
 from orchestrator.events.config import EventsConfig
 from orchestrator.metrics.config import MetricsConfig

@@ -23,8 +23,9 @@ from typing import Any
 
 import structlog
 
-from orchestrator import configtools, logs
+from orchestrator import configtools
 from orchestrator.config import RunConfig, load_config
+from orchestrator.driver import logs
 from orchestrator.driver.lock import RunDirBusy, RunDirLock
 from orchestrator.driver.signals import EXIT_SIGINT, EXIT_SIGTERM, StopSignals
 from orchestrator.driver.task_check import check_task
@@ -115,9 +116,9 @@ class Driver:
 
     def run(self) -> int:
         from orchestrator.controller import Controller, Hooks
-        from orchestrator.ram_tier import RamTier
-        from orchestrator.ray_cluster import RayClusterView
-        from orchestrator.ray_groups import ray_group_factory
+        from orchestrator.raygroup.cluster_view import RayClusterView
+        from orchestrator.raygroup.factory import ray_group_factory
+        from orchestrator.raygroup.ram_holders import RamTier
 
         self.lock.acquire(submission_id=_submission_id())  # before anything reads or writes
         # the task, its memory per host (printed; exit 2 if it cannot fit) and its checkpoints
@@ -192,7 +193,7 @@ class Driver:
     def _connect(self) -> None:
         import ray
 
-        from orchestrator.topology import EmulatedCluster, check_cluster_mode, connect_ray
+        from orchestrator.raygroup.topology import EmulatedCluster, check_cluster_mode, connect_ray
 
         c = self.cfg.cluster
         check_cluster_mode(c.mode, c.address, os.environ)  # issue 16: misuse -> exit 2
@@ -298,7 +299,7 @@ class Driver:
 
     def _resolve_peak(self, cluster: Any, measure: Any, box: dict) -> tuple[float, str]:
         from orchestrator.metrics.mfu import resolve_peak
-        from orchestrator.topology import accelerator_of
+        from orchestrator.raygroup.topology import accelerator_of
 
         if "peak" not in box:
             import ray

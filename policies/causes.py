@@ -116,8 +116,9 @@ class StopObservation:
     """Plain facts about one stop, gathered by the controller at the boundary.
 
     ``event_kind`` is set when an event (notice, operator command) caused the stop; ``failure``
-    is what the worker-group seam saw go wrong (``orchestrator.ray_results.failure_kind`` is the
-    one place a Ray exception becomes a ``FailureKind``).
+    is what the worker-group seam saw go wrong
+    (``orchestrator.raygroup.results.failure_kind`` is the one place a Ray exception becomes a
+    ``FailureKind``).
     """
 
     event_kind: str | None = None

@@ -6,7 +6,7 @@ and the group only ends at the step bound, as a hang, retried (issue 28, item 7;
 ``bench.faults``' disk-full row). So every host checks, before it starts a save, that the
 checkpoint directory's filesystem has room for one more checkpoint (the state's global bytes),
 and raises ``OSError(ENOSPC)`` in its own call when not: the driver maps that to a storage
-fault that stops the run with the fix (``orchestrator.ray_results.storage_fault``), before any
+fault that stops the run with the fix (``orchestrator.raygroup.results.storage_fault``), before any
 half-written step exists. Remote paths (``gs://``) are not checked: their quota errors surface
 as the save's own error.
 """

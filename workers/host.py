@@ -131,7 +131,8 @@ class HostActor(RamTierMethods, WarmMethods, AheadMethods, WhereMethods):
         return f"{self.host.node_ip}:{free_port()}"
 
     def initialize(self, coordinator: str, num_processes: int, process_id: int) -> dict:
-        """Join the JAX group within ``HOST_INIT_SHARE`` of ``init_timeout_s`` (ray_init.py)."""
+        """Join the JAX group within ``HOST_INIT_SHARE`` of ``init_timeout_s``
+        (``orchestrator.raygroup.runtime``)."""
         import jax
 
         import workers.trainer  # noqa: F401  (the step's imports, before the freeze)
@@ -311,7 +312,7 @@ class HostActor(RamTierMethods, WarmMethods, AheadMethods, WhereMethods):
 
         Collectives need every host to stop at the same step: pass an ``at_step`` far enough
         above every host's ``current_step()`` that none has passed it when the request lands
-        (the driver uses their max + 2, ``ray_group.STOP_MARGIN_STEPS``: max + 1 races with a
+        (the driver uses their max + 2, ``raygroup.group.STOP_MARGIN_STEPS``: max + 1 races with a
         host finishing its step meanwhile), and compare the ``step`` each run_steps returns.
         """
         if not self._stops.request(chunk, at_step):

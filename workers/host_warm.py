@@ -1,6 +1,7 @@
 """The host actor's warm-process methods (a mixin of ``workers.host.HostActor``): a standby's
-imports, and leaving one JAX runtime in process to join the next (``orchestrator/warm_pool.py``
-drives them). Kept apart so the actor's module stays about stepping and checkpoints.
+imports, and leaving one JAX runtime in process to join the next
+(``orchestrator/raygroup/warm_pool.py`` drives them). Kept apart so the actor's module stays
+about stepping and checkpoints.
 """
 
 from __future__ import annotations

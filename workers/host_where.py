@@ -1,6 +1,6 @@
 """Where a host is (a mixin of ``workers.host.HostActor``), answered on another actor thread
 while a long call runs: what the driver asks when a phase passes its bound, so that a hang
-names the host the others wait for (``orchestrator/ray_hangs.py``, ``policies/hangs.py``),
+names the host the others wait for (``orchestrator/raygroup/hangs.py``, ``policies/hangs.py``),
 and the stacks it writes to RUN_DIR/diagnostics then.
 """
 

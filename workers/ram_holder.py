@@ -1,7 +1,7 @@
 """A node's holder of host-RAM checkpoint copies: its own host's and one peer's.
 
-Runs as a detached, named Ray actor per node (``orchestrator.ram_tier``), so a copy outlives
-both the host actor that sent it (kill -9, a new incarnation) and the driver (autoresume).
+Runs as a detached, named Ray actor per node (``orchestrator.raygroup.ram_holders``), so a copy
+outlives both the host actor that sent it (kill -9, a new incarnation) and the driver (autoresume).
 Copies arrive over a TCP connection per sending host (``workers.ram_server``, authenticated by
 the run's secret) into buffers this process owns: nothing here points into an object-store
 buffer whose owner may die. Ray calls find the holder, list what it has and fetch copies for a

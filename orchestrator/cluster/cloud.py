@@ -69,7 +69,7 @@ class CapacitySchedule:
 
 
 class Capacity(Protocol):
-    """What the cloud acts on (``orchestrator.topology.EmulatedCluster``)."""
+    """What the cloud acts on (``orchestrator.raygroup.topology.EmulatedCluster``)."""
 
     def slice_workers(self, slice_name: str) -> list[int]: ...
     def remove_host(self, slice_name: str, worker_id: int) -> None: ...

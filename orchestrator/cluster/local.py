@@ -29,7 +29,7 @@ from typing import Any
 
 from orchestrator.cluster.nodes import Shape, head_args, host_args, host_labels
 from orchestrator.errors import OrchestratorError
-from orchestrator.topology import INSTANCE_LABEL, LOOPBACK
+from orchestrator.raygroup.topology import INSTANCE_LABEL, LOOPBACK
 
 STARTED = "Ray runtime started."
 READY_TIMEOUT_S = 120.0

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from orchestrator.topology import (
+from orchestrator.raygroup.topology import (
     EMULATED_LABEL,
     INSTANCE_LABEL,
     LOOPBACK,

@@ -15,9 +15,9 @@ from typing import Any
 import structlog
 
 from orchestrator.config import RunConfig
+from orchestrator.controller.config import ControllerConfig, Policies
 from orchestrator.controller.ledger import RecoveryLedger
 from orchestrator.controller.seam import Clock, ClusterView, GroupFactory, WorkerGroup
-from orchestrator.controller_config import ControllerConfig, Policies
 from orchestrator.hosts import HostRef
 from orchestrator.lifecycle import Lifecycle, Payload, RunState
 from orchestrator.plan import MeshPlan

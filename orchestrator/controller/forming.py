@@ -12,7 +12,7 @@ from orchestrator.controller import ahead, recovering
 from orchestrator.controller.context import Next, Run, log
 from orchestrator.controller.seam import Formed, GroupFailed, GroupSpec
 from orchestrator.lifecycle import Compiling, Restoring, RunState
-from orchestrator.lifecycle_payloads import data_resumed_text
+from orchestrator.lifecycle.payloads import data_resumed_text
 
 S = RunState
 

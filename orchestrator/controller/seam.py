@@ -6,7 +6,7 @@ either returns its typed result or raises ``GroupFailed`` carrying a typed failu
 ``poll`` returns one of ``Running``, ``Progress``, ``HostsLost``, ``Hung``, ``Fatal`` and never
 raises. (A chunk's end is ``Progress``: the driver, not the group, decides when the run is done,
 so there is no separate "done" status.) The real
-implementation is ``orchestrator.ray_group``; tests use ``tests.controller.fakes``.
+implementation is ``orchestrator.raygroup.group``; tests use ``tests.controller.fakes``.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from orchestrator.controller.context import Run, log
 from orchestrator.lifecycle import RunState
-from orchestrator.lifecycle_payloads import data_resumed_text
+from orchestrator.lifecycle.payloads import data_resumed_text
 
 EXIT_OK, EXIT_FAILED = 0, 1
 EXIT_SIGTERM = 143  # 128 + SIGTERM: orchestrator.driver.signals.EXIT_SIGTERM (no import: Ray-free)

@@ -7,7 +7,7 @@ mesh hosts whose node is no longer alive, once per node. It also polls Ray Core'
 drain is a preemption notice for that node, targeted by Ray node id (Ray exposes no reason while
 a drain is under way and refuses an idle-termination drain of a node running actors); the
 intake decides whether it concerns the run. A failed *call* on a host actor is not an event:
-the worker group maps it to the seam's ``FailureKind`` (``orchestrator.ray_results``, the one
+the worker group maps it to the seam's ``FailureKind`` (``orchestrator.raygroup.results``, the one
 place a Ray exception is classified) and the controller takes its failure path.
 """
 

@@ -21,7 +21,7 @@ from typing import Any
 from orchestrator.export.select import ORBAX, ExportError, Source, listing
 from workers import ckpt_layout
 
-SECRET_FILE = "ram_secret"  # orchestrator.ram_tier.SECRET_FILE (that module imports Ray)
+SECRET_FILE = "ram_secret"  # orchestrator.raygroup.ram_holders.SECRET_FILE (it imports Ray)
 PARAMS = "params"
 OPT_STATE = "opt_state"
 

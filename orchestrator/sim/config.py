@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Literal
 
 from orchestrator import configtools
-from orchestrator.controller_config import ControllerConfig
+from orchestrator.controller.config import ControllerConfig
 from orchestrator.errors import ConfigError
 
 

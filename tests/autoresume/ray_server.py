@@ -2,7 +2,7 @@
 
 `ray start --head` (loopback, job API on a free port) and, optionally, worker nodes joined with
 `ray start --address=<head>` that carry the resources and labels of TPU hosts, marked emulated
-(see orchestrator/topology.py: the driver then gives each host actor D CPU devices). A job
+(see orchestrator/raygroup/topology.py: the driver then gives each host actor D CPU devices). A job
 submitted here runs with RAY_ADDRESS set by Ray and finds those hosts in the SAME cluster
 (cluster.mode=auto), exactly as a driver on a real TPU cluster finds its TPU nodes.
 
@@ -38,7 +38,7 @@ import psutil
 
 from orchestrator.cluster.local import ClusterState, _node_env
 from orchestrator.cluster.nodes import host_labels, host_resources
-from orchestrator.topology import INSTANCE_LABEL
+from orchestrator.raygroup.topology import INSTANCE_LABEL
 from tests.support.pubsub_emulator import free_port
 
 READY_TIMEOUT_S = 90.0

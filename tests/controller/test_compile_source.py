@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from orchestrator.controller.seam import Compiled
-from orchestrator.ray_results import compiled
+from orchestrator.raygroup.results import compiled
 from tests.controller.fakes import FakeGroup, lost
 from tests.controller.harness import make
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from orchestrator.controller.seam import HostsLost, Progress
 from orchestrator.hosts import HostRef
-from orchestrator.ray_results import combine, lost_kind
+from orchestrator.raygroup.results import combine, lost_kind
 from policies.causes import FailureKind
 
 
@@ -43,7 +43,7 @@ def test_a_full_disk_is_a_storage_fault_with_its_own_fix_not_an_application_erro
 
     from ray.exceptions import RayTaskError
 
-    from orchestrator.ray_results import storage_fault, storage_message
+    from orchestrator.raygroup.results import storage_fault, storage_message
 
     enospc = OSError(errno.ENOSPC, "No space left on device", "/ckpt/150/d/x")
     assert "no space left" in storage_fault(enospc)
@@ -66,7 +66,7 @@ def test_the_ray_group_maps_a_full_disk_to_a_fatal_status():
     import errno
 
     from orchestrator.controller.seam import Fatal
-    from orchestrator.ray_group import RayWorkerGroup
+    from orchestrator.raygroup.group import RayWorkerGroup
 
     group = object.__new__(RayWorkerGroup)
     status = group._failure(OSError(errno.ENOSPC, "No space left on device"), (1,))

@@ -10,7 +10,7 @@ import inspect
 import pytest
 
 from orchestrator.controller.seam import WorkerGroup
-from orchestrator.ray_group import RayWorkerGroup
+from orchestrator.raygroup.group import RayWorkerGroup
 from orchestrator.sim.group import SimGroup
 from tests.controller.fakes import FakeGroup
 

@@ -10,7 +10,7 @@ from orchestrator.config import load_config
 from orchestrator.controller.seam import GroupSpec
 from orchestrator.hosts import HostRef
 from orchestrator.plan import plan_mesh
-from orchestrator.ray_group import RayWorkerGroup
+from orchestrator.raygroup.group import RayWorkerGroup
 
 
 class RecordingPool:

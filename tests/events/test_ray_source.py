@@ -1,5 +1,5 @@
 """Ray as an event source: node deaths -> HOST_LOST (a failed actor call is the seam's
-FailureKind, ``orchestrator.ray_results``)."""
+FailureKind, ``orchestrator.raygroup.results``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import ray.exceptions
 
 from orchestrator.events.ray_source import RayNodeWatcher
-from orchestrator.ray_results import failure_kind
+from orchestrator.raygroup.results import failure_kind
 from policies.causes import FailureKind
 from tests.events.helpers import hosts
 

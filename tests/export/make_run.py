@@ -44,7 +44,7 @@ def make(run_dir: Path, want: Path) -> None:
     from orchestrator.hosts import HostRef
     from orchestrator.hostspec import HostSpec
     from orchestrator.plan import MeshPlan
-    from orchestrator.ram_tier import run_secret
+    from orchestrator.raygroup.ram_holders import run_secret
     from workers import copy_store, ram_auth, replica
     from workers.trainer import Trainer
 

@@ -26,11 +26,11 @@ import structlog
 
 from orchestrator.config import RunConfig, load_config
 from orchestrator.controller import Controller, Hooks, RunSummary
-from orchestrator.controller_config import ChaosFaultConfig
-from orchestrator.ram_tier import RamTier
-from orchestrator.ray_cluster import RayClusterView
-from orchestrator.ray_group import RayWorkerGroup
-from orchestrator.ray_groups import ray_group_factory
+from orchestrator.controller.config import ChaosFaultConfig
+from orchestrator.raygroup.cluster_view import RayClusterView
+from orchestrator.raygroup.factory import ray_group_factory
+from orchestrator.raygroup.group import RayWorkerGroup
+from orchestrator.raygroup.ram_holders import RamTier
 from tests.support.ray_cluster import RunningCluster, emulated_cluster
 
 log = structlog.get_logger(__name__)

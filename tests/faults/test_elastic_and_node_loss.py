@@ -11,8 +11,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from orchestrator.controller_config import ChaosFaultConfig
-from orchestrator.ray_cluster import RayClusterView
+from orchestrator.controller.config import ChaosFaultConfig
+from orchestrator.raygroup.cluster_view import RayClusterView
 from tests.faults.harness import (
     Action,
     alive_host_processes,

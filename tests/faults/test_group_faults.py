@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from structlog.testing import capture_logs
 
-from orchestrator.controller_config import ChaosFaultConfig
+from orchestrator.controller.config import ChaosFaultConfig
 from tests.faults.harness import (
     alive_host_processes,
     fault_config,

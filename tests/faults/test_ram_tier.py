@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from orchestrator.controller_config import ChaosFaultConfig
+from orchestrator.controller.config import ChaosFaultConfig
 from tests.faults.harness import (
     Action,
     fault_config,

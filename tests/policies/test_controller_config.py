@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.configtools import apply_overrides, build
-from orchestrator.controller_config import ControllerConfig
+from orchestrator.controller.config import ControllerConfig
 from orchestrator.errors import ConfigError
 from policies.causes import StopCause
 from policies.chaos import FaultKind

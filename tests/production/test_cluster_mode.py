@@ -6,7 +6,7 @@ import pytest
 
 from orchestrator.errors import ConfigError
 from orchestrator.main import explain
-from orchestrator.topology import JOB_CONFIG_ENV, check_cluster_mode
+from orchestrator.raygroup.topology import JOB_CONFIG_ENV, check_cluster_mode
 
 IN_JOB = {JOB_CONFIG_ENV: "{}", "RAY_ADDRESS": "127.0.0.1:6379"}
 

@@ -18,7 +18,7 @@ import tracemalloc
 
 import pytest
 
-from orchestrator.ram_tier import SECRET_FILE, run_secret
+from orchestrator.raygroup.ram_holders import SECRET_FILE, run_secret
 from tests.workers.ram_testing import TOKEN, copy_header, damage, holder, put
 from workers import copy_store, ram_wire, replicator
 from workers.host_ram import RamTierMethods

@@ -17,7 +17,7 @@ import pytest
 import structlog
 
 from orchestrator.hosts import HostRef
-from orchestrator.topology import EmulatedCluster, connect_ray, hosts_from_nodes
+from orchestrator.raygroup.topology import EmulatedCluster, connect_ray, hosts_from_nodes
 
 log = structlog.get_logger(__name__)
 

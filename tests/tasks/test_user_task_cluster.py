@@ -56,9 +56,9 @@ from orchestrator.autoresume.config import (
 )
 from orchestrator.autoresume.service import AutoresumeService
 from orchestrator.config import RunConfig, load_config
+from orchestrator.controller.config import ChaosFaultConfig
 from orchestrator.controller.plugins import ChaosPlugin, RunPlugin
-from orchestrator.controller_config import ChaosFaultConfig
-from orchestrator.ray_cluster import RayClusterView
+from orchestrator.raygroup.cluster_view import RayClusterView
 from policies.autoresume import JobStatus, Submission, restart_of
 from tests.autoresume.notifications import encode, notification
 from tests.faults.harness import (

@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from orchestrator.errors import ClusterUnreachableError
-from orchestrator.topology import (
+from orchestrator.raygroup.topology import (
     EMULATED_LABEL,
     INSTANCE_LABEL,
     POD_TYPE_LABEL,

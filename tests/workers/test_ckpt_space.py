@@ -9,7 +9,7 @@ import errno
 import numpy as np
 import pytest
 
-from orchestrator.ray_results import storage_fault
+from orchestrator.raygroup.results import storage_fault
 from workers import ckpt_space
 from workers.checkpoints import CheckpointStore
 

@@ -25,8 +25,8 @@ from orchestrator.config import load_config
 from orchestrator.controller.seam import GroupSpec
 from orchestrator.events.config import MetadataConfig
 from orchestrator.plan import plan_mesh
-from orchestrator.ray_group import STOP_MARGIN_STEPS, RayWorkerGroup
-from orchestrator.warm_pool import WarmPool
+from orchestrator.raygroup.group import STOP_MARGIN_STEPS, RayWorkerGroup
+from orchestrator.raygroup.warm_pool import WarmPool
 from tests.events.fake_metadata import fake_metadata_server
 from tests.integration.groups import Group, _RemoteHost
 from tests.support.ray_cluster import cluster_fixture

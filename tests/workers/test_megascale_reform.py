@@ -17,7 +17,7 @@ from orchestrator.config import load_config
 from orchestrator.hosts import HostRef
 from orchestrator.hostspec import HostSpec
 from orchestrator.plan import MEGASCALE_KEYS, MeshPlan, plan_mesh
-from orchestrator.ray_group import host_envs
+from orchestrator.raygroup.group import host_envs
 from workers.host import HostActor
 
 CFG = load_config(None, ["train.global_batch=48"])

@@ -4,7 +4,7 @@ At the bound every host still inside the phase is pending, most of them only wai
 collective for the one that hung. Each host is asked ``whereabouts()`` at once (a short call
 its actor answers on another thread while the phase runs, ``max_concurrency`` >= 4) and
 ``policies.hangs`` names the ones that did not answer or that the others wait for. The init
-phase has its own probe (``ray_init.never_joined``).
+phase has its own probe (``runtime.never_joined``).
 """
 
 from __future__ import annotations

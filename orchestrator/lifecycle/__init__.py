@@ -21,7 +21,7 @@ from typing import Any
 import structlog
 
 from orchestrator.errors import OrchestratorError
-from orchestrator.lifecycle_payloads import (
+from orchestrator.lifecycle.payloads import (
     Backoff,
     Checkpointing,
     Compiling,
@@ -93,7 +93,7 @@ TRANSITIONS: dict[RunState, frozenset[RunState]] = {
 }
 
 
-# The typed payloads live in ``orchestrator.lifecycle_payloads``; every one is named here.
+# The typed payloads live in ``orchestrator.lifecycle.payloads``; every one is named here.
 Payload = (Failed | WaitingForCapacity | HandingOver | Draining | Backoff | Checkpointing
            | Releasing | Restoring | Compiling)
 
@@ -345,5 +345,5 @@ def _check_payload(to: RunState, payload: Payload | None) -> None:
         want = expected.__name__ if expected else "no payload"
         raise LifecycleError(
             f"{to} takes {want}, got {type(payload).__name__}",
-            fix=f"pass the payload type declared for {to} in orchestrator/lifecycle.py",
+            fix=f"pass the payload type declared for {to} in orchestrator/lifecycle/__init__.py",
         )

@@ -8,11 +8,11 @@ from typing import Any
 
 from orchestrator.controller.seam import GroupSpec
 from orchestrator.hosts import HostRef
-from orchestrator.ram_tier import RamTier
-from orchestrator.ray_cluster import RayClusterView, spawn
-from orchestrator.ray_group import RayWorkerGroup
+from orchestrator.raygroup.cluster_view import RayClusterView, spawn
+from orchestrator.raygroup.group import RayWorkerGroup
+from orchestrator.raygroup.ram_holders import RamTier
+from orchestrator.raygroup.warm_pool import WarmPool
 from orchestrator.task_config import task_ref
-from orchestrator.warm_pool import WarmPool
 from workers.host import device_env
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import structlog
 
-from orchestrator.emulated_reaper import Reaper, marking
+from orchestrator.cluster.reaper import Reaper, marking
 from orchestrator.errors import ClusterUnreachableError, ConfigError
 from orchestrator.hosts import HostRef
 
@@ -127,7 +127,7 @@ class EmulatedCluster:
 
     def start(self, *, include_dashboard: bool = False) -> str:
         """The head node, with a reaper that kills every process of this cluster when the
-        driver dies, however it dies (``orchestrator/emulated_reaper.py``)."""
+        driver dies, however it dies (``orchestrator/cluster/reaper.py``)."""
         from ray.cluster_utils import Cluster
 
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")

@@ -17,7 +17,6 @@ import ray
 import structlog
 from ray.exceptions import RayActorError, RayTaskError
 
-from orchestrator import ray_hangs, ray_results
 from orchestrator.controller.seam import (
     Compiled,
     CorruptCheckpoint,
@@ -36,11 +35,13 @@ from orchestrator.errors import CheckpointCorrupt, OrchestratorError
 from orchestrator.hosts import HostRef
 from orchestrator.hostspec import HostSpec
 from orchestrator.plan import MeshPlan
-from orchestrator.ram_tier import RamTier
-from orchestrator.ray_cluster import dead_hosts, spawn
-from orchestrator.ray_init import join_group
-from orchestrator.ray_results import combine, compiled, failure_kind, lost_kind, restored
-from orchestrator.warm_pool import WarmPool
+from orchestrator.raygroup import hangs as ray_hangs
+from orchestrator.raygroup import results as ray_results
+from orchestrator.raygroup.cluster_view import dead_hosts, spawn
+from orchestrator.raygroup.ram_holders import RamTier
+from orchestrator.raygroup.results import combine, compiled, failure_kind, lost_kind, restored
+from orchestrator.raygroup.runtime import join_group
+from orchestrator.raygroup.warm_pool import WarmPool
 from policies.causes import FailureKind
 from workers.executables import store_dir
 from workers.host import HostActor, device_env

@@ -14,7 +14,7 @@ from typing import Any
 import ray
 
 from orchestrator.controller.seam import GroupFailed, Hung
-from orchestrator.ray_cluster import wait_listening
+from orchestrator.raygroup.cluster_view import wait_listening
 from workers.host import HOST_INIT_SHARE
 
 PROBE_S = 1.0

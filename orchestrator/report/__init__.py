@@ -161,6 +161,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"wrote {files.html} and {files.png}")
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -25,12 +25,12 @@ class RayClusterView:
     probe_timeout_s: float = 2.0
 
     def hosts(self) -> list[HostRef]:
-        from orchestrator.topology import hosts_from_nodes
+        from orchestrator.raygroup.topology import hosts_from_nodes
 
         return hosts_from_nodes(ray.nodes())
 
     def platform(self) -> str:
-        from orchestrator.topology import platform_of
+        from orchestrator.raygroup.topology import platform_of
 
         return platform_of(ray.nodes())
 
