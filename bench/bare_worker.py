@@ -40,8 +40,8 @@ def main(argv: list[str]) -> int:
     from orchestrator.hosts import HostRef
     from orchestrator.hostspec import HostSpec
     from orchestrator.plan import MeshPlan
-    from workers.executables import store_dir
-    from workers.trainer import Trainer
+    from workers.training.executables import store_dir
+    from workers.training.trainer import Trainer
 
     t_start = time.time()
     jax.distributed.initialize(coordinator_address=args.coordinator,

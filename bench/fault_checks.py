@@ -27,7 +27,7 @@ def _plan(cfg, layout: dict[str, int]) -> MeshPlan:
 def megascale_after_slice_loss() -> list[str]:
     """Hosts of a 1-slice mesh (after a 2-slice one lost a slice) whose process still holds a
     MEGASCALE_* key, as "<origin> <node>"; [] when none does."""
-    from workers.host import HostActor
+    from workers.host.actor import HostActor
 
     cfg = load_config(None, ["train.global_batch=48"])
     before, after = _plan(cfg, {"s0": 2, "s1": 2}), _plan(cfg, {"s0": 2})

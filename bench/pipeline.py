@@ -1,6 +1,6 @@
 """``python -m bench.pipeline``: does the real input pipeline slow the step down?
 
-The same tiny decoder LM (``workers/model.py``) and jitted AdamW step, fed two ways in
+The same tiny decoder LM (``workers/training/model.py``) and jitted AdamW step, fed two ways in
 interleaved pairs (A B, then B A, ...): **synthetic** batches made in memory before timing (no
 input cost at all), and the **pipeline**: ``workers.input.TokenSource.rows`` over a prepared
 directory (default: the shipped corpus, prepared into a temporary directory), with its
@@ -64,7 +64,7 @@ def _step_fn(args: argparse.Namespace, vocab: int) -> tuple[Callable, object, ob
     import optax
 
     from orchestrator.config import ModelConfig
-    from workers.model import build_model
+    from workers.training.model import build_model
 
     cfg = ModelConfig(vocab_size=vocab, d_model=args.d_model, num_layers=args.layers,
                       num_heads=4, d_ff=4 * args.d_model, seq_len=args.seq_len)

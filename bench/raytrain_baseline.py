@@ -29,7 +29,7 @@ def train_loop(config: dict) -> None:
     from orchestrator.hosts import HostRef
     from orchestrator.hostspec import HostSpec
     from orchestrator.plan import MeshPlan
-    from workers.trainer import Trainer
+    from workers.training.trainer import Trainer
 
     ctx = ray.train.get_context()
     rank, n = ctx.get_world_rank(), ctx.get_world_size()

@@ -4,14 +4,14 @@ One process, D CPU devices (``--devices``, 4: the default topology's mesh, fsdp=
 model, optimizer, loss, batch, mesh and shardings, stepped two ways in interleaved pairs (A B,
 then B A, ...):
 
-- **task**: ``workers.trainer.Trainer.train_step``, the real host code path: the built-in
+- **task**: ``workers.training.trainer.Trainer.train_step``, the real host code path: the built-in
   ``lm`` task resolved through the task contract (``workers/task/``), its batch built from the
   task's ``rows``, the contract's jitted step, one device→host copy of its metrics;
-- **hard-wired**: the step as it was before tasks existed (``git log -- workers/trainer.py``,
-  the parent of 5d6d088), kept verbatim in ``tests/tasks/local_run.py`` (the parity test's
-  reference: same optimized HLO, bit-identical parameters): ``DecoderLM`` + AdamW/warmup-cosine
-  built directly, the batch from ``workers.data.make_rows``, the old ``_train_step`` jitted
-  with the same shardings, the same three metrics copied to the host.
+- **hard-wired**: the step as it was before tasks existed (``workers/trainer.py`` at the parent
+  of 5d6d088, now ``workers/training/trainer.py``), kept verbatim in ``tests/tasks/local_run.py``
+  (the parity test's reference: same optimized HLO, bit-identical parameters): ``DecoderLM`` +
+  AdamW/warmup-cosine built directly, the batch from ``workers.training.data.make_rows``, the old
+  ``_train_step`` jitted with the same shardings, the same three metrics copied to the host.
 
 Each timed step is batch + step + metrics on the host (``perf_counter`` around it, the same for
 both). Both arms run the same steps from the same seed, so their losses must agree: the bench
@@ -65,7 +65,7 @@ def _task_arm(args: argparse.Namespace, ckpt: str) -> tuple[Callable[[], float],
     """The Trainer through the task contract: (one step → its loss, the Trainer, the mesh
     plan)."""
     from tests.tasks.local_run import _spec
-    from workers.trainer import Trainer
+    from workers.training.trainer import Trainer
 
     cfg, spec = _spec(args, ckpt)
     tr = Trainer(spec)
@@ -86,9 +86,9 @@ def _hard_wired_arm(args: argparse.Namespace, ckpt: str) -> Callable[[], float]:
     from jax.sharding import PartitionSpec as P
 
     from tests.tasks import local_run as old
-    from workers import data as data_lib
-    from workers.model import LOGICAL_RULES, build_model
-    from workers.trainer import build_mesh
+    from workers.training import data as data_lib
+    from workers.training.mesh import build_mesh
+    from workers.training.model import LOGICAL_RULES, build_model
 
     cfg, spec = old._spec(args, ckpt)
     mesh = build_mesh(spec.plan)

@@ -306,8 +306,8 @@ class CheckpointConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class CompileConfig:
-    """Compiled steps kept in RUN_DIR/executables (workers/executables.py), so a re-formed or
-    resumed group of a mesh seen before loads its step (~0.1 s) instead of compiling (~2 s)."""
+    """Compiled steps kept in RUN_DIR/executables (workers/training/executables.py), so a re-formed
+    or resumed group of a mesh seen before loads its step (~0.1 s) instead of compiling (~2 s)."""
 
     cache: Literal["on", "off"] = "on"
     """off: every group compiles, nothing is read or written."""
@@ -326,7 +326,8 @@ class CompileConfig:
     (on the CPU emulation every process shares one machine's cores: N compiles at once take N
     times the CPU of one). A process that hears nothing from the owner within half the smaller
     of ``timeouts.compile_s`` and ``timeouts.restore_s`` compiles itself. Only with the cache
-    on, the CPU emulation, and groups of two or more processes (``workers/compile_share.py``)."""
+    on, the CPU emulation, and groups of two or more processes
+    (``workers/training/compile_share.py``)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.share, bool):

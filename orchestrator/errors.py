@@ -53,7 +53,7 @@ class ClusterUnreachableError(OrchestratorError):
 
 
 class DoesNotFit(OrchestratorError):
-    """The train state needs more memory than a device or a host has (``workers/memory.py``
+    """The train state needs more memory than a device or a host has (``workers/training/memory.py``
     works it out from abstract shapes). ``component`` names which part (``device``, ``host``,
     ``ram_tier``), ``need``/``have`` are bytes. Bad input: exit 2 before anything starts."""
 

@@ -38,11 +38,11 @@ class HostSpec:
     executables_dir: str | None = None
     """RUN_DIR/executables: compiled steps stored and loaded there; None compiles every time."""
     executables_key: str | None = None
-    """Path of the key that signs the store's files (``workers.exec_auth``; never the key
+    """Path of the key that signs the store's files (``workers.training.exec_auth``; never the key
     itself). None: the host's ``$TPU_ORCH_EXECUTABLES_KEY`` or per-user default."""
     share_compile: bool = True
     """One process of the group compiles, the others load its executable (``compile.share``;
-    the CPU emulation only, ``workers.compile_share``)."""
+    the CPU emulation only, ``workers.training.compile_share``)."""
     share_wait_s: float = 90.0
     """How long a process waits for the owner of a shared compile before compiling itself: half
     the smaller of the restore and compile bounds (the init is compiled inside RESTORING), so
@@ -87,7 +87,7 @@ class HostSpec:
         for groups whose processes are released in order or killed (the driver's, with
         ``controller.warm`` reuse on): processes that exit on their own with it on can abort
         at exit when process 0's service went first."""
-        from workers.exec_auth import key_path  # standard library only
+        from workers.training.exec_auth import key_path  # standard library only
 
         use_store = executables_dir and cfg.compile.cache == "on"
         return cls(host=host, plan=plan, task=task_ref(cfg), train=cfg.train,

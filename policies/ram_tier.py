@@ -38,7 +38,7 @@ class ReplicaEntry:
 class TierChoice:
     """``tier`` "ram": restore ``step`` from the holders in ``holders`` (source -> holder);
     "durable": from Orbax (``step`` is its newest committed step; None: nothing, fresh start);
-    "copy": from the copies the holders saved durably (``workers.copy_store``)."""
+    "copy": from the copies the holders saved durably (``workers.ram.copy_store``)."""
 
     tier: Literal["ram", "durable", "copy"]
     step: int | None

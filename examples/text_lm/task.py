@@ -1,4 +1,4 @@
-"""A decoder LM trained on real text: the model of ``workers/model.py`` fed by the input
+"""A decoder LM trained on real text: the model of ``workers/training/model.py`` fed by the input
 pipeline (``workers.input``) over a directory ``python -m orchestrator.data prepare`` wrote.
 
     python -m orchestrator.data prepare --input examples/data --out $PWD/runs/data/sqlite
@@ -32,9 +32,9 @@ from orchestrator.config import ModelConfig
 from orchestrator.data.settings import DataSettings
 from orchestrator.errors import ConfigError
 from workers.input import open_heldout, open_source
-from workers.model import LOGICAL_RULES, analytic_flops_per_step, build_model
 from workers.task import Task, TaskContext
 from workers.task.optim import adamw_cosine
+from workers.training.model import LOGICAL_RULES, analytic_flops_per_step, build_model
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,7 +81,7 @@ def make_task(settings: TextLMSettings, ctx: TaskContext) -> Task:
                 loss=functools.partial(_loss, model), optimizer=tx, schedule=schedule,
                 data=data, eval_data=held_out, rules=LOGICAL_RULES,
                 flops_per_step=analytic_flops_per_step(cfg, ctx.train.global_batch),
-                tokens_per_example=settings.seq_len - 1, code=("workers.model",))
+                tokens_per_example=settings.seq_len - 1, code=("workers.training.model",))
 
 
 def _init(model, seq_len: int, key):

@@ -5,7 +5,7 @@ loads that step instead of compiling it inside its downtime.
 The spec is built the way PLANNING builds a shrink's (``planning.resized_cfg``, ``plan_mesh``
 over the first slices): whichever slice goes, the survivors' group has the same shape, config
 and process count, which is all its executables' key holds besides the runtime (the key check
-in ``workers.executables`` refuses anything else: a miss compiles, as without this).
+in ``workers.training.executables`` refuses anything else: a miss compiles, as without this).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """What "fits" means per host before the cluster is seen, and the line the driver prints.
 
 The task check (``python -m workers.task.check``) works out the train state's bytes per device
-and per host from abstract shapes (``workers/memory.py``); this module, on the driver (no JAX),
-says what to fit them into and words the result:
+and per host from abstract shapes (``workers/training/memory.py``); this module, on the driver (no
+JAX), says what to fit them into and words the result:
 
 - ``cluster.device_memory_gib`` / ``cluster.host_memory_gib`` when set;
 - else on the CPU emulation this machine's RAM (``MemTotal``, or the cgroup's limit when

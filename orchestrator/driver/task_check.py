@@ -3,7 +3,7 @@ it? Bad input either way: a ``ConfigError`` / ``CheckpointError`` naming the fix
 nothing started and nothing written.
 
 The check also works out the train state's memory per device and per host over the mesh the
-run will have (``workers/memory.py``, from the same abstract shapes) and fits it into the
+run will have (``workers/training/memory.py``, from the same abstract shapes) and fits it into the
 bounds of ``memory_bound.bounds_for``: the driver prints one line with the figures, and a
 state that does not fit is ``DoesNotFit`` (exit 2) naming the numbers and the fix.
 

@@ -6,10 +6,10 @@ JAX at module level). Orbax steps are restored leaf by leaf as ``np.ndarray``
 not exist; without ``--with-opt-state`` only the ``params`` subtree is read (Orbax's partial
 restore). RAM-tier steps are authenticated with the run's secret (``RUN_DIR/ram_secret``, as
 the restoring hosts do) before a byte is used, then assembled from every source's pieces
-(``workers.replica.assemble``) and named by the copy's own layout (``names``): no model code is
+(``workers.ram.replica.assemble``) and named by the copy's own layout (``names``): no model code is
 needed to read either tier.
 
-Names: the state's key path joined by ``/`` (``workers.replica.leaf_name``:
+Names: the state's key path joined by ``/`` (``workers.ram.replica.leaf_name``:
 ``params/block0/q/kernel``, ``opt_state/1/0/mu/embed/embedding``): the same for both tiers.
 """
 
@@ -44,7 +44,7 @@ def _read_orbax(source: Source, *, with_opt_state: bool) -> tuple[dict[str, Any]
     import numpy as np
     import orbax.checkpoint as ocp
 
-    from workers.replica import leaf_name
+    from workers.ram.replica import leaf_name
 
     try:
         meta = ckpt_layout.read_run_meta(source.path)
@@ -83,7 +83,8 @@ def _read_copy(source: Source, run_dir: Path, *, with_opt_state: bool) -> dict[s
                 "checkpoint.ram is on), or export an Orbax step with --step N") from None
     import numpy as np
 
-    from workers import copy_store, ram_auth, replica
+    from workers.ram import auth as ram_auth
+    from workers.ram import copy_store, replica
 
     try:
         key = ram_auth.Keys.from_token(token).copy

@@ -1,10 +1,10 @@
 """Which step an export reads: the complete steps of both durable tiers of a run directory.
 
-No JAX or Orbax (``workers.copy_store`` imports Orbax only to read). A step is complete in the
+No JAX or Orbax (``workers.ram.copy_store`` imports Orbax only to read). A step is complete in the
 Orbax tier when ``workers.ckpt_layout`` calls it committed (``RUN_DIR/checkpoints/<step>``: commit
 marker and readable step metadata), and in the tier the RAM holders write
 (``RUN_DIR/checkpoints-from-ram/<step>``) when every source is there (``COMPLETE``,
-``workers.copy_store``). With no ``--step`` the newest complete step of either tier is taken; a
+``workers.ram.copy_store``). With no ``--step`` the newest complete step of either tier is taken; a
 step complete in both is read from Orbax (it needs no run secret).
 """
 
@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.errors import OrchestratorError
-from workers import ckpt_layout, copy_store
+from workers import ckpt_layout
 from workers.ckpt_layout import StepState
+from workers.ram import copy_store
 
 ORBAX = "orbax"
 COPY = "copy"

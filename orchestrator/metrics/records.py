@@ -178,7 +178,7 @@ class EvalRecord:
 
     @classmethod
     def from_host(cls, step: int, ev: Mapping[str, Any]) -> EvalRecord:
-        """From the ``eval`` entry of host 0's record of ``step`` (``workers.trainer``)."""
+        """From the ``eval`` entry of host 0's record of ``step`` (``workers.training.trainer``)."""
         return cls(step=int(step), loss=float(ev["loss"]),
                    wall_time=float(ev.get("wall_time") or 0.0), tokens=int(ev.get("tokens", 0)),
                    split=str(ev.get("split", "eval")),

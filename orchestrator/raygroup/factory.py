@@ -13,7 +13,7 @@ from orchestrator.raygroup.group import RayWorkerGroup
 from orchestrator.raygroup.ram_holders import RamTier
 from orchestrator.raygroup.warm_pool import WarmPool
 from orchestrator.task_config import task_ref
-from workers.host import device_env
+from workers.host.actor import device_env
 
 
 class RayGroups:

@@ -43,8 +43,8 @@ from orchestrator.raygroup.results import combine, compiled, failure_kind, lost_
 from orchestrator.raygroup.runtime import join_group
 from orchestrator.raygroup.warm_pool import WarmPool
 from policies.causes import FailureKind
-from workers.executables import store_dir
-from workers.host import HostActor, device_env
+from workers.host.actor import HostActor, device_env
+from workers.training.executables import store_dir
 
 log = structlog.get_logger(__name__)
 
@@ -56,7 +56,8 @@ FAILED_RELEASE_S = 5.0  # after a failure, a survivor's release (stuck on a dead
 def host_envs(plan: MeshPlan) -> list[dict[str, str]]:
     """Each host's process env for ``plan``, in host order: device count, platform and the
     plan's own MEGASCALE_* (none for one slice). Fresh and reused processes alike get it, and
-    apply it so that no multislice key of an older mesh survives (``host_warm.apply_env``)."""
+    apply it so that no multislice key of an older mesh survives
+    (``workers.host.warm.apply_env``)."""
     coordinator_ip = plan.hosts[0].node_ip
     return [device_env(platform=plan.platform, devices_per_host=h.devices,
                        extra=plan.megascale_env(h, coordinator_ip=coordinator_ip))

@@ -6,7 +6,7 @@ so they outlive the host actors of an incarnation (kill -9, re-form) and the dri
 over; a run that ended in failure keeps them for the autoresume that brings it back.
 
 The run's secret (``token``) authenticates hosts to holders and every copy end to end
-(``workers.ram_auth``). It lives in ``RUN_DIR/ram_secret`` (mode 0600; the run directory is
+(``workers.ram.auth``). It lives in ``RUN_DIR/ram_secret`` (mode 0600; the run directory is
 trusted, like its checkpoints), so a later driver of the run (autoresume) can still use the
 holders and check the copies an earlier one left; a run directory started afresh gets a new one.
 """
@@ -28,8 +28,9 @@ from orchestrator.config import RamTierConfig
 from orchestrator.controller.seam import Restored
 from orchestrator.plan import MeshPlan
 from policies.ram_tier import ReplicaEntry, TierChoice, choose_tier, peers
-from workers import ckpt_layout, copy_store
-from workers.ram_holder import RamHolder
+from workers import ckpt_layout
+from workers.ram import copy_store
+from workers.ram.holder import RamHolder
 
 log = structlog.get_logger(__name__)
 

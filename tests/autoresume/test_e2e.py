@@ -34,7 +34,7 @@ from orchestrator.autoresume.service import AutoresumeService
 from tests.autoresume.conftest import TPU
 from tests.autoresume.notifications import encode, notification
 from tests.autoresume.service_harness import running_service
-from workers import copy_store
+from workers.ram import copy_store
 
 pytestmark = [
     pytest.mark.cluster,

@@ -115,8 +115,8 @@ class FakeFleet:
 
 
 def executable_key(spec: GroupSpec) -> tuple:
-    """What the real key holds of a group spec (``workers.executables``): mesh shape, process
-    count, model/train config and accumulation, not which hosts or slices."""
+    """What the real key holds of a group spec (``workers.training.executables``): mesh shape,
+    process count, model/train config and accumulation, not which hosts or slices."""
     plan = spec.plan
     return (plan.shape, plan.num_processes, plan.num_slices, spec.cfg.model, spec.cfg.train,
             spec.cfg.run.total_steps, spec.accum_steps)

@@ -135,7 +135,7 @@ def test_submit_never_raises(tmp_path):
 
 def test_metadata_watcher_dict_is_accepted(tmp_path):
     """The dicts the host actor's watcher produces are our schema and parse as is."""
-    from workers.metadata_watcher import PREEMPTED_KEY, MetadataWatcher
+    from workers.host.metadata_watcher import PREEMPTED_KEY, MetadataWatcher
 
     watcher = MetadataWatcher(callback=lambda e: None, host="vm-1", endpoint="http://127.0.0.1:9",
                               clock=lambda: 500.0)

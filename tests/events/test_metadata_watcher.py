@@ -6,7 +6,7 @@ import threading
 import time
 
 from tests.events.fake_metadata import fake_metadata_server
-from workers.metadata_watcher import (
+from workers.host.metadata_watcher import (
     MAINTENANCE_KEY,
     PREEMPTED_KEY,
     MetadataWatcher,
@@ -171,7 +171,7 @@ def test_start_watcher_as_the_host_actor_calls_it():
 
     from orchestrator.events.config import MetadataConfig
     from tests.events.helpers import hosts
-    from workers.metadata_watcher import start_watcher
+    from workers.host.metadata_watcher import start_watcher
 
     host = hosts(2)[1]
     assert start_watcher(asdict(MetadataConfig(enabled="off")), host=host, sink=print) is None
@@ -212,7 +212,7 @@ def test_host_named_by_index_says_so():
 
     from orchestrator.events.config import MetadataConfig
     from tests.events.helpers import hosts
-    from workers.metadata_watcher import start_watcher
+    from workers.host.metadata_watcher import start_watcher
 
     host = replace(hosts(2)[1], instance="")
     with fake_metadata_server() as (endpoint, server):
@@ -233,7 +233,7 @@ def test_instance_identity_reads_id_and_name():
     from dataclasses import asdict
 
     from orchestrator.events.config import MetadataConfig
-    from workers.metadata_watcher import ID_KEY, NAME_KEY, instance_identity
+    from workers.host.metadata_watcher import ID_KEY, NAME_KEY, instance_identity
 
     with fake_metadata_server() as (endpoint, server):
         server.values.update({ID_KEY: "2093000891450668968", NAME_KEY: "vm-1"})

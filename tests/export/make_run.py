@@ -45,8 +45,9 @@ def make(run_dir: Path, want: Path) -> None:
     from orchestrator.hostspec import HostSpec
     from orchestrator.plan import MeshPlan
     from orchestrator.raygroup.ram_holders import run_secret
-    from workers import copy_store, ram_auth, replica
-    from workers.trainer import Trainer
+    from workers.ram import auth as ram_auth
+    from workers.ram import copy_store, replica
+    from workers.training.trainer import Trainer
 
     cfg = load_config(None, [f"run.run_dir={run_dir}", "run.total_steps=20", "compile.cache=off",
                              "cluster.emulate.hosts_per_slice=1", "checkpoint.keep=5"])

@@ -23,7 +23,8 @@ from tests.faults.harness import (
     started_cluster,
 )
 from tests.support.ray_cluster import RunningCluster
-from workers import ckpt_layout, copy_store
+from workers import ckpt_layout
+from workers.ram import copy_store
 
 pytestmark = pytest.mark.cluster
 

@@ -26,8 +26,8 @@ from orchestrator.hosts import HostRef
 from orchestrator.hostspec import HostSpec
 from orchestrator.plan import MeshPlan, plan_mesh
 from tests.integration.single_process import flatten
-from workers.executables import store_dir
-from workers.host import HostActor, device_env
+from workers.host.actor import HostActor, device_env
+from workers.training.executables import store_dir
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -61,7 +61,7 @@ def _run(devices: int, steps: int, out: str, overrides: list[str]) -> dict:
     from orchestrator.hosts import HostRef
     from orchestrator.hostspec import HostSpec
     from orchestrator.plan import MeshPlan
-    from workers.trainer import Trainer
+    from workers.training.trainer import Trainer
 
     cfg = load_config(None, overrides)
     shape = cfg.validate_for(slices=1, hosts_per_slice=1, devices_per_host=devices)

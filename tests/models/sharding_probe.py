@@ -20,8 +20,8 @@ import numpy as np
 import optax
 from jax.sharding import Mesh
 
-from workers.memory import abstract_train_state
 from workers.models.llama import LLAMA_RULES, LlamaConfig, LlamaLM
+from workers.training.memory import abstract_train_state
 
 AXES = ("data", "fsdp", "tensor")
 

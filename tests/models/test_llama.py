@@ -173,9 +173,9 @@ EXPECTED_SCANNED = {  # (1, 2, 2) mesh of (data, fsdp, tensor); leading None: th
 def test_sharding_over_data_fsdp_tensor_mesh():
     """A jitted init over a (1, 2, 2) mesh of 4 CPU devices lays out every parameter by
     LLAMA_RULES (embed over fsdp, heads/kv_heads/mlp/vocab over tensor, layers unsharded),
-    each device holds the shard shape workers.memory.shard_shape predicts, and the sharded
+    each device holds the shard shape workers.training.memory.shard_shape predicts, and the sharded
     model runs."""
-    from workers.memory import shard_shape
+    from workers.training.memory import shard_shape
 
     got = _probe("--mesh", "1,2,2")
     assert got["devices"] == 4

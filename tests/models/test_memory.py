@@ -9,7 +9,8 @@ import pickle
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from workers.memory import (
+from workers.models.llama import LLAMA_RULES, LlamaConfig, LlamaLM, param_count
+from workers.training.memory import (
     GIB,
     DoesNotFit,
     abstract_train_state,
@@ -18,7 +19,6 @@ from workers.memory import (
     shard_shape,
     smaller_model_fix,
 )
-from workers.models.llama import LLAMA_RULES, LlamaConfig, LlamaLM, param_count
 
 
 @functools.lru_cache(maxsize=8)

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from workers.exec_auth import ENV_KEY, Untrusted, key_path, load_key
-from workers.executables import MAGIC, ExecutableStore, executable_key
+from workers.training.exec_auth import ENV_KEY, Untrusted, key_path, load_key
+from workers.training.executables import MAGIC, ExecutableStore, executable_key
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -63,7 +63,7 @@ def _plant_unsigned(path: Path, key: dict, marker: Path) -> None:
 
 def _plant_signed(path: Path, key: dict, marker: Path, signing_key: bytes) -> None:
     """The store's own layout, MAC made with ``signing_key``."""
-    from workers.executables import encode
+    from workers.training.executables import encode
 
     body = pickle.dumps(_Plant(marker))
     header = json.loads(_header(key, body))
@@ -88,7 +88,7 @@ def test_forged_unsigned_file_is_never_unpickled_and_the_step_is_compiled_afresh
                                                                                   caplog):
     """A forged file under the right name with the right key and checksum: the marker is never
     created, the step is compiled, and the warning says why."""
-    from workers.compile_share import obtain
+    from workers.training.compile_share import obtain
 
     store, key, marker = _store(tmp_path), _key(), tmp_path / "PWNED"
     _plant_unsigned(store.path(key), key, marker)
@@ -104,7 +104,7 @@ def test_forged_unsigned_file_is_never_unpickled_and_the_step_is_compiled_afresh
 def test_file_signed_with_another_key_is_refused_before_unpickling(tmp_path, caplog):
     """The store's exact layout with a MAC under another key: refused, the reason says the
     signature does not verify and names the fix; the marker is never created."""
-    from workers.compile_share import obtain
+    from workers.training.compile_share import obtain
 
     store, key, marker = _store(tmp_path), _key(), tmp_path / "PWNED"
     _plant_signed(store.path(key), key, marker, os.urandom(32).hex().encode())

@@ -20,9 +20,10 @@ import pytest
 
 from orchestrator.raygroup.ram_holders import SECRET_FILE, run_secret
 from tests.workers.ram_testing import TOKEN, copy_header, damage, holder, put
-from workers import copy_store, ram_wire, replicator
-from workers.host_ram import RamTierMethods
-from workers.ram_holder import RamHolder
+from workers.host.ram import RamTierMethods
+from workers.ram import copy_store, replicator
+from workers.ram import wire as ram_wire
+from workers.ram.holder import RamHolder
 
 HEAD = struct.Struct("!4sIQ")
 

@@ -21,8 +21,8 @@ def main(argv: list[str]) -> int:
     os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
     os.environ["JAX_PLATFORMS"] = "cpu"
     from tests.tasks.local_run import _spec
-    from workers import replica
-    from workers.trainer import Trainer
+    from workers.ram import replica
+    from workers.training.trainer import Trainer
 
     if args.stateful:
         task = ["task.kind=tests.tasks.stateful_task:make_task"]

@@ -59,7 +59,7 @@ def _spec(args: argparse.Namespace, ckpt: str):
 
 def run_task(args: argparse.Namespace) -> dict:
     from tests.integration.single_process import flatten
-    from workers.trainer import Trainer
+    from workers.training.trainer import Trainer
 
     with tempfile.TemporaryDirectory() as ckpt:
         cfg, spec = _spec(args, ckpt)
@@ -102,9 +102,9 @@ def run_reference(args: argparse.Namespace) -> str:
     from jax.sharding import PartitionSpec as P
 
     from tests.integration.single_process import flatten
-    from workers import data as data_lib
-    from workers.model import LOGICAL_RULES, build_model
-    from workers.trainer import build_mesh
+    from workers.training import data as data_lib
+    from workers.training.mesh import build_mesh
+    from workers.training.model import LOGICAL_RULES, build_model
 
     with tempfile.TemporaryDirectory() as ckpt:
         cfg, spec = _spec(args, ckpt)

@@ -104,7 +104,7 @@ def _trainer(tmp_path: Path, name: str, *overrides: str, store: str | None = Non
     from orchestrator.hosts import HostRef
     from orchestrator.hostspec import HostSpec
     from orchestrator.plan import MeshPlan
-    from workers.trainer import Trainer
+    from workers.training.trainer import Trainer
 
     cfg = load_config(None, [*LM, *overrides])
     shape = cfg.validate_for(slices=1, hosts_per_slice=1, devices_per_host=1)
@@ -187,7 +187,7 @@ class _Trainer:
                                lr=0.0, extra={})
 
     def evaluate(self):
-        from workers.trainer import EvalOutput
+        from workers.training.outputs import EvalOutput
 
         self.evals.append(self.step)
         return EvalOutput(step=self.step, loss=0.5, metrics={"acc": 0.25}, batches=2, rows=16,
@@ -196,7 +196,7 @@ class _Trainer:
 
 @pytest.mark.parametrize("report", [True, False])
 def test_every_host_evaluates_at_the_same_steps_and_host_0_reports_it(report):
-    from workers.host import HostActor
+    from workers.host.actor import HostActor
 
     actor = HostActor(None, {})
     actor.trainer = trainer = _Trainer()

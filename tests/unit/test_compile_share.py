@@ -1,5 +1,5 @@
-"""The shared compile's decisions (workers/compile_share.py) with a fake store, word and jitted
-function: who compiles, who waits, what the owner says, and every way back to compiling. The
+"""The shared compile's decisions (workers/training/compile_share.py) with a fake store, word and
+jitted function: who compiles, who waits, what the owner says, and every way back to compiling. The
 real thing (two JAX processes, the runtime's key-value store) is in
 tests/workers/test_executables.py."""
 
@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from workers.compile_share import STORED, Share, obtain, owner_of, shares
-from workers.executables import Lookup, key_digest
+from workers.training.compile_share import STORED, Share, obtain, owner_of, shares
+from workers.training.executables import Lookup, key_digest
 
 KEY = {"function": "train_step", "process": {"index": 0, "count": 2}}
 
@@ -187,7 +187,7 @@ def test_the_owner_is_the_lowest_process_of_the_mesh():
 def test_no_runtime_to_share_over_means_every_process_compiles(caplog):
     """share_for in a process without a JAX distributed runtime (or where the private API it
     uses moved): no Share, a warning, never an exception."""
-    from workers.compile_share import share_for
+    from workers.training.compile_share import share_for
 
     @dataclass
     class Dev:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from workers.data import make_row, make_rows
+from workers.training.data import make_row, make_rows
 
 SEQ, VOCAB = 32, 128
 
@@ -39,8 +39,9 @@ def test_rows_are_deterministic_across_processes():
     import subprocess
     import sys
 
-    code = ("import sys; from workers.data import make_rows; rows = make_rows(3, 9, range(4), "
-            "seq_len=32, vocab_size=128); sys.stdout.write(rows.tobytes().hex())")
+    code = ("import sys; from workers.training.data import make_rows; "
+            "rows = make_rows(3, 9, range(4), seq_len=32, vocab_size=128); "
+            "sys.stdout.write(rows.tobytes().hex())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     here = make_rows(3, 9, range(4), seq_len=SEQ, vocab_size=VOCAB)
     assert bytes.fromhex(out.stdout) == here.tobytes()

@@ -29,7 +29,7 @@ def test_analytic_flops_within_10_percent_of_xla(tmp_path):
 def test_analytic_flops_formula_by_hand():
     """The formula counts 6 FLOPs per matmul weight per token plus attention's QKᵀ and AV."""
     from orchestrator.config import ModelConfig
-    from workers.model import analytic_flops_per_step
+    from workers.training.model import analytic_flops_per_step
 
     m = ModelConfig(vocab_size=10, d_model=4, num_layers=1, num_heads=2, d_ff=8, seq_len=3)
     tokens = 2 * (3 - 1)  # next-token training on seq_len - 1 positions

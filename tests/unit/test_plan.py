@@ -138,7 +138,7 @@ def test_no_megascale_env_for_one_slice_or_cpu(layout, platform):
 
 def test_device_env_sets_cpu_device_count_and_keeps_megascale():
     """Host env: every XLA flag carries its leading `--`; MEGASCALE keys pass through."""
-    from workers.host import device_env
+    from workers.host.actor import device_env
 
     env = device_env(platform="cpu", devices_per_host=3)
     assert env == {"XLA_FLAGS": "--xla_force_host_platform_device_count=3", "JAX_PLATFORMS": "cpu"}

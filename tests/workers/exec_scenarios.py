@@ -36,8 +36,8 @@ def make_actor(run_dir: Path, *, overrides: tuple[str, ...] = (), processes: int
     from orchestrator.hosts import HostRef
     from orchestrator.hostspec import HostSpec
     from orchestrator.plan import plan_mesh
-    from workers.executables import DIR_NAME
-    from workers.host import HostActor
+    from workers.host.actor import HostActor
+    from workers.training.executables import DIR_NAME
 
     cfg = load_config(None, [*OVERRIDES, *overrides])
     hosts = [HostRef(index=i, slice_name="local", worker_id=i, node_id=f"n{i}",
@@ -144,7 +144,7 @@ def _damage(path: Path, kind: str) -> None:
 def mismatch(tmp: Path) -> dict:
     """Another learning rate: a new key, so compile (the log reason names the ingredient); a
     stored file copied under the new key's name is refused by its header."""
-    from workers.executables import file_name
+    from workers.training.executables import file_name
 
     _seed(tmp)
     base = train(make_actor(tmp))

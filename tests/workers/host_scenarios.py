@@ -58,7 +58,7 @@ def make_actor(ckpt: Path, *, overrides: tuple[str, ...] = (),
     from orchestrator.hosts import HostRef
     from orchestrator.hostspec import HostSpec
     from orchestrator.plan import plan_mesh
-    from workers.host import HostActor
+    from workers.host.actor import HostActor
 
     cfg = load_config(None, [*OVERRIDES, *overrides])
     host = HostRef(index=0, slice_name="local", worker_id=0, node_id="local",
@@ -268,7 +268,7 @@ def _expect_refusal(ckpt: Path, overrides: tuple[str, ...]) -> dict:
 
 def not_a_spec(tmp: Path) -> dict:
     """A bare HostRef (the old constructor) is refused with the way to build a spec."""
-    from workers.host import HostActor
+    from workers.host.actor import HostActor
 
     probe = make_actor(tmp / "unused", build=False)
     try:

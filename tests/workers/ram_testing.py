@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from workers import ram_auth
-from workers.ram_holder import RamHolder
+from workers.ram import auth as ram_auth
+from workers.ram.holder import RamHolder
 
 TOKEN = "test-secret"
 LAYOUT: dict = {"leaves": [], "pieces": []}

@@ -1,7 +1,7 @@
 """RAM-tier copies on real JAX, in ONE plain process with 4 CPU devices (no Ray).
 
 Run as ``python -m tests.workers.replica_scenarios --out F.json``: the device count is fixed in
-that subprocess, never in pytest's. Real ``HostActor``s train a few steps, ``workers.replica``
+that subprocess, never in pytest's. Real ``HostActor``s train a few steps, ``workers.ram.replica``
 packs their state, and the copies are restored into the same mesh and into a different one
 (fsdp=4 -> fsdp=2 x tensor=2); the results are compared with an uninterrupted actor's.
 Assertions live in ``test_replica.py``.
@@ -37,7 +37,7 @@ def _flat(params: Any) -> dict:
 
 def run(tmp: Path) -> dict:
     from tests.workers.ram_testing import TOKEN, damage, holder, put
-    from workers import replica
+    from workers.ram import replica
 
     out: dict[str, Any] = {}
     plain = make_actor(tmp / "plain")
@@ -113,7 +113,7 @@ def _disk_copies(where: Path, layout: dict, data: bytes, src: Any, tmp: Path) ->
     """The holders' durable save (copy_store): a step is complete only with every source;
     it reads back bit-identical and restores; prune keeps the newest."""
     from tests.workers.ram_testing import TOKEN, copy_header
-    from workers import copy_store
+    from workers.ram import copy_store
 
     out: dict[str, Any] = {}
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from orchestrator.raygroup.results import storage_fault
-from workers import ckpt_space
-from workers.checkpoints import CheckpointStore
+from workers.training import ckpt_space
+from workers.training.checkpoints import CheckpointStore
 
 
 def _store(tmp_path) -> CheckpointStore:

@@ -12,7 +12,7 @@ from orchestrator.config import load_config
 from orchestrator.hosts import HostRef
 from orchestrator.hostspec import HostSpec
 from orchestrator.plan import plan_mesh
-from workers.host import HostActor
+from workers.host.actor import HostActor
 
 
 def _spec(*, store: str | None = "/r/executables") -> HostSpec:

@@ -30,8 +30,8 @@ from orchestrator.raygroup.warm_pool import WarmPool
 from tests.events.fake_metadata import fake_metadata_server
 from tests.integration.groups import Group, _RemoteHost
 from tests.support.ray_cluster import cluster_fixture
-from workers.host import device_env
-from workers.metadata_watcher import ID_KEY, NAME_KEY, PREEMPTED_KEY
+from workers.host.actor import device_env
+from workers.host.metadata_watcher import ID_KEY, NAME_KEY, PREEMPTED_KEY
 
 pytestmark = pytest.mark.cluster
 

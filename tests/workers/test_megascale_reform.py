@@ -18,7 +18,7 @@ from orchestrator.hosts import HostRef
 from orchestrator.hostspec import HostSpec
 from orchestrator.plan import MEGASCALE_KEYS, MeshPlan, plan_mesh
 from orchestrator.raygroup.group import host_envs
-from workers.host import HostActor
+from workers.host.actor import HostActor
 
 CFG = load_config(None, ["train.global_batch=48"])
 

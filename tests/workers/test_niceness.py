@@ -7,7 +7,7 @@ import os
 import threading
 import time
 
-from workers.niceness import idle_this_thread, lower_this_thread
+from workers.host.niceness import idle_this_thread, lower_this_thread
 
 
 def _priority_in_thread(nice: int) -> tuple[int, int]:

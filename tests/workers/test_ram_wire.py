@@ -9,7 +9,7 @@ import socket
 import pytest
 
 from tests.workers.ram_testing import TOKEN, copy_header, holder
-from workers import ram_wire
+from workers.ram import wire as ram_wire
 
 
 def test_copies_stream_and_are_acknowledged_and_kept():

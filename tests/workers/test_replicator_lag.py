@@ -13,8 +13,9 @@ import time
 from collections.abc import Iterator
 
 from tests.workers.ram_testing import TOKEN, holder
-from workers import ram_wire, replicator
-from workers.ram_holder import RamHolder
+from workers.ram import replicator
+from workers.ram import wire as ram_wire
+from workers.ram.holder import RamHolder
 
 
 class _Packer:

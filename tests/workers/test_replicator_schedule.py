@@ -7,7 +7,7 @@ import pytest
 
 from orchestrator.config import load_config
 from orchestrator.errors import ConfigError
-from workers.replicator import Replicator
+from workers.ram.replicator import Replicator
 
 
 def _replicator(every: int = 1, ab: int = 0) -> Replicator:

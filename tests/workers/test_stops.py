@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from workers.stops import StopBoard
+from workers.host.stops import StopBoard
 
 
 def test_request_before_its_chunk_starts_is_kept_for_it():

@@ -8,7 +8,7 @@ import threading
 import time
 from types import SimpleNamespace
 
-from workers.host import HostActor
+from workers.host.actor import HostActor
 
 
 class _Trainer:

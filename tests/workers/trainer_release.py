@@ -1,6 +1,6 @@
 """Run in a subprocess (the device count is fixed per process): a Trainer that trained, saved
 and was closed is freed by reference counting alone, with its arrays and executables, so a
-warm process can clear its backends at once (``workers.host_warm``). Prints one JSON line."""
+warm process can clear its backends at once (``workers.host.warm``). Prints one JSON line."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def main() -> int:
     from orchestrator.hosts import HostRef
     from orchestrator.hostspec import HostSpec
     from orchestrator.plan import MeshPlan
-    from workers.trainer import Trainer
+    from workers.training.trainer import Trainer
 
     cfg = load_config(None, ["model.num_layers=1"])
     shape = cfg.validate_for(slices=1, hosts_per_slice=1, devices_per_host=2)

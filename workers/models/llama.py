@@ -1,7 +1,7 @@
 """A Llama-style decoder in Flax Linen: RoPE, RMSNorm, SwiGLU MLP, grouped-query attention.
 
 Every parameter carries logical axis names; ``LLAMA_RULES`` maps them to the mesh axes
-(data, fsdp, tensor) with ``workers.model.LOGICAL_RULES`` plus this family's own names
+(data, fsdp, tensor) with ``workers.training.model.LOGICAL_RULES`` plus this family's own names
 (``kv_heads`` on the tensor axis like ``heads``; ``layers``, the scanned layer axis, unsharded),
 so the mesh plan shards it as it shards the tiny ``DecoderLM``.
 
@@ -24,7 +24,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from orchestrator.errors import ConfigError
-from workers.model import LOGICAL_RULES
+from workers.training.model import LOGICAL_RULES
 
 LLAMA_RULES: tuple[tuple[str, Any], ...] = (
     *LOGICAL_RULES,
@@ -159,7 +159,7 @@ def param_count(cfg: LlamaConfig) -> int:
 
 
 def flops_per_step(cfg: LlamaConfig, global_batch: int) -> float:
-    """Training FLOPs per step, as ``workers.model.analytic_flops_per_step`` counts them:
+    """Training FLOPs per step, as ``workers.training.model.analytic_flops_per_step`` counts them:
     6·N·T + 6·L·T·2·(seq_len-1)·num_heads·head_dim (PaLM, App. B).
 
     T = global_batch·(seq_len-1) tokens (next-token training). N counts matmul weights: q, k, v,

@@ -80,10 +80,10 @@ def check(request: dict) -> dict:
 
 def _memory(mem: dict | None, abstract: Any, specs: Any, task: dict, state_bytes: int,
             sizes: dict) -> dict:
-    """Bytes per device and per host over the request's mesh (``workers/memory.py``), and
+    """Bytes per device and per host over the request's mesh (``workers/training/memory.py``), and
     whether they fit its bounds: ``refused`` holds ``DoesNotFit``'s parts, else None."""
     from orchestrator.errors import DoesNotFit
-    from workers import memory
+    from workers.training import memory
 
     if not mem:
         return {"device": None, "state_bytes": state_bytes,

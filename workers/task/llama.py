@@ -13,11 +13,11 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any
 
-from workers.data import EVAL_STREAM
 from workers.models.llama import LLAMA_RULES, LlamaConfig, build_llama, flops_per_step
 from workers.task.contract import Task, TaskContext
 from workers.task.lm import TokenData, _init, _loss
 from workers.task.optim import adamw_cosine
+from workers.training.data import EVAL_STREAM
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,4 +44,4 @@ def make_task(settings: LlamaSettings, ctx: TaskContext) -> Task:
                 rules=LLAMA_RULES,
                 flops_per_step=flops_per_step(cfg, ctx.train.global_batch),
                 tokens_per_example=cfg.seq_len - 1,
-                code=("workers.models.llama", "workers.data"))
+                code=("workers.models.llama", "workers.training.data"))

@@ -1,6 +1,6 @@
-"""The built-in ``lm`` task: the decoder LM of ``workers/model.py`` on the bundled stateless
-token data (``workers/data.py``), AdamW with warmup + cosine from ``train.*``, next-token
-cross-entropy. It goes through the same contract as a user's task (``task.kind: lm``).
+"""The built-in ``lm`` task: the decoder LM of ``workers/training/model.py`` on the bundled
+stateless token data (``workers/training/data.py``), AdamW with warmup + cosine from ``train.*``,
+next-token cross-entropy. It goes through the same contract as a user's task (``task.kind: lm``).
 
 Its held-out split (``eval.*``) is the same data from another seed stream (``stream=
 EVAL_STREAM``): rows no training step draws. The data has few distinct rows (``_RULES`` rules ×
@@ -18,15 +18,15 @@ import numpy as np
 import optax
 
 from orchestrator.task_config import ModelConfig
-from workers import data as data_lib
-from workers.model import LOGICAL_RULES, analytic_flops_per_step, build_model
 from workers.task.contract import Task, TaskContext
 from workers.task.optim import adamw_cosine
+from workers.training import data as data_lib
+from workers.training.model import LOGICAL_RULES, analytic_flops_per_step, build_model
 
 
 @dataclass(frozen=True)
 class TokenData:
-    """Rows of ``workers.data``: int32 token sequences of ``seq_len``."""
+    """Rows of ``workers.training.data``: int32 token sequences of ``seq_len``."""
 
     seq_len: int
     vocab_size: int
@@ -51,7 +51,7 @@ def make_task(settings: ModelConfig, ctx: TaskContext) -> Task:
                                     stream=data_lib.EVAL_STREAM), rules=LOGICAL_RULES,
                 flops_per_step=analytic_flops_per_step(settings, ctx.train.global_batch),
                 tokens_per_example=settings.seq_len - 1,
-                code=("workers.model", "workers.data"))
+                code=("workers.training.model", "workers.training.data"))
 
 
 def _init(model, seq_len: int, key):

@@ -1,4 +1,4 @@
-"""The host actor's compile-ahead (a mixin of ``workers.host.HostActor``): while this group
+"""The host actor's compile-ahead (a mixin of ``workers.host.actor.HostActor``): while this group
 trains, compile and store the step of the mesh the run may move to next, so that group loads it
 (~0.1 s) inside its downtime instead of compiling it (~2 s here).
 
@@ -6,7 +6,7 @@ The next mesh an announced event forms without new hosts is an elastic shrink: t
 slices. Its processes are numbered 0..n-1 whichever slices survive, and on the CPU emulation a
 process's device ids follow from its number, so the first n processes of *this* group can
 compile it now, over their own devices: the executable they store has the key the shrunk group
-will compute (``workers.executables``), and the store's key check guards the rest — a group
+will compute (``workers.training.executables``), and the store's key check guards the rest — a group
 whose ids differ (a TPU runtime numbers chips its own way) misses, compiles, and logs why.
 """
 
@@ -18,8 +18,8 @@ import time
 from typing import Any
 
 from orchestrator.hostspec import HostSpec
-from workers.executables import key_digest
-from workers.niceness import LOWEST, lower_this_thread
+from workers.host.niceness import LOWEST, lower_this_thread
+from workers.training.executables import key_digest
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ class AheadMethods:
         try:
             import jax
 
-            from workers.trainer import Trainer
+            from workers.training.trainer import Trainer
 
             n = spec.plan.num_processes
             if jax.process_index() >= n:

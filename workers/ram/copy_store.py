@@ -2,12 +2,12 @@
 on its node, off the training processes.
 
 Layout: ``<dir>/<step>/source-<i>/`` (one Orbax checkpoint per source: the copy's bytes and its
-layout, step, incarnation and MAC, ``workers.ram_auth``: the restoring host checks it, so a copy
+layout, step, incarnation and MAC, ``workers.ram.auth``: the restoring host checks it, so a copy
 changed on disk is refused like one changed in RAM) and ``<dir>/<step>/COMPLETE`` once every
 source of the step is there. Orbax renames each source directory into place only when it is
 fully written, so a listed source is whole; ``COMPLETE`` is written (tmp + rename) by whichever
 holder finishes the last source. A step without it is never restored. The copies are
-mesh-independent (``workers.replica``): a step saved on one mesh restores into any other.
+mesh-independent (``workers.ram.replica``): a step saved on one mesh restores into any other.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ The persistent compilation cache does not work across processes on CPU (only pro
 keys differ per process; ``../shared/FACTS.md``), so a process serialises its compiled
 executable (``jax.experimental.serialize_executable``) into ``RUN_DIR/executables/``, one file
 per (key, process) — or one for the whole group where its lowest process compiles for all
-(``workers.compile_share``; the others load its file). The key is everything that makes an
+(``workers.training.compile_share``; the others load its file). The key is everything that makes an
 executable valid: versions, XLA flags, platform, the source of the step's code, the
 model/optimizer/train config, the mesh (axes, shape, device assignment), the process index and
 count, and the function. A file is used only when its key matches exactly; a missing,
@@ -13,11 +13,11 @@ mismatched, corrupt or unloadable file means "compile", with the reason logged, 
 the store is an optimisation, never a reason to fail a run.
 
 The key functions are pure (no JAX); JAX is imported only where executables are read or written.
-Loading unpickles the file, so the store is treated as writable by others (``workers.exec_auth``):
-every file is signed (HMAC-SHA256 over magic, header and body, with a key kept outside the
-store) and is unpickled only once its signature verifies; a store or file that someone else could
-have written is refused where the filesystem can tell. A refused file is compiled afresh, the
-reason logged.
+Loading unpickles the file, so the store is treated as writable by others
+(``workers.training.exec_auth``): every file is signed (HMAC-SHA256 over magic, header and body,
+with a key kept outside the store) and is unpickled only once its signature verifies; a store or
+file that someone else could have written is refused where the filesystem can tell. A refused file
+is compiled afresh, the reason logged.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from workers.exec_auth import (
+from workers.training.exec_auth import (
     MAC_HEX,
     Untrusted,
     key_path,
@@ -63,7 +63,7 @@ SUFFIX = ".xla"
 KEEP_PER_PROCESS = 8
 """Newest files kept per (function, process index/count): enough for the few meshes a run moves
 between (N slices, N-1, N with a spare), bounded so a long run does not fill the disk."""
-CODE_MODULES = ("workers.trainer", "workers.task.state")
+CODE_MODULES = ("workers.training.trainer", "workers.training.mesh", "workers.task.state")
 """Modules whose source defines the orchestrator's side of the step: an edit there makes stored
 executables stale. The task's own code enters the key's config as ``task_code``
 (``workers.task.resolve.code_digest``)."""

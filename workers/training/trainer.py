@@ -3,7 +3,7 @@
 Runs inside a host actor (many processes, one JAX group) and equally in a plain process (one
 process, many devices), so the multi-host result can be checked against a single-process run.
 The caller (host actor) must have set XLA/device env and called ``jax.distributed.initialize``
-before constructing a Trainer. Orbax I/O lives in ``workers.checkpoints``.
+before constructing a Trainer. Orbax I/O lives in ``workers.training.checkpoints``.
 """
 
 from __future__ import annotations
@@ -25,15 +25,6 @@ from jax.sharding import PartitionSpec as P
 
 from orchestrator.errors import ConfigError
 from orchestrator.hostspec import HostSpec
-from orchestrator.plan import MeshPlan
-from workers.checkpoints import CheckpointStore, RestoreOutcome
-from workers.compile_share import CompileInfo, obtain, share_for
-from workers.executables import (
-    ExecutableStore,
-    executable_key,
-    mesh_ingredients,
-    runtime_ingredients,
-)
 from workers.task import data_state
 from workers.task.contract import TaskContext
 from workers.task.resolve import ResolvedTask, resolve
@@ -47,74 +38,21 @@ from workers.task.state import (
     state_specs,
     train_step,
 )
+from workers.training.checkpoints import CheckpointStore, RestoreOutcome
+from workers.training.compile_share import CompileInfo, obtain, share_for
+from workers.training.executables import (
+    ExecutableStore,
+    executable_key,
+    mesh_ingredients,
+    runtime_ingredients,
+)
+from workers.training.mesh import build_mesh
+from workers.training.outputs import EvalOutput, SaveOutput, StepOutput
 
 log = logging.getLogger(__name__)
 
-AXES = ("data", "fsdp", "tensor")
 EVAL_FIX = ("set eval.every=0, or give the task a held-out split: Task(eval_data=...) "
             "(docs/tasks.md; for prepared data, prepare with --eval-records N)")
-
-
-def build_mesh(plan: MeshPlan, devices: list | None = None) -> Mesh:
-    """Mesh (data, fsdp, tensor) over ``devices`` (default all): axes are DCN × ICI."""
-    s = plan.shape
-    ici = (s.ici_data, s.ici_fsdp, s.ici_tensor)
-    devices = jax.devices() if devices is None else devices
-    if plan.platform == "tpu":
-        from jax.experimental import mesh_utils
-
-        if plan.num_slices > 1:
-            arr = mesh_utils.create_hybrid_device_mesh(ici, (s.dcn_data, s.dcn_fsdp, 1), devices)
-        else:
-            arr = mesh_utils.create_device_mesh(ici, devices)
-        return Mesh(arr, AXES)
-    # CPU emulation: a process's devices belong to its host's slice; processes are ordered by
-    # slice, so slice k owns processes [k·hosts_per_slice, (k+1)·hosts_per_slice).
-    ordered = sorted(devices, key=lambda d: (d.process_index, d.id))
-    arr = np.array(ordered, dtype=object).reshape(s.dcn_data, s.dcn_fsdp, *ici)
-    arr = arr.transpose(0, 2, 1, 3, 4).reshape(s.shape)
-    return Mesh(arr, AXES)
-
-
-@dataclasses.dataclass(frozen=True)
-class SaveOutput:
-    step: int
-    started: bool
-    """False when this step was already saved or being saved."""
-    blocking_s: float
-    """Seconds the caller was blocked (the async part runs on in Orbax's thread)."""
-
-
-@dataclasses.dataclass
-class EvalOutput:
-    """One eval of the state at ``step`` on the task's held-out split."""
-
-    step: int
-    loss: float
-    metrics: dict
-    """The eval's other metrics by name (each a mean over the eval's micro-batches)."""
-    batches: int
-    rows: int
-    seconds: float
-    """Wall time of the eval: reading its batches, the forward passes, one device→host copy."""
-
-    def as_record(self, tokens_per_example: int) -> dict:
-        """What host 0's step record carries under ``eval`` (the driver's ``EvalRecord``)."""
-        return {"split": "eval", "loss": self.loss, "metrics": dict(self.metrics),
-                "batches": self.batches, "rows": self.rows,
-                "tokens": self.rows * tokens_per_example, "seconds": self.seconds,
-                "wall_time": time.time()}
-
-
-@dataclasses.dataclass
-class StepOutput:
-    step: int
-    loss: float
-    grad_norm: float
-    step_time_s: float
-    lr: float
-    extra: dict = dataclasses.field(default_factory=dict)
-    """The task's own metrics (its loss's second output), by name."""
 
 
 class Trainer:
@@ -124,7 +62,7 @@ class Trainer:
     def __init__(self, spec: HostSpec, *, before_commit: Callable[[], None] | None = None,
                  devices: list | None = None) -> None:
         """``before_commit``: see ``CheckpointStore`` (tests hold a save in flight with it).
-        ``devices``: build the mesh over these only (``workers.host_ahead``)."""
+        ``devices``: build the mesh over these only (``workers.host.ahead``)."""
         self.spec = spec
         self.plan = spec.plan
         self.accum_steps = spec.accum_steps
@@ -149,7 +87,8 @@ class Trainer:
             abstract, self.state_sharding)
         self.n_params = int(sum(math.prod(a.shape) for a in jax.tree.leaves(abstract["params"])))
         # no lambda over ``self`` kept on ``self``: that cycle kept the arrays alive after the
-        # trainer was dropped, until a full collection (``host_warm`` needs them gone at once)
+        # trainer was dropped, until a full collection (``workers.host.warm`` needs them gone at
+        # once)
         self._init = jax.jit(functools.partial(init_unboxed, task),
                              out_shardings=self.state_sharding)
         self._step_fn = jax.jit(
@@ -253,7 +192,8 @@ class Trainer:
                       no_key_reason=reason)
 
     def executable_key(self, function: str) -> dict:
-        """The store key of this process's executable of ``function`` (workers/executables)."""
+        """The store key of this process's executable of ``function``
+        (``workers.training.executables``)."""
         if self._key_parts is None:
             self._key_parts = (runtime_ingredients(), mesh_ingredients(
                 self.mesh, self.plan.shape.as_dict(), num_slices=self.plan.num_slices))
@@ -402,10 +342,10 @@ class Trainer:
 
     def restore_from_copies(self, step: int, copies: list[tuple[dict, bytes]], *,
                             sources: list[int] | None = None, tier: str = "ram") -> None:
-        """Take the state of ``step`` from RAM copies (``workers.replica``), in this mesh, and
+        """Take the state of ``step`` from RAM copies (``workers.ram.replica``), in this mesh, and
         the data position from their layouts (``sources``: each copy's source index, default
         their order; ``tier``: "ram", or "copy" for the copies saved from RAM)."""
-        from workers.replica import ReplicaMismatch, unpack
+        from workers.ram.replica import ReplicaMismatch, unpack
 
         state = unpack(copies, self.abstract_state)
         found = int(jax.device_get(state["step"]))

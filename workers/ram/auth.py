@@ -4,7 +4,7 @@ Every key is derived from the run's secret (``RamTier.token``: the driver keeps 
 directory, so a later driver of the same run can still check the copies an earlier one made).
 Two keys, one per use, so a value made for one cannot pass for the other:
 
-- the *hello* key answers a holder's challenge (``workers.ram_wire``): the secret never
+- the *hello* key answers a holder's challenge (``workers.ram.wire``): the secret never
   crosses the wire;
 - the *copy* key authenticates each copy end to end: HMAC-SHA256 over what the copy claims to
   be (incarnation, step, source, sources, layout) and its bytes, computed once by the sending

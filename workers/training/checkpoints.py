@@ -36,8 +36,8 @@ import orbax.checkpoint as ocp
 
 from orchestrator.errors import CheckpointCorrupt, CheckpointError
 from workers import ckpt_layout as layout
-from workers import ckpt_space
 from workers.ckpt_layout import StepState
+from workers.training import ckpt_space
 
 log = logging.getLogger(__name__)
 

@@ -9,10 +9,10 @@ Per device: ``params``, ``opt_state`` (AdamW: two moments), ``grads`` (the step'
 sharded as the parameters; a second buffer with gradient accumulation) and ``other`` (step
 counter, RNG key). Activations are not counted: they depend on batch, sequence and remat; leave
 headroom for them. Per host: the devices' sum, and the RAM tier (``policies/ram_tier.py``): each
-host's copy of its shards (the state's bytes over the hosts: ``workers/replica.py`` takes every
+host's copy of its shards (the state's bytes over the hosts: ``workers/ram/replica.py`` takes every
 distinct shard once, spread over hosts) is kept ``keep`` times on its own node's holder and
 ``keep`` times on a peer's, so a node's holder keeps ``2 × keep`` copies (its host's and the
-peer's), plus the copy the training process is sending. ``workers/replicator.py`` turns the
+peer's), plus the copy the training process is sending. ``workers/ram/replicator.py`` turns the
 tier off on a host when ``copy × keep × 2`` exceeds ``checkpoint.ram.max_host_bytes``.
 """
 
@@ -29,7 +29,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
 from orchestrator.errors import DoesNotFit  # raised here; defined where the driver catches it
-from workers.model import LOGICAL_RULES
+from workers.training.model import LOGICAL_RULES
 
 DEVICE_PARTS = ("params", "opt_state", "grads", "other")
 GIB = 1024**3
@@ -59,7 +59,7 @@ def shard_shape(shape: Sequence[int], spec: PartitionSpec | None,
 
 
 def abstract_train_state(model: nn.Module, tx: Any, *, seq_len: int) -> Any:
-    """The train state ``workers.trainer`` keeps (params, opt_state, step, rng), as shapes,
+    """The train state ``workers.training.trainer`` keeps (params, opt_state, step, rng), as shapes,
     dtypes and logical names: ``jax.eval_shape`` of the init, nothing computed or allocated."""
     def init(key: jax.Array) -> dict:
         params = model.init(key, jnp.zeros((1, min(seq_len - 1, 8)), jnp.int32))["params"]

@@ -1,5 +1,5 @@
-"""The host actor's RAM-tier methods (a mixin of ``workers.host.HostActor``): copy the state to
-the holders after each step, save a copy durably through them, and rebuild the state from copies
+"""The host actor's RAM-tier methods (a mixin of ``workers.host.actor.HostActor``): copy the state
+to the holders after each step, save a copy durably through them, and rebuild the state from copies
 in RAM or on disk. Kept apart so the actor's module stays about stepping and checkpoints.
 """
 
@@ -34,8 +34,8 @@ class RamTierMethods:
         every ``every`` steps (``ab_block_steps``: only in alternate blocks, a bench aid);
         ``durable_from_ram``: a save step's copy is saved durably by this node's holder instead
         of an Orbax save from the devices here."""
-        from workers import copy_store
-        from workers.replicator import Replicator
+        from workers.ram import copy_store
+        from workers.ram.replicator import Replicator
 
         # where this node's holder saves them (the driver told it when it created it): read
         # here for the newest durable step
@@ -77,7 +77,7 @@ class RamTierMethods:
                        started: float | None = None, tier: str = "ram") -> dict:
         """``restore_from_ram`` once the copies are here (label -> ``RamHolder.get``): each is
         authenticated (``ram_auth.verify_copy``) before any of its bytes is used."""
-        from workers import ram_auth
+        from workers.ram import auth as ram_auth
 
         t0 = time.perf_counter() if started is None else started
         tr = self._need_trainer("restore_from_ram")
@@ -102,7 +102,7 @@ class RamTierMethods:
 
     def restore_from_disk_copy(self, step: int, token: str) -> dict:
         """``restore_from_ram`` from the copies the holders saved durably (copy_store)."""
-        from workers import copy_store
+        from workers.ram import copy_store
 
         t0 = time.perf_counter()
         try:
@@ -152,7 +152,7 @@ class RamTierMethods:
         orbax = self.trainer.ckpt.committed_step()
         if self._persist is None:
             return orbax
-        from workers import copy_store
+        from workers.ram import copy_store
 
         steps = copy_store.complete_steps(self._persist["directory"])
         return max([s for s in (orbax, steps[-1] if steps else None) if s is not None],

@@ -23,11 +23,11 @@ from typing import Any
 from orchestrator.errors import OrchestratorError
 from orchestrator.hostspec import HostSpec
 from workers import ckpt_layout
-from workers.host_ahead import AheadMethods
-from workers.host_ram import RamTierMethods
-from workers.host_warm import RELEASE_BARRIER_S, WarmMethods, apply_env
-from workers.host_where import WhereMethods
-from workers.stops import StopBoard
+from workers.host.ahead import AheadMethods
+from workers.host.ram import RamTierMethods
+from workers.host.stops import StopBoard
+from workers.host.warm import RELEASE_BARRIER_S, WarmMethods, apply_env
+from workers.host.where import WhereMethods
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +135,7 @@ class HostActor(RamTierMethods, WarmMethods, AheadMethods, WhereMethods):
         (``orchestrator.raygroup.runtime``)."""
         import jax
 
-        import workers.trainer  # noqa: F401  (the step's imports, before the freeze)
+        import workers.training.trainer  # noqa: F401  (the step's imports, before the freeze)
 
         # What exists now (Ray, the imports) lives as long as the process: leave it out of the
         # collections ``quiesce`` needs (0.27 s of a switch otherwise). No backend exists yet,
@@ -164,7 +164,7 @@ class HostActor(RamTierMethods, WarmMethods, AheadMethods, WhereMethods):
 
     def build(self) -> dict:
         """Build mesh, model and step from the spec."""
-        from workers.trainer import Trainer
+        from workers.training.trainer import Trainer
 
         t0 = time.perf_counter()
         self.trainer = Trainer(self.spec, before_commit=self._before_commit)
@@ -369,7 +369,7 @@ class HostActor(RamTierMethods, WarmMethods, AheadMethods, WhereMethods):
     def instance_identity(self, settings: dict) -> tuple[str, str] | None:
         """(numeric instance id, instance name) from this VM's metadata server, or None off GCE:
         the driver maps ids to names so events naming only the id reach the right host."""
-        from workers.metadata_watcher import instance_identity
+        from workers.host.metadata_watcher import instance_identity
 
         return instance_identity(settings)
 
@@ -380,7 +380,7 @@ class HostActor(RamTierMethods, WarmMethods, AheadMethods, WhereMethods):
         notice survives this host dying before the driver's next poll.
         """
         try:
-            from workers.metadata_watcher import start_watcher
+            from workers.host.metadata_watcher import start_watcher
         except ImportError:
             return False
         with self._lock:

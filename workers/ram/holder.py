@@ -2,7 +2,7 @@
 
 Runs as a detached, named Ray actor per node (``orchestrator.raygroup.ram_holders``), so a copy
 outlives both the host actor that sent it (kill -9, a new incarnation) and the driver (autoresume).
-Copies arrive over a TCP connection per sending host (``workers.ram_server``, authenticated by
+Copies arrive over a TCP connection per sending host (``workers.ram.server``, authenticated by
 the run's secret) into buffers this process owns: nothing here points into an object-store
 buffer whose owner may die. Ray calls find the holder, list what it has and fetch copies for a
 restore; those that hand out or take copies, or re-key the holder, need the run's token too (Ray
@@ -21,9 +21,9 @@ import threading
 import time
 from dataclasses import dataclass
 
-from workers import ram_auth
-from workers.niceness import LOWEST, idle_this_thread, lower_this_thread
-from workers.ram_server import CopyServer, Limits
+from workers.host.niceness import LOWEST, idle_this_thread, lower_this_thread
+from workers.ram import auth as ram_auth
+from workers.ram.server import CopyServer, Limits
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ def parse_copy(header: dict, data: bytes | bytearray, *, max_copy_bytes: int) ->
 
 
 class _Durable:
-    """Saves copies with Orbax (``workers.copy_store``) in one background thread, in the idle
+    """Saves copies with Orbax (``workers.ram.copy_store``) in one background thread, in the idle
     scheduling class; a copy is saved only if it is authentic."""
 
     def __init__(self, directory: str, keep_steps: int) -> None:
@@ -122,7 +122,7 @@ class _Durable:
             lower_this_thread(PERSIST_NICE, what="the durable writer")
         import orbax.checkpoint  # noqa: F401  (before the first save needs it)
 
-        from workers import copy_store
+        from workers.ram import copy_store
         while True:
             copy, key = self.queue.get()
             t0 = time.perf_counter()

@@ -1,4 +1,4 @@
-"""The host actor's warm-process methods (a mixin of ``workers.host.HostActor``): a standby's
+"""The host actor's warm-process methods (a mixin of ``workers.host.actor.HostActor``): a standby's
 imports, and leaving one JAX runtime in process to join the next
 (``orchestrator/raygroup/warm_pool.py`` drives them). Kept apart so the actor's module stays
 about stepping and checkpoints.
@@ -15,8 +15,8 @@ from typing import Any
 
 from orchestrator.hostspec import HostSpec
 from orchestrator.plan import MEGASCALE_KEYS
-from workers.host_ahead import AHEAD_JOIN_S
-from workers.stops import StopBoard
+from workers.host.ahead import AHEAD_JOIN_S
+from workers.host.stops import StopBoard
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ class WarmMethods:
         import jax  # noqa: F401
         import orbax.checkpoint  # noqa: F401
 
-        import workers.trainer  # noqa: F401  (the step's module)
+        import workers.training.trainer  # noqa: F401  (the step's module)
 
         if task is not None and train is not None and total_steps is not None:
             from workers.task.contract import TaskContext

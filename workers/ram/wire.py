@@ -9,7 +9,7 @@ goes over this wire.
 Frame: ``TPUR`` | header length | data length (network order, 4 + 4 + 8 bytes) | JSON header |
 data. Both lengths are checked against the receiver's bounds *before* anything is allocated.
 
-A connection opens with a challenge and a hello (``workers.ram_auth``): the holder sends
+A connection opens with a challenge and a hello (``workers.ram.auth``): the holder sends
 ``TPUC`` and a random nonce; the host answers with one frame, header
 ``{"writer": <node id>, "proof": HMAC(hello key, nonce, writer)}`` and no data (at most
 ``HELLO_MAX_HEADER`` bytes: nothing larger is read before authentication); the holder answers
@@ -25,7 +25,7 @@ import socket
 import struct
 import time
 
-from workers import ram_auth
+from workers.ram import auth as ram_auth
 
 MAGIC = b"TPUR"
 CHALLENGE = b"TPUC"

@@ -1,4 +1,4 @@
-"""Where a host is (a mixin of ``workers.host.HostActor``), answered on another actor thread
+"""Where a host is (a mixin of ``workers.host.actor.HostActor``), answered on another actor thread
 while a long call runs: what the driver asks when a phase passes its bound, so that a hang
 names the host the others wait for (``orchestrator/raygroup/hangs.py``, ``policies/hangs.py``),
 and the stacks it writes to RUN_DIR/diagnostics then.
@@ -14,8 +14,8 @@ LONG_CALLS = frozenset({"initialize", "build", "restore", "restore_from_ram", "r
                         "restore_from_disk_copy", "compile", "run_steps", "save", "copy_now",
                         "params", "quiesce", "release", "rejoin"})
 """The actor's calls that can block (on a peer, the disk, a device)."""
-_MODULES = frozenset({"workers.host", "workers.host_ram", "workers.host_warm",
-                      "workers.host_ahead"})
+_MODULES = frozenset({"workers.host.actor", "workers.host.ram", "workers.host.warm",
+                      "workers.host.ahead"})
 
 
 def running_calls() -> tuple[str, ...]:

@@ -1,6 +1,6 @@
-"""The holder's end of the RAM tier's wire (``workers.ram_wire``): a TCP server, no Ray.
+"""The holder's end of the RAM tier's wire (``workers.ram.wire``): a TCP server, no Ray.
 
-Every connection is untrusted until its hello passes (``workers.ram_auth``), so before that the
+Every connection is untrusted until its hello passes (``workers.ram.auth``), so before that the
 server reads at most one small frame, within ``hello_timeout_s`` in all. After it, a copy's data
 may be at most ``max_copy_bytes`` (the size the driver expects a copy to have), a connection
 idle for ``idle_timeout_s`` is closed (the sender reconnects), and at most ``max_connections``
@@ -19,7 +19,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from workers import ram_auth, ram_wire
+from workers.ram import auth as ram_auth
+from workers.ram import wire as ram_wire
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 The step pays for packing (its shards copied into one host buffer: the next step donates the
 device buffers, so this part cannot wait; ``replica.Packer`` works the layout out once). A
-sender thread streams the bytes to both holders over their wire (``workers.ram_wire``: one TCP
+sender thread streams the bytes to both holders over their wire (``workers.ram.wire``: one TCP
 connection each, no Ray call per step) and waits for their acknowledgements, so at most one copy
 is in flight and, with ``keep >= 2``, every holder has a complete older set while the newest
 arrives. Before a new copy is queued, the previous one must have arrived (bounded by
@@ -32,8 +32,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from policies.ram_tier import copy_due
-from workers import ram_auth, ram_wire, replica
-from workers.niceness import idle_this_thread
+from workers.host.niceness import idle_this_thread
+from workers.ram import auth as ram_auth
+from workers.ram import replica
+from workers.ram import wire as ram_wire
 
 log = logging.getLogger(__name__)
 

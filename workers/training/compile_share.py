@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from workers.executables import ExecutableStore, key_digest
+from workers.training.executables import ExecutableStore, key_digest
 
 log = logging.getLogger(__name__)
 
