@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 
 from orchestrator.driver import logs
-from orchestrator.errors import ConfigError
+from orchestrator.shared.errors import ConfigError
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

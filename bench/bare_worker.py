@@ -37,10 +37,10 @@ def main(argv: list[str]) -> int:
     import jax
 
     from orchestrator.config import load_config
-    from orchestrator.hosts import HostRef
-    from orchestrator.hostspec import HostSpec
-    from orchestrator.plan import MeshPlan
-    from workers.training.executables import store_dir
+    from orchestrator.shared.host_env import store_dir
+    from orchestrator.shared.hosts import HostRef
+    from orchestrator.shared.hostspec import HostSpec
+    from orchestrator.shared.plan import MeshPlan
     from workers.training.trainer import Trainer
 
     t_start = time.time()

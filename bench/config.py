@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
-from orchestrator.errors import ConfigError
+from orchestrator.shared.errors import ConfigError
 
 Mode = Literal["smoke", "quick", "full"]
 

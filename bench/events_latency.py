@@ -31,7 +31,7 @@ from orchestrator.events.eventlog import read_jsonl
 from orchestrator.events.intake import EventIntake
 from orchestrator.events.model import Event, EventKind, Target
 from orchestrator.events.pubsub_source import make_publisher, make_subscriber
-from orchestrator.hosts import HostRef
+from orchestrator.shared.hosts import HostRef
 
 PROJECT = "bench-project"
 HOSTS = [HostRef(index=i, slice_name="s", worker_id=i, node_id=f"n{i}", node_ip=f"10.0.0.{i}",

@@ -11,10 +11,10 @@ from __future__ import annotations
 import os
 
 from orchestrator.config import load_config
-from orchestrator.hosts import HostRef
-from orchestrator.hostspec import HostSpec
-from orchestrator.plan import MEGASCALE_KEYS, MeshPlan, plan_mesh
 from orchestrator.raygroup.group import host_envs
+from orchestrator.shared.hosts import HostRef
+from orchestrator.shared.hostspec import HostSpec
+from orchestrator.shared.plan import MEGASCALE_KEYS, MeshPlan, plan_mesh
 
 
 def _plan(cfg, layout: dict[str, int]) -> MeshPlan:

@@ -26,9 +26,9 @@ def train_loop(config: dict) -> None:
     import ray.train
 
     from orchestrator.config import load_config
-    from orchestrator.hosts import HostRef
-    from orchestrator.hostspec import HostSpec
-    from orchestrator.plan import MeshPlan
+    from orchestrator.shared.hosts import HostRef
+    from orchestrator.shared.hostspec import HostSpec
+    from orchestrator.shared.plan import MeshPlan
     from workers.training.trainer import Trainer
 
     ctx = ray.train.get_context()

@@ -26,7 +26,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from bench import sim_validation
-from orchestrator.errors import OrchestratorError
+from orchestrator.shared.errors import OrchestratorError
 from orchestrator.sim import cli
 from orchestrator.sim.config import load_sim_config
 from orchestrator.sim.report import write_json

@@ -38,9 +38,9 @@ from typing import Any
 
 import yaml
 
-from orchestrator import configtools
-from orchestrator.errors import OrchestratorError
 from orchestrator.metrics.rundir import load_run
+from orchestrator.shared import configtools
+from orchestrator.shared.errors import OrchestratorError
 from orchestrator.sim.config import SimConfig
 from orchestrator.sim.runner import simulate
 

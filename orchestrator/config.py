@@ -1,5 +1,9 @@
 """The run's configuration: nested keyword-only dataclasses, validated before any actor starts.
 
+The driver's config tree. The sections a host receives (``train``, ``eval``, ``checkpoint``, the
+resolved mesh shape) are defined in ``orchestrator.shared.sections`` and the task's in
+``orchestrator.shared.task``, so a host never imports this module.
+
 Each section checks what it can alone in ``__post_init__``; ``RunConfig.validate_for`` checks what
 needs the cluster (mesh axes against the devices there are). Every error names the setting and
 the fix.
@@ -13,20 +17,22 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
-from orchestrator import configtools
 from orchestrator.controller.config import ControllerConfig
-from orchestrator.errors import ConfigError
 from orchestrator.events.config import EventsConfig
 from orchestrator.metrics.config import MetricsConfig
-from orchestrator.task_config import ModelConfig, TaskConfig, reconcile
+from orchestrator.shared import configtools
+from orchestrator.shared.errors import ConfigError
+from orchestrator.shared.sections import (
+    CheckpointConfig,
+    EvalConfig,
+    MeshShape,
+    TrainConfig,
+    positive,
+)
+from orchestrator.shared.task import ModelConfig, TaskConfig, reconcile
 
-__all__ = ["EvalConfig", "ModelConfig", "RunConfig", "TaskConfig", "TrainConfig", "load_config"]
-
-
-def _positive(setting: str, value: float, fix: str = "") -> None:
-    if value <= 0:
-        raise ConfigError(setting, f"must be > 0, got {value}",
-                          fix or f"set `{setting}` to a positive value")
+__all__ = ["CheckpointConfig", "EvalConfig", "MeshShape", "ModelConfig", "RunConfig", "TaskConfig",
+           "TrainConfig", "load_config"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,7 +50,7 @@ class RunSection:
         if not self.name or not all(c.isalnum() or c in "-_." for c in self.name):
             raise ConfigError("run.name", f"{self.name!r} is empty or has characters other than "
                               "letters, digits, '-', '_' and '.'", "pick a name like my-run-1")
-        _positive("run.total_steps", self.total_steps)
+        positive("run.total_steps", self.total_steps)
         if self.steps_per_call < 0:
             raise ConfigError("run.steps_per_call", "must be >= 0", "use 0 for automatic")
 
@@ -64,9 +70,9 @@ class EmulateConfig:
     goes away at the notice's deadline and a new slice joins this many seconds later."""
 
     def __post_init__(self) -> None:
-        _positive("cluster.emulate.slices", self.slices)
-        _positive("cluster.emulate.hosts_per_slice", self.hosts_per_slice)
-        _positive("cluster.emulate.devices_per_host", self.devices_per_host)
+        positive("cluster.emulate.slices", self.slices)
+        positive("cluster.emulate.hosts_per_slice", self.hosts_per_slice)
+        positive("cluster.emulate.devices_per_host", self.devices_per_host)
         if self.spare_slices < 0:
             raise ConfigError("cluster.emulate.spare_slices", "must be >= 0", "set it to 0 or more")
         r = self.replace_after_s
@@ -99,7 +105,7 @@ class ClusterConfig:
     cluster is seen (devices per host unknown)."""
 
     def __post_init__(self) -> None:
-        _positive("cluster.connect_timeout_s", self.connect_timeout_s)
+        positive("cluster.connect_timeout_s", self.connect_timeout_s)
         for name in ("device_memory_gib", "host_memory_gib"):
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int | float)
@@ -178,133 +184,6 @@ def _fill(prefix: str, axes: dict[str, int], total: int, what: str) -> dict[str,
 
 
 @dataclass(frozen=True, kw_only=True)
-class MeshShape:
-    """Resolved axis sizes. The mesh is (data, fsdp, tensor); each axis is DCN × ICI."""
-
-    ici_data: int
-    ici_fsdp: int
-    ici_tensor: int
-    dcn_data: int
-    dcn_fsdp: int
-
-    @property
-    def shape(self) -> tuple[int, int, int]:
-        return (self.dcn_data * self.ici_data, self.dcn_fsdp * self.ici_fsdp, self.ici_tensor)
-
-    @property
-    def batch_parallel(self) -> int:
-        """Ways the batch is split (data × fsdp)."""
-        return self.shape[0] * self.shape[1]
-
-    def as_dict(self) -> dict[str, int]:
-        return {"data": self.shape[0], "fsdp": self.shape[1], "tensor": self.shape[2],
-                "dcn_data": self.dcn_data, "dcn_fsdp": self.dcn_fsdp}
-
-
-@dataclass(frozen=True, kw_only=True)
-class TrainConfig:
-    """Optimizer and batch. AdamW with linear warmup then cosine decay, global-norm clipping."""
-
-    global_batch: int = 16
-    learning_rate: float = 3e-3
-    warmup_steps: int = 20
-    decay_steps: int = 0
-    """0: decay over run.total_steps."""
-    end_lr_ratio: float = 0.1
-    weight_decay: float = 0.01
-    grad_clip: float = 1.0
-    b1: float = 0.9
-    b2: float = 0.98
-
-    def __post_init__(self) -> None:
-        _positive("train.global_batch", self.global_batch)
-        _positive("train.learning_rate", self.learning_rate)
-        _positive("train.grad_clip", self.grad_clip)
-        if self.warmup_steps < 0 or self.decay_steps < 0:
-            raise ConfigError("train.warmup_steps", "steps must be >= 0", "use 0 or more")
-        if not 0 <= self.end_lr_ratio <= 1:
-            raise ConfigError("train.end_lr_ratio", "must be within [0, 1]", "e.g. 0.1")
-
-
-@dataclass(frozen=True, kw_only=True)
-class EvalConfig:
-    """Periodic eval of the task on its held-out split (``Task.eval_data``, docs/tasks.md):
-    after every ``every``-th step, at that step boundary on the training mesh, ``batches``
-    batches of ``train.global_batch`` held-out rows; loss and perplexity go to the metric sinks
-    and ``summary.json``. Off by default: an eval costs its forward passes and a compile per
-    group, and a task without a held-out split has nothing to evaluate."""
-
-    every: int = 0
-    """Steps between evals (at steps ``every``, ``2·every``, ...); 0: no eval."""
-    batches: int = 4
-    """Held-out batches per eval, each of ``train.global_batch`` rows (the same rows every
-    eval, so evals compare); the held-out split must hold ``batches × global_batch`` rows."""
-
-    def __post_init__(self) -> None:
-        for name, low in (("every", 0), ("batches", 1)):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise ConfigError(f"eval.{name}", f"{value!r} is not a whole number >= {low}",
-                                  "set eval.every to the steps between evals (0: off) and "
-                                  "eval.batches to 1 or more")
-
-
-@dataclass(frozen=True, kw_only=True)
-class RamTierConfig:
-    """The host-RAM tier: every ``every`` steps each host's shards are copied to a holder on its
-    own node and on a peer host in another slice (policies/ram_tier.py), so a host lost without
-    notice costs at most about ``every`` steps instead of up to a checkpoint interval."""
-
-    enabled: bool = False
-    """Off by default: it adds one holder process per node; turn it on for preemptible slices."""
-    every: int = 1
-    keep: int = 2
-    """Copies kept per sending host and holder; 2 keeps a complete set while the next arrives."""
-    durable_from_ram: bool = True
-    """Periodic durable saves are written from the RAM copy by the holder on each node (Orbax,
-    idle scheduling class, ``RUN_DIR/checkpoints-from-ram``), not from the devices by the training
-    process; drain and final saves stay Orbax saves of the global arrays."""
-    max_host_bytes: int = 2 * 1024**3
-    """A host whose copies would make a holder exceed this stops copying (and says so); its
-    restores then come from the durable tier."""
-    ab_block_steps: int = 0
-    """Measurement aid (``bench/tiers.py``), 0 = off: copy only in alternate blocks of this many
-    steps (steps 1..n on, n+1..2n off, ...), so one run compares steps with and without the tier
-    side by side. A host lost in an off block loses up to this many more steps."""
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.enabled, bool):
-            raise ConfigError("checkpoint.ram.enabled", f"{self.enabled!r} is not a boolean",
-                              "set checkpoint.ram.enabled=true or false")
-        if not isinstance(self.durable_from_ram, bool):
-            raise ConfigError("checkpoint.ram.durable_from_ram",
-                              f"{self.durable_from_ram!r} is not a boolean",
-                              "set checkpoint.ram.durable_from_ram=true or false")
-        _positive("checkpoint.ram.every", self.every)
-        if self.keep < 2:
-            raise ConfigError("checkpoint.ram.keep", f"{self.keep} < 2: a holder would drop its "
-                              "only complete copy when the next step's starts arriving",
-                              "set checkpoint.ram.keep=2 or more")
-        _positive("checkpoint.ram.max_host_bytes", self.max_host_bytes)
-        if not isinstance(self.ab_block_steps, int) or self.ab_block_steps < 0:
-            raise ConfigError("checkpoint.ram.ab_block_steps",
-                              f"{self.ab_block_steps!r} is not a whole number >= 0",
-                              "leave it at 0 (copy every `every` steps) or set e.g. 10")
-
-
-@dataclass(frozen=True, kw_only=True)
-class CheckpointConfig:
-    """Orbax checkpointing into RUN_DIR/checkpoints. How often: controller.checkpoint_interval."""
-
-    keep: int = 3
-    async_save: bool = True
-    ram: RamTierConfig = field(default_factory=RamTierConfig)
-
-    def __post_init__(self) -> None:
-        _positive("checkpoint.keep", self.keep)
-
-
-@dataclass(frozen=True, kw_only=True)
 class CompileConfig:
     """Compiled steps kept in RUN_DIR/executables (workers/training/executables.py), so a re-formed
     or resumed group of a mesh seen before loads its step (~0.1 s) instead of compiling (~2 s)."""
@@ -360,7 +239,7 @@ class TimeoutsConfig:
 
     def __post_init__(self) -> None:
         for name in ("init_s", "compile_s", "restore_s", "step_s", "save_s", "heartbeat_s"):
-            _positive(f"timeouts.{name}", getattr(self, name))
+            positive(f"timeouts.{name}", getattr(self, name))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -370,7 +249,7 @@ class RunConfig:
     mesh: MeshConfig = field(default_factory=MeshConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
-    """The built-in ``lm`` task's settings (``orchestrator/task_config.py: reconcile``)."""
+    """The built-in ``lm`` task's settings (``orchestrator/shared/task.py: reconcile``)."""
     train: TrainConfig = field(default_factory=TrainConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     timeouts: TimeoutsConfig = field(default_factory=TimeoutsConfig)

@@ -23,13 +23,13 @@ from typing import Any
 
 import structlog
 
-from orchestrator import configtools
 from orchestrator.config import RunConfig, load_config
 from orchestrator.driver import logs
 from orchestrator.driver.lock import RunDirBusy, RunDirLock
 from orchestrator.driver.signals import EXIT_SIGINT, EXIT_SIGTERM, StopSignals
 from orchestrator.driver.task_check import check_task
-from orchestrator.errors import (
+from orchestrator.shared import configtools
+from orchestrator.shared.errors import (
     CheckpointError,
     ClusterUnreachableError,
     ConfigError,
@@ -233,7 +233,7 @@ class Driver:
 
     def _check_capacity(self, cluster: Any) -> None:
         """Fail fast (before any actor) when the cluster cannot host the requested mesh."""
-        from orchestrator.plan import plan_mesh
+        from orchestrator.shared.plan import plan_mesh
 
         hosts = cluster.hosts()
         if not hosts:

@@ -11,7 +11,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
-from orchestrator.errors import OrchestratorError
 from orchestrator.lifecycle import (
     OPTIONAL_PAYLOAD,
     REQUIRED_PAYLOAD,
@@ -33,6 +32,7 @@ from orchestrator.lifecycle import (
     Transition,
     WaitingForCapacity,
 )
+from orchestrator.shared.errors import OrchestratorError
 from policies.causes import StopCause
 
 S = RunState

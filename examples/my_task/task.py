@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from orchestrator.errors import ConfigError
+from orchestrator.shared.errors import ConfigError
 from workers.task import Task, TaskContext
 from workers.task.nnx import NnxModel
 from workers.task.optim import adamw_cosine

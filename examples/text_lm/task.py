@@ -28,9 +28,9 @@ from typing import Literal
 import jax.numpy as jnp
 import optax
 
-from orchestrator.config import ModelConfig
 from orchestrator.data.settings import DataSettings
-from orchestrator.errors import ConfigError
+from orchestrator.shared.errors import ConfigError
+from orchestrator.shared.task import ModelConfig
 from workers.input import open_heldout, open_source
 from workers.task import Task, TaskContext
 from workers.task.optim import adamw_cosine

@@ -13,7 +13,7 @@ from orchestrator.autoresume.config import load
 from orchestrator.autoresume.intake import run_forever
 from orchestrator.autoresume.ray_jobs import RayJobs
 from orchestrator.autoresume.service import AutoresumeService
-from orchestrator.errors import ConfigError, OrchestratorError
+from orchestrator.shared.errors import ConfigError, OrchestratorError
 
 log = structlog.get_logger("orchestrator.autoresume")
 

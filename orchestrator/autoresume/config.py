@@ -9,8 +9,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
-from orchestrator import configtools
-from orchestrator.errors import ConfigError
+from orchestrator.shared import configtools
+from orchestrator.shared.errors import ConfigError
 from policies.autoresume import AutoresumeRules, IncidentKind
 
 _SUBSCRIPTION_RE = re.compile(r"^projects/[^/]+/subscriptions/[^/]+$")

@@ -37,8 +37,8 @@ from typing import Any
 import yaml
 
 from orchestrator.autoresume.runenv import REDACTED, RefusedResubmission
-from orchestrator.configtools import parse_override
-from orchestrator.errors import ConfigError
+from orchestrator.shared.configtools import parse_override
+from orchestrator.shared.errors import ConfigError
 
 _ENTRYPOINT_PREFIX = ("-m", "orchestrator.main")
 _PYTHONS = frozenset({"python", "python3"})

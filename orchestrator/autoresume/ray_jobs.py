@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import structlog
 
 from orchestrator.autoresume.config import RayJobsConfig
-from orchestrator.errors import ClusterUnreachableError, ConfigError
+from orchestrator.shared.errors import ClusterUnreachableError, ConfigError
 from policies.autoresume import JobStatus, Submission, restart_of
 
 log = structlog.get_logger(__name__)

@@ -47,8 +47,8 @@ from orchestrator.autoresume.runs import (
     last_heartbeat,
 )
 from orchestrator.autoresume.state import JsonlLog, Pending, StateStore
-from orchestrator.errors import ClusterUnreachableError
 from orchestrator.events.model import MalformedEvent
+from orchestrator.shared.errors import ClusterUnreachableError
 from policies.autoresume import (
     Action,
     Decision,

@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.cluster.nodes import Shape, head_args, host_args, host_labels
-from orchestrator.errors import OrchestratorError
 from orchestrator.raygroup.topology import INSTANCE_LABEL, LOOPBACK
+from orchestrator.shared.errors import OrchestratorError
 
 STARTED = "Ray runtime started."
 READY_TIMEOUT_S = 120.0

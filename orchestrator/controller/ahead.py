@@ -13,8 +13,8 @@ from __future__ import annotations
 from orchestrator.controller.context import Run, log
 from orchestrator.controller.planning import complete_slices, resized_cfg, usable_hosts
 from orchestrator.controller.seam import GroupSpec
-from orchestrator.errors import OrchestratorError
-from orchestrator.plan import plan_mesh
+from orchestrator.shared.errors import OrchestratorError
+from orchestrator.shared.plan import plan_mesh
 
 
 def shrink_spec(run: Run) -> GroupSpec | None:

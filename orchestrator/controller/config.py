@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
-from orchestrator.errors import ConfigError
+from orchestrator.shared.errors import ConfigError
 from policies.causes import StopCause, StopClassifier
 from policies.chaos import Fault, FaultKind, FaultSchedule
 from policies.checkpoint_interval import FixedInterval, SavePolicy, YoungDaly

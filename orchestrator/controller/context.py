@@ -18,9 +18,9 @@ from orchestrator.config import RunConfig
 from orchestrator.controller.config import ControllerConfig, Policies
 from orchestrator.controller.ledger import RecoveryLedger
 from orchestrator.controller.seam import Clock, ClusterView, GroupFactory, WorkerGroup
-from orchestrator.hosts import HostRef
 from orchestrator.lifecycle import Lifecycle, Payload, RunState
-from orchestrator.plan import MeshPlan
+from orchestrator.shared.hosts import HostRef
+from orchestrator.shared.plan import MeshPlan
 from policies.causes import StopCause
 from policies.resize import BatchPlan
 

@@ -21,8 +21,8 @@ from orchestrator.controller.plugins import ChaosPlugin, RunPlugin
 from orchestrator.controller.reactions import Reactions
 from orchestrator.controller.seam import Clock, ClusterView, GroupFactory, SystemClock
 from orchestrator.controller.summary import RunSummary, write_summary
-from orchestrator.errors import OrchestratorError
 from orchestrator.lifecycle import Failed, Lifecycle, RunState
+from orchestrator.shared.errors import OrchestratorError
 from policies.causes import StopCause
 
 S = RunState

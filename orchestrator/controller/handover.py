@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from orchestrator.controller.context import Next, Run, log
 from orchestrator.controller.planning import complete_slices, usable_hosts
-from orchestrator.hosts import HostRef
 from orchestrator.lifecycle import HandingOver, RunState
+from orchestrator.shared.hosts import HostRef
 
 S = RunState
 

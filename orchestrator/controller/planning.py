@@ -12,10 +12,10 @@ from collections.abc import Sequence
 from orchestrator.config import RunConfig
 from orchestrator.controller import stopping
 from orchestrator.controller.context import Next, Run, log
-from orchestrator.errors import TopologyError
-from orchestrator.hosts import HostRef
 from orchestrator.lifecycle import Failed, RunState, WaitingForCapacity
-from orchestrator.plan import plan_mesh
+from orchestrator.shared.errors import TopologyError
+from orchestrator.shared.hosts import HostRef
+from orchestrator.shared.plan import plan_mesh
 from policies.preemption import PlacementKind, PlacementObservation
 from policies.resize import BatchPlan, ResizeObservation
 

@@ -16,7 +16,7 @@ from typing import Any
 from orchestrator.controller import stopping
 from orchestrator.controller.context import Pending, Run, log
 from orchestrator.controller.seam import HostsLost
-from orchestrator.hosts import HostRef
+from orchestrator.shared.hosts import HostRef
 from policies.causes import StopCause
 from policies.health import HealthReport
 from policies.reaction import Reaction, ReactionKind, ReactionObservation, merge

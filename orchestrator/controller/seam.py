@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from orchestrator.config import RunConfig
-from orchestrator.hosts import HostRef
-from orchestrator.plan import MeshPlan
+from orchestrator.shared.hosts import HostRef
+from orchestrator.shared.plan import MeshPlan
 from policies.causes import FailureKind
 
 # ---- typed statuses ---------------------------------------------------------------------------

@@ -16,7 +16,7 @@ import sys
 import textwrap
 from collections.abc import Sequence
 
-from orchestrator.errors import ConfigError
+from orchestrator.shared.errors import ConfigError
 
 EXIT_BAD_INPUT = 2
 

@@ -20,7 +20,7 @@ import os
 import posixpath
 from typing import Any
 
-from orchestrator.errors import DataError
+from orchestrator.shared.errors import DataError
 
 CHUNK = 8 << 20
 EDGE = 64 << 10

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from orchestrator.data import fs as fslib
-from orchestrator.errors import DataError
+from orchestrator.shared.errors import DataError
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1

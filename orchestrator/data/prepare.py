@@ -33,7 +33,7 @@ import numpy as np
 from orchestrator.data import fs as fslib
 from orchestrator.data import tokenizer as toklib
 from orchestrator.data.manifest import MANIFEST, Manifest, Shard, TokenizerInfo
-from orchestrator.errors import ConfigError, DataError
+from orchestrator.shared.errors import ConfigError, DataError
 
 TOKENIZER_FILE = "tokenizer.json"
 CHUNK_CHARS = 1 << 20

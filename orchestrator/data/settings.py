@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Literal
 
-from orchestrator.errors import ConfigError
+from orchestrator.shared.errors import ConfigError
 
 SETTING = "task.data"
 

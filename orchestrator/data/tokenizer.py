@@ -12,7 +12,7 @@ import hashlib
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from orchestrator.errors import DataError
+from orchestrator.shared.errors import DataError
 
 EOS = "<|endoftext|>"
 MIN_VOCAB = 256 + 1

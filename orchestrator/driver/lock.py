@@ -18,7 +18,7 @@ from pathlib import Path
 
 import structlog
 
-from orchestrator.errors import OrchestratorError
+from orchestrator.shared.errors import OrchestratorError
 
 LOCK_NAME = "driver.lock"
 log = structlog.get_logger("orchestrator.driver.lock")

@@ -26,10 +26,10 @@ from typing import Any
 
 import structlog
 
-from orchestrator import configtools
 from orchestrator.driver.memory_bound import MemoryBounds, bounds_for, memory_line
-from orchestrator.errors import CheckpointError, ConfigError, DoesNotFit
-from orchestrator.task_config import task_ref
+from orchestrator.shared import configtools
+from orchestrator.shared.errors import CheckpointError, ConfigError, DoesNotFit
+from orchestrator.shared.task import task_ref
 
 log = structlog.get_logger(__name__)
 
@@ -161,7 +161,7 @@ def check_checkpoint(ckpt: Path, summary: TaskSummary) -> None:
     is damaged is left to the restore, which falls back past it (and says so); only when no
     committed step is readable is the directory refused as not ours.
     """
-    from workers import ckpt_layout  # standard library only
+    from orchestrator.shared import layout as ckpt_layout  # standard library only
 
     steps = sorted(ckpt_layout.committed_steps(ckpt), reverse=True) if ckpt.is_dir() else []
     unreadable: list[tuple[int, ValueError]] = []

@@ -19,7 +19,6 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from orchestrator.errors import OrchestratorError
 from orchestrator.events.config import PubSubConfig
 from orchestrator.events.eventlog import read_jsonl
 from orchestrator.events.inbox import write_inbox
@@ -32,6 +31,7 @@ from orchestrator.events.model import (
     Target,
     new_event_id,
 )
+from orchestrator.shared.errors import OrchestratorError
 
 RUN_FILE = "run.json"  # written by the driver: its `job` is the run's name
 

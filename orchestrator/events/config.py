@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from orchestrator.errors import ConfigError
+from orchestrator.shared.errors import ConfigError
 
 LOCAL_PROJECT = "local-project"  # the embedded emulator's project
 METADATA_DEFAULT_ENDPOINT = "http://metadata.google.internal/computeMetadata/v1"

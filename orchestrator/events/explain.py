@@ -25,7 +25,7 @@ from orchestrator.events import bounded, parsing
 from orchestrator.events.config import EventsConfig
 from orchestrator.events.model import MalformedEvent
 from orchestrator.events.relevance import judge
-from orchestrator.hosts import HostRef
+from orchestrator.shared.hosts import HostRef
 from policies.reaction import ReactionObservation, ReactionPolicy
 
 TOPOLOGY_FILE = "topology.json"

@@ -44,7 +44,7 @@ from orchestrator.events.pubsub_source import (
 )
 from orchestrator.events.relevance import Verdict, relevance, staleness
 from orchestrator.events.replay import kept_out, unhandled_events
-from orchestrator.hosts import HostRef
+from orchestrator.shared.hosts import HostRef
 
 log = structlog.get_logger(__name__)
 

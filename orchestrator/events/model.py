@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
-from orchestrator.errors import OrchestratorError
+from orchestrator.shared.errors import OrchestratorError
 
 SCHEMA_VERSION = 1
 MAX_ID_CHARS = 512

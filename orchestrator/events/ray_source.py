@@ -21,7 +21,7 @@ from typing import Any
 import structlog
 
 from orchestrator.events.model import Event, EventKind, Target
-from orchestrator.hosts import HostRef
+from orchestrator.shared.hosts import HostRef
 
 log = structlog.get_logger(__name__)
 

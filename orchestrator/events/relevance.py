@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from orchestrator.events.model import Event, EventKind
 from orchestrator.events.targeting import Targeting, resolve_targets
-from orchestrator.hosts import HostRef
+from orchestrator.shared.hosts import HostRef
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.hosts import HostRef
+from orchestrator.shared.hosts import HostRef
 
 
 @dataclass(frozen=True)

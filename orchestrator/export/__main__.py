@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from orchestrator.errors import OrchestratorError
+from orchestrator.shared.errors import OrchestratorError
 
 
 def main(argv: Sequence[str] | None = None) -> int:

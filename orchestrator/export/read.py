@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.export.select import ORBAX, ExportError, Source, listing
-from workers import ckpt_layout
+from orchestrator.shared import layout as ckpt_layout
 
 SECRET_FILE = "ram_secret"  # orchestrator.raygroup.ram_holders.SECRET_FILE (it imports Ray)
 PARAMS = "params"

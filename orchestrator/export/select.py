@@ -1,8 +1,8 @@
 """Which step an export reads: the complete steps of both durable tiers of a run directory.
 
 No JAX or Orbax (``workers.ram.copy_store`` imports Orbax only to read). A step is complete in the
-Orbax tier when ``workers.ckpt_layout`` calls it committed (``RUN_DIR/checkpoints/<step>``: commit
-marker and readable step metadata), and in the tier the RAM holders write
+Orbax tier when ``orchestrator.shared.layout`` calls it committed (``RUN_DIR/checkpoints/<step>``:
+commit marker and readable step metadata), and in the tier the RAM holders write
 (``RUN_DIR/checkpoints-from-ram/<step>``) when every source is there (``COMPLETE``,
 ``workers.ram.copy_store``). With no ``--step`` the newest complete step of either tier is taken; a
 step complete in both is read from Orbax (it needs no run secret).
@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.errors import OrchestratorError
-from workers import ckpt_layout
-from workers.ckpt_layout import StepState
+from orchestrator.shared import layout as ckpt_layout
+from orchestrator.shared.errors import OrchestratorError
+from orchestrator.shared.layout import StepState
 from workers.ram import copy_store
 
 ORBAX = "orbax"

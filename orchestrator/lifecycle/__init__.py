@@ -20,7 +20,6 @@ from typing import Any
 
 import structlog
 
-from orchestrator.errors import OrchestratorError
 from orchestrator.lifecycle.payloads import (
     Backoff,
     Checkpointing,
@@ -32,6 +31,7 @@ from orchestrator.lifecycle.payloads import (
     Restoring,
     WaitingForCapacity,
 )
+from orchestrator.shared.errors import OrchestratorError
 
 log = structlog.get_logger(__name__)
 

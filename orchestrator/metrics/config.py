@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from orchestrator.errors import ConfigError
+from orchestrator.shared.errors import ConfigError
 
 _LABEL_KEY = re.compile(r"^[a-z][a-z0-9_]{0,99}$")
 _PREFIXES = ("custom.googleapis.com/", "workload.googleapis.com/", "external.googleapis.com/")

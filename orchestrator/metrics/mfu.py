@@ -7,7 +7,7 @@ so MFU compares runs fairly. Pure functions: no JAX, no clock, no I/O.
 
 from __future__ import annotations
 
-from orchestrator.errors import ConfigError
+from orchestrator.shared.errors import ConfigError
 
 PEAK_BF16_FLOPS_PER_CHIP: dict[str, float] = {
     "v4": 275e12,

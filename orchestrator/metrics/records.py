@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.errors import OrchestratorError
+from orchestrator.shared.errors import OrchestratorError
+from orchestrator.shared.task import METRIC_NAME
 
 
 class BadStepRecord(OrchestratorError):
@@ -125,8 +125,6 @@ def _coerce(name: str, tp: Any, value: Any) -> Any:
 
 _FIELD_NAMES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(StepRecord))
 
-METRIC_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
-"""An eval split or metric name (a TensorBoard tag part): lower-case letters, digits and _."""
 _SPLIT = METRIC_NAME
 
 

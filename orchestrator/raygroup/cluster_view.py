@@ -13,8 +13,8 @@ import structlog
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from orchestrator.hosts import HostRef
-from orchestrator.hostspec import HostSpec
+from orchestrator.shared.hosts import HostRef
+from orchestrator.shared.hostspec import HostSpec
 
 log = structlog.get_logger(__name__)
 

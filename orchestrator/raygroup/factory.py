@@ -7,13 +7,13 @@ import dataclasses
 from typing import Any
 
 from orchestrator.controller.seam import GroupSpec
-from orchestrator.hosts import HostRef
 from orchestrator.raygroup.cluster_view import RayClusterView, spawn
 from orchestrator.raygroup.group import RayWorkerGroup
 from orchestrator.raygroup.ram_holders import RamTier
 from orchestrator.raygroup.warm_pool import WarmPool
-from orchestrator.task_config import task_ref
-from workers.host.actor import device_env
+from orchestrator.shared.host_env import device_env
+from orchestrator.shared.hosts import HostRef
+from orchestrator.shared.task import task_ref
 
 
 class RayGroups:

@@ -31,10 +31,6 @@ from orchestrator.controller.seam import (
     Running,
     Saved,
 )
-from orchestrator.errors import CheckpointCorrupt, OrchestratorError
-from orchestrator.hosts import HostRef
-from orchestrator.hostspec import HostSpec
-from orchestrator.plan import MeshPlan
 from orchestrator.raygroup import hangs as ray_hangs
 from orchestrator.raygroup import results as ray_results
 from orchestrator.raygroup.cluster_view import dead_hosts, spawn
@@ -42,9 +38,13 @@ from orchestrator.raygroup.ram_holders import RamTier
 from orchestrator.raygroup.results import combine, compiled, failure_kind, lost_kind, restored
 from orchestrator.raygroup.runtime import join_group
 from orchestrator.raygroup.warm_pool import WarmPool
+from orchestrator.shared.errors import CheckpointCorrupt, OrchestratorError
+from orchestrator.shared.host_env import device_env, store_dir
+from orchestrator.shared.hosts import HostRef
+from orchestrator.shared.hostspec import HostSpec
+from orchestrator.shared.plan import MeshPlan
 from policies.causes import FailureKind
-from workers.host.actor import HostActor, device_env
-from workers.training.executables import store_dir
+from workers.host.actor import HostActor
 
 log = structlog.get_logger(__name__)
 

@@ -24,11 +24,11 @@ import ray
 import structlog
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from orchestrator.config import RamTierConfig
 from orchestrator.controller.seam import Restored
-from orchestrator.plan import MeshPlan
+from orchestrator.shared import layout as ckpt_layout
+from orchestrator.shared.plan import MeshPlan
+from orchestrator.shared.sections import RamTierConfig
 from policies.ram_tier import ReplicaEntry, TierChoice, choose_tier, peers
-from workers import ckpt_layout
 from workers.ram import copy_store
 from workers.ram.holder import RamHolder
 

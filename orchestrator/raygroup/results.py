@@ -14,7 +14,7 @@ import structlog
 from ray.exceptions import ActorDiedError, ActorUnavailableError, NodeDiedError, RayActorError
 
 from orchestrator.controller.seam import Compiled, GroupFailed, HostsLost, Progress, Restored
-from orchestrator.hosts import HostRef
+from orchestrator.shared.hosts import HostRef
 from policies.causes import FailureKind
 
 log = structlog.get_logger(__name__)

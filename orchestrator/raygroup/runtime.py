@@ -15,7 +15,7 @@ import ray
 
 from orchestrator.controller.seam import GroupFailed, Hung
 from orchestrator.raygroup.cluster_view import wait_listening
-from workers.host.actor import HOST_INIT_SHARE
+from orchestrator.shared.host_env import HOST_INIT_SHARE
 
 PROBE_S = 1.0
 

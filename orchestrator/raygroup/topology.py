@@ -17,8 +17,8 @@ from typing import Any
 import structlog
 
 from orchestrator.cluster.reaper import Reaper, marking
-from orchestrator.errors import ClusterUnreachableError, ConfigError
-from orchestrator.hosts import HostRef
+from orchestrator.shared.errors import ClusterUnreachableError, ConfigError
+from orchestrator.shared.hosts import HostRef
 
 log = structlog.get_logger(__name__)
 

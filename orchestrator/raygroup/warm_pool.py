@@ -19,7 +19,7 @@ import ray
 import structlog
 from ray.exceptions import RayActorError
 
-from orchestrator.hosts import HostRef
+from orchestrator.shared.hosts import HostRef
 
 log = structlog.get_logger(__name__)
 

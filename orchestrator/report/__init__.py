@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from orchestrator.errors import OrchestratorError
 from orchestrator.metrics.goodput import CAUSES
 from orchestrator.metrics.plots import figure_png, markers
 from orchestrator.metrics.rundir import RunData, event_label, event_time, load_run
+from orchestrator.shared.errors import OrchestratorError
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from orchestrator.errors import OrchestratorError
+from orchestrator.shared.errors import OrchestratorError
 from orchestrator.sim import report, sweeps
 from orchestrator.sim.config import SimConfig, load_sim_config
 from orchestrator.sim.runner import SimResult, simulate

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
 
-from orchestrator.hosts import HostRef
+from orchestrator.shared.hosts import HostRef
 from policies.causes import FailureKind
 
 LossListener = Callable[[frozenset[str], FailureKind], None]

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from orchestrator import configtools
 from orchestrator.controller.config import ControllerConfig
-from orchestrator.errors import ConfigError
+from orchestrator.shared import configtools
+from orchestrator.shared.errors import ConfigError
 
 
 def _need(ok: bool, setting: str, problem: str, fix: str) -> None:

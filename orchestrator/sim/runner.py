@@ -23,12 +23,12 @@ from typing import Any
 import structlog
 import yaml
 
-from orchestrator import configtools
 from orchestrator.config import RunConfig
 from orchestrator.controller import Controller
 from orchestrator.controller.summary import write_summary
 from orchestrator.events.intake import EventIntake
 from orchestrator.metrics.goodput import compute_goodput
+from orchestrator.shared import configtools
 from orchestrator.sim import models
 from orchestrator.sim.cluster import SimCluster, slice_names
 from orchestrator.sim.config import SimConfig

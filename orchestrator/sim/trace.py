@@ -24,8 +24,8 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.errors import OrchestratorError
 from orchestrator.events.model import Event, MalformedEvent
+from orchestrator.shared.errors import OrchestratorError
 from orchestrator.sim.config import SimConfig
 from orchestrator.sim.models import draw_delay
 from orchestrator.sim.processes import Happening

@@ -23,7 +23,7 @@ from orchestrator.autoresume.runenv import (
     vet_runtime_env,
 )
 from orchestrator.autoresume.service import AutoresumeService
-from orchestrator.errors import ClusterUnreachableError, ConfigError
+from orchestrator.shared.errors import ClusterUnreachableError, ConfigError
 from policies.autoresume import JobStatus, Submission
 from tests.autoresume.notifications import encode, notification
 from tests.autoresume.test_service_unit import Clock, TableRay, audit, make_run, service

@@ -16,8 +16,8 @@ from orchestrator.autoresume.config import AutoresumeConfig, PolicyConfig, RayJo
 from orchestrator.autoresume.incidents import incident_from_notification
 from orchestrator.autoresume.ray_jobs import RayJobs, SubmissionRefused, auth_headers, belongs_to
 from orchestrator.autoresume.service import AutoresumeService
-from orchestrator.errors import ConfigError
 from orchestrator.events.model import MalformedEvent
+from orchestrator.shared.errors import ConfigError
 from policies.autoresume import IncidentKind, IncidentState, JobStatus, Submission
 from tests.autoresume.notifications import encode, notification
 

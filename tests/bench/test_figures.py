@@ -11,7 +11,7 @@ from bench.config import BenchConfig, preset
 from bench.orchestrated import RunDir
 from bench.schedule import lost_steps, summarize
 from bench.stats import ratio, spread
-from orchestrator.errors import ConfigError
+from orchestrator.shared.errors import ConfigError
 
 
 def _recs(steps, *, t0=100.0, dt=1.0, inc=1, st=0.5):

@@ -24,7 +24,7 @@ from orchestrator.controller.seam import (
     Running,
     Saved,
 )
-from orchestrator.hosts import HostRef
+from orchestrator.shared.hosts import HostRef
 from policies.causes import FailureKind
 
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from orchestrator.controller.seam import HostsLost, Progress
-from orchestrator.hosts import HostRef
 from orchestrator.raygroup.results import combine, lost_kind
+from orchestrator.shared.hosts import HostRef
 from policies.causes import FailureKind
 
 

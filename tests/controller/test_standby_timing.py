@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from orchestrator.config import load_config
 from orchestrator.controller.seam import GroupSpec
-from orchestrator.hosts import HostRef
-from orchestrator.plan import plan_mesh
 from orchestrator.raygroup.group import RayWorkerGroup
+from orchestrator.shared.hosts import HostRef
+from orchestrator.shared.plan import plan_mesh
 
 
 class RecordingPool:

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from orchestrator.autoresume.config import AutoresumeConfig
-from orchestrator.configtools import build
+from orchestrator.shared.configtools import build
 from policies.autoresume import IncidentKind
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"

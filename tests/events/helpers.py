@@ -7,7 +7,7 @@ from pathlib import Path
 
 from orchestrator.events.intake import EventIntake
 from orchestrator.events.model import Event, EventKind, Target
-from orchestrator.hosts import HostRef
+from orchestrator.shared.hosts import HostRef
 
 
 def hosts(n: int = 2, slice_name: str = "slice-a") -> list[HostRef]:

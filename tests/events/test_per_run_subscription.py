@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from orchestrator.errors import ConfigError
 from orchestrator.events import cli
 from orchestrator.events.config import EventsConfig, PubSubConfig
 from orchestrator.events.intake import EventIntake
 from orchestrator.events.relevance import relevance
+from orchestrator.shared.errors import ConfigError
 from tests.events.helpers import event
 
 

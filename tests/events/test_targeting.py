@@ -12,7 +12,7 @@ from orchestrator.events.model import EventKind, MalformedEvent, Target
 from orchestrator.events.parsing import parse_bytes, parse_value
 from orchestrator.events.relevance import staleness
 from orchestrator.events.targeting import resolve_targets
-from orchestrator.hosts import HostRef
+from orchestrator.shared.hosts import HostRef
 from tests.events.conftest import load_fixture
 from tests.events.helpers import event, hosts
 

@@ -39,12 +39,12 @@ def make(run_dir: Path, want: Path) -> None:
     import yaml
     from jax.experimental import multihost_utils
 
-    from orchestrator import configtools
     from orchestrator.config import load_config
-    from orchestrator.hosts import HostRef
-    from orchestrator.hostspec import HostSpec
-    from orchestrator.plan import MeshPlan
     from orchestrator.raygroup.ram_holders import run_secret
+    from orchestrator.shared import configtools
+    from orchestrator.shared.hosts import HostRef
+    from orchestrator.shared.hostspec import HostSpec
+    from orchestrator.shared.plan import MeshPlan
     from workers.ram import auth as ram_auth
     from workers.ram import copy_store, replica
     from workers.training.trainer import Trainer

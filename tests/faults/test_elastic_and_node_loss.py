@@ -13,6 +13,7 @@ import pytest
 
 from orchestrator.controller.config import ChaosFaultConfig
 from orchestrator.raygroup.cluster_view import RayClusterView
+from orchestrator.shared import layout as ckpt_layout
 from tests.faults.harness import (
     Action,
     alive_host_processes,
@@ -22,7 +23,6 @@ from tests.faults.harness import (
     started_cluster,
 )
 from tests.support.ray_cluster import RunningCluster
-from workers import ckpt_layout
 
 pytestmark = pytest.mark.cluster
 

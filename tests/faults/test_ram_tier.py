@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from orchestrator.controller.config import ChaosFaultConfig
+from orchestrator.shared import layout as ckpt_layout
 from tests.faults.harness import (
     Action,
     fault_config,
@@ -23,7 +24,6 @@ from tests.faults.harness import (
     started_cluster,
 )
 from tests.support.ray_cluster import RunningCluster
-from workers import ckpt_layout
 from workers.ram import copy_store
 
 pytestmark = pytest.mark.cluster

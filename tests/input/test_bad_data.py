@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from orchestrator.data.manifest import load, verify
-from orchestrator.errors import ConfigError, DataError
+from orchestrator.shared.errors import ConfigError, DataError
 from tests.input.conftest import SEQ_LEN, VOCAB
 from workers.input import DataSettings, open_source
 from workers.input.prefetch import ReadAhead

@@ -17,7 +17,7 @@ from tokenizers import Tokenizer
 
 from orchestrator.data.manifest import load, verify
 from orchestrator.data.prepare import PrepareConfig, prepare
-from orchestrator.errors import ConfigError, DataError
+from orchestrator.shared.errors import ConfigError, DataError
 from tests.input.conftest import CORPUS, SEQ_LEN, VOCAB, corpus_slice, make_dataset
 from workers.input import manifest_records
 

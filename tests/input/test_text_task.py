@@ -16,7 +16,7 @@ import pytest
 from orchestrator.config import load_config
 from orchestrator.data.manifest import load
 from orchestrator.driver.task_check import run_check
-from orchestrator.errors import ConfigError
+from orchestrator.shared.errors import ConfigError
 from tests.input.conftest import SEQ_LEN, VOCAB
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -21,13 +21,13 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from orchestrator.config import RunConfig
-from orchestrator.errors import OrchestratorError
-from orchestrator.hosts import HostRef
-from orchestrator.hostspec import HostSpec
-from orchestrator.plan import MeshPlan, plan_mesh
+from orchestrator.shared.errors import OrchestratorError
+from orchestrator.shared.host_env import device_env, store_dir
+from orchestrator.shared.hosts import HostRef
+from orchestrator.shared.hostspec import HostSpec
+from orchestrator.shared.plan import MeshPlan, plan_mesh
 from tests.integration.single_process import flatten
-from workers.host.actor import HostActor, device_env
-from workers.training.executables import store_dir
+from workers.host.actor import HostActor
 
 REPO = Path(__file__).resolve().parents[2]
 

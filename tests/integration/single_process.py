@@ -58,9 +58,9 @@ def main(argv: list[str]) -> int:
 
 def _run(devices: int, steps: int, out: str, overrides: list[str]) -> dict:
     from orchestrator.config import load_config
-    from orchestrator.hosts import HostRef
-    from orchestrator.hostspec import HostSpec
-    from orchestrator.plan import MeshPlan
+    from orchestrator.shared.hosts import HostRef
+    from orchestrator.shared.hostspec import HostSpec
+    from orchestrator.shared.plan import MeshPlan
     from workers.training.trainer import Trainer
 
     cfg = load_config(None, overrides)

@@ -10,10 +10,10 @@ import time
 
 import pytest
 
+from orchestrator.shared import layout as ckpt_layout
 from tests.faults.harness import BASE_OVERRIDES
 from tests.integration.cli import _survivors, start_main
 from tests.integration.test_driver_sigkill import _step
-from workers import ckpt_layout
 
 pytestmark = pytest.mark.cluster
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from orchestrator.config import load_config
-from orchestrator.errors import CheckpointError
+from orchestrator.shared.errors import CheckpointError
 from tests.integration.cli import snapshot
 from tests.integration.groups import (
     Group,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.errors import ConfigError
 from orchestrator.metrics.mfu import (
     PEAK_BF16_FLOPS_PER_CHIP,
     analytic_train_flops,
@@ -13,6 +12,7 @@ from orchestrator.metrics.mfu import (
     normalize_accelerator,
     resolve_peak,
 )
+from orchestrator.shared.errors import ConfigError
 
 
 def test_mfu_is_flops_over_time_devices_and_peak():

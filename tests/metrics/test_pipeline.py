@@ -9,8 +9,6 @@ import threading
 import pytest
 from structlog.testing import capture_logs
 
-from orchestrator import configtools
-from orchestrator.errors import ConfigError
 from orchestrator.metrics.config import MetricsConfig
 from orchestrator.metrics.console import ConsoleSink, format_progress
 from orchestrator.metrics.jsonl import JsonlSink
@@ -18,6 +16,8 @@ from orchestrator.metrics.pipeline import MetricsPipeline, build_sinks, identity
 from orchestrator.metrics.raymetrics import RayMetricsSink
 from orchestrator.metrics.records import BadStepRecord, StepRecord
 from orchestrator.metrics.sink import MetricSink
+from orchestrator.shared import configtools
+from orchestrator.shared.errors import ConfigError
 from tests.metrics.synthetic import T0, step_record, transition
 
 

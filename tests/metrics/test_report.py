@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.errors import OrchestratorError
 from orchestrator.metrics.plots import markers
 from orchestrator.metrics.rundir import load_run
 from orchestrator.report import build_report
+from orchestrator.shared.errors import OrchestratorError
 from tests.metrics.synthetic import T0, preempt_shrink_grow_run
 
 REPO = Path(__file__).resolve().parents[2]

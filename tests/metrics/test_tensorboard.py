@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from structlog.testing import capture_logs
 
-from orchestrator import configtools
 from orchestrator.metrics.config import MetricsConfig
 from orchestrator.metrics.pipeline import MetricsPipeline, build_sinks, identity_for
 from orchestrator.metrics.records import BadStepRecord, EvalRecord
 from orchestrator.metrics.tensorboard import STATES, TensorBoardSink
+from orchestrator.shared import configtools
 from tests.metrics.synthetic import T0, preempt_shrink_grow_run, step_record, transition
 from tests.metrics.tfevents import read_dir, series, visible
 

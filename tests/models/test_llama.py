@@ -16,7 +16,7 @@ import numpy as np
 import optax
 import pytest
 
-from orchestrator.errors import ConfigError
+from orchestrator.shared.errors import ConfigError
 from workers.models.llama import (
     LlamaConfig,
     LlamaLM,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.configtools import apply_overrides, build
 from orchestrator.controller.config import ControllerConfig
-from orchestrator.errors import ConfigError
+from orchestrator.shared.configtools import apply_overrides, build
+from orchestrator.shared.errors import ConfigError
 from policies.causes import StopCause
 from policies.chaos import FaultKind
 from policies.checkpoint_interval import FixedInterval, SaveObservation, YoungDaly

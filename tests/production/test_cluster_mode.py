@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.errors import ConfigError
 from orchestrator.main import explain
 from orchestrator.raygroup.topology import JOB_CONFIG_ENV, check_cluster_mode
+from orchestrator.shared.errors import ConfigError
 
 IN_JOB = {JOB_CONFIG_ENV: "{}", "RAY_ADDRESS": "127.0.0.1:6379"}
 

@@ -23,9 +23,9 @@ from orchestrator.events.intake import (
     EVENTS_FILE,
     PUBSUB_INFO_FILE,
 )
-from orchestrator.hosts import HostRef
 from orchestrator.lifecycle import TIMELINE_FILE
 from orchestrator.main import Driver
+from orchestrator.shared.hosts import HostRef
 
 CONTRACTS = Path(__file__).resolve().parents[2] / "docs" / "CONTRACTS.md"
 

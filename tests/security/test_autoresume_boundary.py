@@ -29,8 +29,8 @@ from orchestrator.autoresume.runenv import (
 )
 from orchestrator.autoresume.state import JsonlLog
 from orchestrator.config import RunConfig, load_config
-from orchestrator.errors import ClusterUnreachableError, ConfigError
 from orchestrator.main import Driver
+from orchestrator.shared.errors import ClusterUnreachableError, ConfigError
 from policies.autoresume import JobStatus, Submission, next_submission_id, restart_of
 from tests.autoresume.notifications import encode, notification
 from tests.autoresume.test_service_unit import Clock, TableRay, audit, make_run, service

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from workers.training.exec_auth import ENV_KEY, Untrusted, key_path, load_key
+from orchestrator.shared.host_env import ENV_KEY, key_path
+from workers.training.exec_auth import Untrusted, load_key
 from workers.training.executables import MAGIC, ExecutableStore, executable_key
 
 REPO = Path(__file__).resolve().parents[2]
@@ -207,9 +208,9 @@ def test_key_path_comes_from_the_environment_and_never_the_home_dir_in_tests():
 def test_hosts_get_the_key_path_never_the_key(tmp_path):
     """HostSpec carries the key file's path; the key's bytes appear nowhere in it."""
     from orchestrator.config import load_config
-    from orchestrator.hosts import HostRef
-    from orchestrator.hostspec import HostSpec
-    from orchestrator.plan import plan_mesh
+    from orchestrator.shared.hosts import HostRef
+    from orchestrator.shared.hostspec import HostSpec
+    from orchestrator.shared.plan import plan_mesh
 
     cfg = load_config(None, [])
     hosts = [HostRef(index=0, slice_name="s", worker_id=0, node_id="n0", node_ip="10.0.0.1",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.errors import ConfigError
+from orchestrator.shared.errors import ConfigError
 from orchestrator.sim.cli import main
 from orchestrator.sim.config import load_sim_config
 

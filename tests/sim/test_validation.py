@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from bench.sim_validation import calibrate, compare
-from orchestrator.errors import OrchestratorError
+from orchestrator.shared.errors import OrchestratorError
 from orchestrator.sim.processes import Happening
 from orchestrator.sim.runner import simulate
 from tests.sim.helpers import COMPILE, FORM, RESTORE, STARTUP, tiny

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 import structlog
 
-from orchestrator.hosts import HostRef
 from orchestrator.raygroup.topology import EmulatedCluster, connect_ray, hosts_from_nodes
+from orchestrator.shared.hosts import HostRef
 
 log = structlog.get_logger(__name__)
 

@@ -43,9 +43,9 @@ def main(argv: list[str]) -> int:
 
 def _spec(args: argparse.Namespace, ckpt: str):
     from orchestrator.config import load_config
-    from orchestrator.hosts import HostRef
-    from orchestrator.hostspec import HostSpec
-    from orchestrator.plan import MeshPlan
+    from orchestrator.shared.hosts import HostRef
+    from orchestrator.shared.hostspec import HostSpec
+    from orchestrator.shared.plan import MeshPlan
 
     cfg = load_config(None, args.overrides)
     shape = cfg.validate_for(slices=1, hosts_per_slice=1, devices_per_host=args.devices)

@@ -13,7 +13,7 @@ import pytest
 
 from orchestrator.config import load_config
 from orchestrator.driver.task_check import run_check
-from orchestrator.errors import ConfigError
+from orchestrator.shared.errors import ConfigError
 
 TINY = ("task.kind=llama", "task.preset=tiny", "task.model.num_layers=1")
 

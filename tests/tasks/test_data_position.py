@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from orchestrator.errors import DataError
+from orchestrator.shared.errors import DataError
 from tests.input.conftest import make_dataset
 from workers.task import data_state
 

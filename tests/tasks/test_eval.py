@@ -27,11 +27,11 @@ from orchestrator.controller.ledger import RecoveryLedger
 from orchestrator.data.manifest import load
 from orchestrator.data.prepare import PrepareConfig, prepare
 from orchestrator.data.settings import DataSettings
-from orchestrator.errors import ConfigError, DataError
 from orchestrator.metrics.console import ConsoleSink
 from orchestrator.metrics.jsonl import JsonlSink
 from orchestrator.metrics.records import EvalRecord, StepRecord
 from orchestrator.metrics.rundir import load_run
+from orchestrator.shared.errors import ConfigError, DataError
 from tests.input.conftest import corpus_slice
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -101,9 +101,9 @@ def test_the_contract_refuses_an_eval_it_cannot_run():
 def _trainer(tmp_path: Path, name: str, *overrides: str, store: str | None = None):
     import jax
 
-    from orchestrator.hosts import HostRef
-    from orchestrator.hostspec import HostSpec
-    from orchestrator.plan import MeshPlan
+    from orchestrator.shared.hosts import HostRef
+    from orchestrator.shared.hostspec import HostSpec
+    from orchestrator.shared.plan import MeshPlan
     from workers.training.trainer import Trainer
 
     cfg = load_config(None, [*LM, *overrides])

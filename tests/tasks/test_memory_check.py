@@ -12,7 +12,7 @@ import pytest
 
 from orchestrator.config import load_config
 from orchestrator.driver.memory_bound import GIB, bounds_for, machine_ram_bytes, memory_line
-from orchestrator.errors import ConfigError
+from orchestrator.shared.errors import ConfigError
 from tests.integration.cli import run_main
 from tests.integration.test_main_cli import _message
 

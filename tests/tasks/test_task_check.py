@@ -14,8 +14,8 @@ import pytest
 
 from orchestrator.config import load_config
 from orchestrator.driver.task_check import TaskSummary, check_checkpoint, run_check
-from orchestrator.errors import CheckpointError, ConfigError
-from orchestrator.task_config import task_fingerprint
+from orchestrator.shared.errors import CheckpointError, ConfigError
+from orchestrator.shared.task import task_fingerprint
 
 BAD = "tests.tasks.bad_tasks"
 

@@ -9,13 +9,13 @@ import pickle
 import pytest
 import yaml
 
-from orchestrator import configtools
 from orchestrator.config import ModelConfig, load_config
-from orchestrator.errors import ConfigError
-from orchestrator.hosts import HostRef
-from orchestrator.hostspec import HostSpec
-from orchestrator.plan import MeshPlan
-from orchestrator.task_config import task_fingerprint, task_ref
+from orchestrator.shared import configtools
+from orchestrator.shared.errors import ConfigError
+from orchestrator.shared.hosts import HostRef
+from orchestrator.shared.hostspec import HostSpec
+from orchestrator.shared.plan import MeshPlan
+from orchestrator.shared.task import task_fingerprint, task_ref
 
 USER = "task.kind=my_pkg.tasks:make_task"
 

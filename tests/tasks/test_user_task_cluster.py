@@ -59,6 +59,7 @@ from orchestrator.config import RunConfig, load_config
 from orchestrator.controller.config import ChaosFaultConfig
 from orchestrator.controller.plugins import ChaosPlugin, RunPlugin
 from orchestrator.raygroup.cluster_view import RayClusterView
+from orchestrator.shared import layout as ckpt_layout
 from policies.autoresume import JobStatus, Submission, restart_of
 from tests.autoresume.notifications import encode, notification
 from tests.faults.harness import (
@@ -71,7 +72,6 @@ from tests.faults.harness import (
 from tests.input.conftest import SEQ_LEN, VOCAB, make_dataset
 from tests.support.ray_cluster import RunningCluster
 from tests.tasks import sample_order
-from workers import ckpt_layout
 
 pytestmark = pytest.mark.cluster
 

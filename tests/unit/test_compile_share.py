@@ -202,9 +202,9 @@ def test_no_runtime_to_share_over_means_every_process_compiles(caplog):
 
 def test_the_wait_leaves_room_for_a_compile_of_its_own_in_the_phase():
     from orchestrator.config import load_config
-    from orchestrator.hosts import HostRef
-    from orchestrator.hostspec import HostSpec
-    from orchestrator.plan import plan_mesh
+    from orchestrator.shared.hosts import HostRef
+    from orchestrator.shared.hostspec import HostSpec
+    from orchestrator.shared.plan import plan_mesh
 
     cfg = load_config(None, ["timeouts.compile_s=300", "timeouts.restore_s=100"])
     hosts = [HostRef(index=i, slice_name="s", worker_id=i, node_id=f"n{i}",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.config import RunConfig, load_config
-from orchestrator.errors import ConfigError
+from orchestrator.shared.errors import ConfigError
 
 
 def _error(overrides: list[str], path: str | None = None) -> ConfigError:

@@ -6,9 +6,9 @@ import pytest
 
 from orchestrator.cluster.cloud import CapacitySchedule, EmulatedCloud, slices_named
 from orchestrator.config import EmulateConfig
-from orchestrator.errors import ConfigError
 from orchestrator.events.model import Event, EventKind, Target
-from orchestrator.hosts import HostRef
+from orchestrator.shared.errors import ConfigError
+from orchestrator.shared.hosts import HostRef
 
 
 def _hosts() -> list[HostRef]:

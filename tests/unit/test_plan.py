@@ -6,9 +6,9 @@ import pytest
 from ray.util.tpu import get_tpu_coordinator_env_vars
 
 from orchestrator.config import RunConfig, load_config
-from orchestrator.errors import ConfigError, TopologyError
-from orchestrator.hosts import HostRef
-from orchestrator.plan import MeshPlan, plan_mesh
+from orchestrator.shared.errors import ConfigError, TopologyError
+from orchestrator.shared.hosts import HostRef
+from orchestrator.shared.plan import MeshPlan, plan_mesh
 
 
 def _hosts(layout: dict[str, int], *, devices: int = 2, shuffle: bool = True) -> list[HostRef]:
@@ -138,7 +138,7 @@ def test_no_megascale_env_for_one_slice_or_cpu(layout, platform):
 
 def test_device_env_sets_cpu_device_count_and_keeps_megascale():
     """Host env: every XLA flag carries its leading `--`; MEGASCALE keys pass through."""
-    from workers.host.actor import device_env
+    from orchestrator.shared.host_env import device_env
 
     env = device_env(platform="cpu", devices_per_host=3)
     assert env == {"XLA_FLAGS": "--xla_force_host_platform_device_count=3", "JAX_PLATFORMS": "cpu"}

@@ -6,7 +6,6 @@ import threading
 
 import pytest
 
-from orchestrator.errors import ClusterUnreachableError
 from orchestrator.raygroup.topology import (
     EMULATED_LABEL,
     INSTANCE_LABEL,
@@ -18,6 +17,7 @@ from orchestrator.raygroup.topology import (
     hosts_from_nodes,
     platform_of,
 )
+from orchestrator.shared.errors import ClusterUnreachableError
 
 
 def _node(node_id: str, *, slice_name: str | None = "s0", worker: int = 0, tpu: float = 4,

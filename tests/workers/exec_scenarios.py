@@ -33,11 +33,11 @@ STEPS = 3
 def make_actor(run_dir: Path, *, overrides: tuple[str, ...] = (), processes: int = 1,
                process_id: int = 0, devices: int = 4) -> Any:
     from orchestrator.config import load_config
-    from orchestrator.hosts import HostRef
-    from orchestrator.hostspec import HostSpec
-    from orchestrator.plan import plan_mesh
+    from orchestrator.shared.host_env import DIR_NAME
+    from orchestrator.shared.hosts import HostRef
+    from orchestrator.shared.hostspec import HostSpec
+    from orchestrator.shared.plan import plan_mesh
     from workers.host.actor import HostActor
-    from workers.training.executables import DIR_NAME
 
     cfg = load_config(None, [*OVERRIDES, *overrides])
     hosts = [HostRef(index=i, slice_name="local", worker_id=i, node_id=f"n{i}",

@@ -55,9 +55,9 @@ scenarios test (``test_executables.py`` tests the store)."""
 def make_actor(ckpt: Path, *, overrides: tuple[str, ...] = (),
                before_commit: Callable[[], None] | None = None, build: bool = True) -> Any:
     from orchestrator.config import load_config
-    from orchestrator.hosts import HostRef
-    from orchestrator.hostspec import HostSpec
-    from orchestrator.plan import plan_mesh
+    from orchestrator.shared.hosts import HostRef
+    from orchestrator.shared.hostspec import HostSpec
+    from orchestrator.shared.plan import plan_mesh
     from workers.host.actor import HostActor
 
     cfg = load_config(None, [*OVERRIDES, *overrides])
@@ -86,7 +86,7 @@ def tree(root: Path) -> dict[str, int]:
 
 def commit(tmp: Path) -> dict:
     """Saves start only at driver-given steps; a save held in flight is never 'committed'."""
-    from workers import ckpt_layout
+    from orchestrator.shared import layout as ckpt_layout
 
     gate = Gate()
     ckpt = tmp / "ckpt"
@@ -252,7 +252,7 @@ def refuse(tmp: Path) -> dict:
 
 
 def _expect_refusal(ckpt: Path, overrides: tuple[str, ...]) -> dict:
-    from orchestrator.errors import CheckpointError
+    from orchestrator.shared.errors import CheckpointError
 
     before = tree(ckpt)
     a = make_actor(ckpt, overrides=overrides)

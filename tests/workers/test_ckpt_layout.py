@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from workers import ckpt_layout as layout
-from workers.ckpt_layout import StepState
+from orchestrator.shared import layout
+from orchestrator.shared.layout import StepState
 
 
 def _step(root: Path, step: int, *, marker: bool = True, step_meta: str | None = "{}",

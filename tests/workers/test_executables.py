@@ -17,14 +17,14 @@ from pathlib import Path
 import pytest
 
 from orchestrator.config import CompileConfig, load_config
-from orchestrator.errors import ConfigError
-from orchestrator.hosts import HostRef
-from orchestrator.hostspec import HostSpec
-from orchestrator.plan import plan_mesh
+from orchestrator.shared.errors import ConfigError
+from orchestrator.shared.host_env import DIR_NAME, key_path
+from orchestrator.shared.hosts import HostRef
+from orchestrator.shared.hostspec import HostSpec
+from orchestrator.shared.plan import plan_mesh
 from tests.production.test_run_dir_contract import run_dir_rows
-from workers.training.exec_auth import key_path, load_key
+from workers.training.exec_auth import load_key
 from workers.training.executables import (
-    DIR_NAME,
     MAGIC,
     ExecutableStore,
     encode,
@@ -217,7 +217,7 @@ def test_spec_carries_the_store_only_when_the_cache_is_on(cache, expected):
 
 
 def test_store_dir_setting_then_environment_then_run_dir():
-    from workers.training.executables import ENV_DIR, store_dir
+    from orchestrator.shared.host_env import ENV_DIR, store_dir
 
     assert store_dir("/team/exe", "/r", {ENV_DIR: "/env/exe"}) == "/team/exe"
     assert store_dir("", "/r", {ENV_DIR: "/env/exe"}) == "/env/exe"
@@ -316,7 +316,7 @@ def test_unwritable_store_still_trains(seen):
 # ---- real JAX, two distributed groups of 2 processes --------------------------------------------
 
 def _group(run_dir: Path, tmp: Path, name: str, *overrides: str) -> list[dict]:
-    from workers.host.actor import free_port
+    from orchestrator.shared.host_env import free_port
 
     coordinator = f"127.0.0.1:{free_port()}"
     procs, outs = [], []

@@ -9,9 +9,9 @@ import threading
 import pytest
 
 from orchestrator.config import load_config
-from orchestrator.hosts import HostRef
-from orchestrator.hostspec import HostSpec
-from orchestrator.plan import plan_mesh
+from orchestrator.shared.hosts import HostRef
+from orchestrator.shared.hostspec import HostSpec
+from orchestrator.shared.plan import plan_mesh
 from workers.host.actor import HostActor
 
 

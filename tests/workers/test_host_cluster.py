@@ -24,13 +24,13 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from orchestrator.config import load_config
 from orchestrator.controller.seam import GroupSpec
 from orchestrator.events.config import MetadataConfig
-from orchestrator.plan import plan_mesh
 from orchestrator.raygroup.group import STOP_MARGIN_STEPS, RayWorkerGroup
 from orchestrator.raygroup.warm_pool import WarmPool
+from orchestrator.shared.host_env import device_env
+from orchestrator.shared.plan import plan_mesh
 from tests.events.fake_metadata import fake_metadata_server
 from tests.integration.groups import Group, _RemoteHost
 from tests.support.ray_cluster import cluster_fixture
-from workers.host.actor import device_env
 from workers.host.metadata_watcher import ID_KEY, NAME_KEY, PREEMPTED_KEY
 
 pytestmark = pytest.mark.cluster

@@ -9,10 +9,10 @@ import pickle
 import pytest
 
 from orchestrator.config import load_config
-from orchestrator.errors import CheckpointCorrupt, CheckpointError, ConfigError
-from orchestrator.hosts import HostRef
-from orchestrator.hostspec import HostSpec
-from orchestrator.plan import plan_mesh
+from orchestrator.shared.errors import CheckpointCorrupt, CheckpointError, ConfigError
+from orchestrator.shared.hosts import HostRef
+from orchestrator.shared.hostspec import HostSpec
+from orchestrator.shared.plan import plan_mesh
 
 
 def _hosts(n: int) -> list[HostRef]:

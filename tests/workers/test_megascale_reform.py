@@ -14,10 +14,10 @@ import os
 import pytest
 
 from orchestrator.config import load_config
-from orchestrator.hosts import HostRef
-from orchestrator.hostspec import HostSpec
-from orchestrator.plan import MEGASCALE_KEYS, MeshPlan, plan_mesh
 from orchestrator.raygroup.group import host_envs
+from orchestrator.shared.hosts import HostRef
+from orchestrator.shared.hostspec import HostSpec
+from orchestrator.shared.plan import MEGASCALE_KEYS, MeshPlan, plan_mesh
 from workers.host.actor import HostActor
 
 CFG = load_config(None, ["train.global_batch=48"])

@@ -11,9 +11,9 @@ from dataclasses import asdict
 
 from orchestrator.config import load_config
 from orchestrator.events.config import MetadataConfig
-from orchestrator.hosts import HostRef
-from orchestrator.hostspec import HostSpec
-from orchestrator.plan import plan_mesh
+from orchestrator.shared.hosts import HostRef
+from orchestrator.shared.hostspec import HostSpec
+from orchestrator.shared.plan import plan_mesh
 from tests.events.fake_metadata import fake_metadata_server
 from workers.host.actor import HostActor
 from workers.host.metadata_watcher import PREEMPTED_KEY

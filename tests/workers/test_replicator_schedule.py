@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.config import load_config
-from orchestrator.errors import ConfigError
+from orchestrator.shared.errors import ConfigError
 from workers.ram.replicator import Replicator
 
 

@@ -13,7 +13,7 @@ import weakref
 
 
 def tr_steps(ckpt: str) -> list[int]:
-    from workers import ckpt_layout
+    from orchestrator.shared import layout as ckpt_layout
 
     return ckpt_layout.committed_steps(ckpt)
 
@@ -25,9 +25,9 @@ def main() -> int:
     from jax.extend import backend
 
     from orchestrator.config import load_config
-    from orchestrator.hosts import HostRef
-    from orchestrator.hostspec import HostSpec
-    from orchestrator.plan import MeshPlan
+    from orchestrator.shared.hosts import HostRef
+    from orchestrator.shared.hostspec import HostSpec
+    from orchestrator.shared.plan import MeshPlan
     from workers.training.trainer import Trainer
 
     cfg = load_config(None, ["model.num_layers=1"])

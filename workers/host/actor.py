@@ -20,10 +20,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from orchestrator.errors import OrchestratorError
-from orchestrator.hostspec import HostSpec
-from workers import ckpt_layout
+from orchestrator.shared import layout as ckpt_layout
+from orchestrator.shared.errors import OrchestratorError
+from orchestrator.shared.host_env import HOST_INIT_SHARE, free_port
+from orchestrator.shared.hostspec import HostSpec
 from workers.host.ahead import AheadMethods
+from workers.host.metadata_watcher import put_bounded
 from workers.host.ram import RamTierMethods
 from workers.host.stops import StopBoard
 from workers.host.warm import RELEASE_BARRIER_S, WarmMethods, apply_env
@@ -33,46 +35,6 @@ log = logging.getLogger(__name__)
 
 _SINK_TRIES = 6  # a refused notice is retried after 0.1, 0.2, 0.4, 0.8, 1.6 s (3.1 s in all)
 _SINK_CALL_TIMEOUT_S = 2.0
-HOST_INIT_SHARE = 0.5  # of timeouts.init_s: JAX gives up ~3 s after; the driver names who hung
-
-
-def _put_bounded(sink: Any, event: dict, timeout_s: float) -> None:
-    """``sink.put_nowait(event)``, but never longer than ``timeout_s``: Ray's queue waits for
-    its actor without a timeout, and a hung queue actor must not stop the metadata watcher.
-    A put that times out may still land later; the intake drops the duplicate by event id."""
-    done, failed = threading.Event(), []
-
-    def put() -> None:
-        try:
-            sink.put_nowait(event)
-        except Exception as exc:
-            failed.append(exc)
-        finally:
-            done.set()
-
-    threading.Thread(target=put, name="notice-put", daemon=True).start()
-    if not done.wait(timeout_s):
-        raise TimeoutError(f"the driver's queue did not answer within {timeout_s:g} s")
-    if failed:
-        raise failed[0]
-
-
-def device_env(*, platform: str, devices_per_host: int, extra: dict[str, str] | None = None
-               ) -> dict[str, str]:
-    """Environment a host process needs before JAX starts."""
-    env: dict[str, str] = {}
-    if platform == "cpu":
-        # Each XLA flag needs its leading "--"; an unknown flag aborts the process.
-        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices_per_host}"
-        env["JAX_PLATFORMS"] = "cpu"
-    env.update(extra or {})
-    return env
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 def _crash_later(after_s: float) -> None:
@@ -397,7 +359,7 @@ class HostActor(RamTierMethods, WarmMethods, AheadMethods, WhereMethods):
         delay, last = 0.1, None
         for attempt in range(_SINK_TRIES):
             try:
-                _put_bounded(self._sink, event, _SINK_CALL_TIMEOUT_S)
+                put_bounded(self._sink, event, _SINK_CALL_TIMEOUT_S)
                 return
             except Exception as exc:
                 last = exc

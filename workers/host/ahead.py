@@ -17,7 +17,7 @@ import threading
 import time
 from typing import Any
 
-from orchestrator.hostspec import HostSpec
+from orchestrator.shared.hostspec import HostSpec
 from workers.host.niceness import LOWEST, lower_this_thread
 from workers.training.executables import key_digest
 

@@ -276,3 +276,25 @@ def instance_identity(settings: dict[str, Any]) -> tuple[str, str] | None:
                     "cannot be targeted to this host", exc)
         return None
     return (instance_id, name) if instance_id and name else None
+
+
+def put_bounded(sink: Any, event: dict, timeout_s: float) -> None:
+    """``sink.put_nowait(event)``, but never longer than ``timeout_s`` (the host actor hands the
+    watcher's events to the driver's queue with this): Ray's queue waits for its actor without
+    a timeout, and a hung queue actor must not stop the metadata watcher.
+    A put that times out may still land later; the intake drops the duplicate by event id."""
+    done, failed = threading.Event(), []
+
+    def put() -> None:
+        try:
+            sink.put_nowait(event)
+        except Exception as exc:
+            failed.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=put, name="notice-put", daemon=True).start()
+    if not done.wait(timeout_s):
+        raise TimeoutError(f"the driver's queue did not answer within {timeout_s:g} s")
+    if failed:
+        raise failed[0]

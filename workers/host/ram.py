@@ -9,7 +9,7 @@ import logging
 import time
 from typing import Any
 
-from orchestrator.errors import DataError
+from orchestrator.shared.errors import DataError
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ import time
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 
-from orchestrator.hostspec import HostSpec
-from orchestrator.plan import MEGASCALE_KEYS
+from orchestrator.shared.hostspec import HostSpec
+from orchestrator.shared.plan import MEGASCALE_KEYS
 from workers.host.ahead import AHEAD_JOIN_S
 from workers.host.stops import StopBoard
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from orchestrator.errors import DataError
+from orchestrator.shared.errors import DataError
 
 
 class HeldOut:

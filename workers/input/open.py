@@ -9,7 +9,7 @@ import dataclasses
 from orchestrator.data import fs as fslib
 from orchestrator.data.manifest import Manifest, check_model, load, verify
 from orchestrator.data.settings import SETTING, DataSettings
-from orchestrator.errors import DataError
+from orchestrator.shared.errors import DataError
 from workers.input.heldout import HeldOut
 from workers.input.records import ArrayRecordTokens, FlatTokens, ShardSpec
 from workers.input.source import TokenSource

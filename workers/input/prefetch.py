@@ -20,7 +20,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
-from orchestrator.errors import DataError
+from orchestrator.shared.errors import DataError
 
 Key = tuple[int, int, int, int]
 """(seed, step, first row, row after the last)."""

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from orchestrator.data import fs as fslib
-from orchestrator.errors import DataError
+from orchestrator.shared.errors import DataError
 
 _NPY_HEADER_READ = 1 << 16
 _TOKEN_DTYPES = ("uint16", "uint32", "int32")

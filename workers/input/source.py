@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from orchestrator.errors import ConfigError
+from orchestrator.shared.errors import ConfigError
 from workers.input.prefetch import ReadAhead
 
 log = logging.getLogger(__name__)

@@ -23,7 +23,7 @@ from typing import Any
 import flax.linen as nn
 import jax.numpy as jnp
 
-from orchestrator.errors import ConfigError
+from orchestrator.shared.errors import ConfigError
 from workers.training.model import LOGICAL_RULES
 
 LLAMA_RULES: tuple[tuple[str, Any], ...] = (

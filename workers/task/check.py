@@ -28,9 +28,9 @@ def check(request: dict) -> dict:
     import jax
     import numpy as np
 
-    from orchestrator.config import TrainConfig
-    from orchestrator.errors import ConfigError
-    from orchestrator.task_config import TaskRef
+    from orchestrator.shared.errors import ConfigError
+    from orchestrator.shared.sections import TrainConfig
+    from orchestrator.shared.task import TaskRef
     from workers.task import state as st
     from workers.task.contract import TaskContext
     from workers.task.resolve import resolve
@@ -82,7 +82,7 @@ def _memory(mem: dict | None, abstract: Any, specs: Any, task: dict, state_bytes
             sizes: dict) -> dict:
     """Bytes per device and per host over the request's mesh (``workers/training/memory.py``), and
     whether they fit its bounds: ``refused`` holds ``DoesNotFit``'s parts, else None."""
-    from orchestrator.errors import DoesNotFit
+    from orchestrator.shared.errors import DoesNotFit
     from workers.training import memory
 
     if not mem:
@@ -120,8 +120,8 @@ def _check_eval(task: Any, request: dict, abstract: Any, sizes: dict, train: Any
     import jax
     import numpy as np
 
-    from orchestrator.errors import ConfigError
-    from orchestrator.metrics.records import METRIC_NAME
+    from orchestrator.shared.errors import ConfigError
+    from orchestrator.shared.task import METRIC_NAME
     from workers.task import state as st
 
     ev = request.get("eval") or {}
@@ -177,7 +177,7 @@ def _check_eval(task: Any, request: dict, abstract: Any, sizes: dict, train: Any
 
 def _check_rows(data: Any, example: Any, seed: int, n: int, np: Any, jax: Any, *,
                 what: str = "data", step: int = 0) -> None:
-    from orchestrator.errors import ConfigError
+    from orchestrator.shared.errors import ConfigError
 
     rows = data.rows(seed, step, range(n))
     want = jax.tree.map(lambda e: ((n, *e.shape), np.dtype(e.dtype)), example)
@@ -195,7 +195,7 @@ def _check_rows(data: Any, example: Any, seed: int, n: int, np: Any, jax: Any, *
 
 
 def _check_step(state: Any, out_state: Any, metrics: Any, jax: Any) -> None:
-    from orchestrator.errors import ConfigError
+    from orchestrator.shared.errors import ConfigError
 
     def sig(tree: Any) -> list:
         return [(jax.tree_util.keystr(p), tuple(x.shape), str(x.dtype))
@@ -217,7 +217,7 @@ def _check_step(state: Any, out_state: Any, metrics: Any, jax: Any) -> None:
 
 
 def _traced(what: str, exc: Exception) -> Exception:
-    from orchestrator.errors import ConfigError
+    from orchestrator.shared.errors import ConfigError
 
     where = ""
     frames = [f for f in traceback.extract_tb(exc.__traceback__)
@@ -239,7 +239,7 @@ def _plain(tree: Any) -> str:
 
 
 def main() -> int:
-    from orchestrator.errors import ConfigError
+    from orchestrator.shared.errors import ConfigError
 
     try:
         out = check(json.loads(sys.stdin.read()))

@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from orchestrator.config import TrainConfig
-from orchestrator.errors import ConfigError
+from orchestrator.shared.errors import ConfigError
+from orchestrator.shared.sections import TrainConfig
 
 MESH_AXES = ("data", "fsdp", "tensor")
 DEFAULT_RULES: tuple[tuple[str, Any], ...] = (

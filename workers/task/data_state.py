@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from orchestrator.errors import DataError
+from orchestrator.shared.errors import DataError
 
 FORMAT = 1
 _SETTING = "task.data"

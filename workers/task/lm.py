@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from orchestrator.task_config import ModelConfig
+from orchestrator.shared.task import ModelConfig
 from workers.task.contract import Task, TaskContext
 from workers.task.optim import adamw_cosine
 from workers.training import data as data_lib

@@ -19,7 +19,7 @@ from typing import Any
 import flax.linen as nn
 from flax import nnx
 
-from orchestrator.errors import ConfigError
+from orchestrator.shared.errors import ConfigError
 
 
 class NnxModel:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import optax
 
-from orchestrator.config import TrainConfig
+from orchestrator.shared.sections import TrainConfig
 
 
 def make_lr_schedule(t: TrainConfig, total_steps: int) -> optax.Schedule:

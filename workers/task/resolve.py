@@ -23,9 +23,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from orchestrator import configtools
-from orchestrator.errors import ConfigError
-from orchestrator.task_config import TaskRef, check_target, task_fingerprint
+from orchestrator.shared import configtools
+from orchestrator.shared.errors import ConfigError
+from orchestrator.shared.task import TaskRef, check_target, task_fingerprint
 from workers.task.contract import Task, TaskContext
 
 MAX_CODE_FILES = 2000

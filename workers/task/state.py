@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import PartitionSpec as P
 
-from orchestrator.errors import ConfigError
+from orchestrator.shared.errors import ConfigError
 from workers.task.contract import Task
 
 BATCH_AXES = ("data", "fsdp")

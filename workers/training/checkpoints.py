@@ -34,9 +34,9 @@ from typing import Any
 import numpy as np
 import orbax.checkpoint as ocp
 
-from orchestrator.errors import CheckpointCorrupt, CheckpointError
-from workers import ckpt_layout as layout
-from workers.ckpt_layout import StepState
+from orchestrator.shared import layout
+from orchestrator.shared.errors import CheckpointCorrupt, CheckpointError
+from orchestrator.shared.layout import StepState
 from workers.training import ckpt_space
 
 log = logging.getLogger(__name__)

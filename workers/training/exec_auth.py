@@ -22,11 +22,10 @@ import os
 import secrets
 import stat
 import uuid
-from collections.abc import Mapping
 from pathlib import Path
 
-ENV_KEY = "TPU_ORCH_EXECUTABLES_KEY"
-DEFAULT_KEY = "~/.config/tpu-orchestrator/executables.key"
+from orchestrator.shared.host_env import ENV_KEY
+
 MIN_KEY_BYTES = 32
 MAC_HEX = 64
 """An HMAC-SHA256 in hex."""
@@ -34,12 +33,6 @@ MAC_HEX = 64
 
 class Untrusted(Exception):
     """A key, store or file that must not be used; the message says why and names the fix."""
-
-
-def key_path(env: Mapping[str, str] | None = None) -> str:
-    """Where the key is: ``$TPU_ORCH_EXECUTABLES_KEY``, else the per-user default."""
-    env = os.environ if env is None else env
-    return env.get(ENV_KEY) or os.path.expanduser(DEFAULT_KEY)
 
 
 def load_key(path: str | Path, *, create: bool = True) -> bytes:

@@ -38,10 +38,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from orchestrator.shared.host_env import key_path
 from workers.training.exec_auth import (
     MAC_HEX,
     Untrusted,
-    key_path,
     load_key,
     sign,
     store_problem,
@@ -51,10 +51,6 @@ from workers.training.exec_auth import (
 
 log = logging.getLogger(__name__)
 
-DIR_NAME = "executables"
-ENV_DIR = "TPU_ORCH_EXECUTABLES_DIR"
-"""A store shared by every run started with it set (compile.dir overrides it)."""
-"""Under the run directory: RUN_DIR/executables."""
 FORMAT = 2
 """Bumped when the file layout or the key's shape changes: older files then never match."""
 MAGIC = b"tpu-orchestrator executable v2\n"
@@ -190,7 +186,7 @@ class Lookup:
 
 class ExecutableStore:
     """``root`` holds one file per (key, process); written atomically (temp file + rename) and
-    signed with the key in ``key_file`` (default ``exec_auth.key_path()``)."""
+    signed with the key in ``key_file`` (default ``host_env.key_path()``)."""
 
     def __init__(self, root: str | Path, *, keep: int = KEEP_PER_PROCESS,
                  key_file: str | None = None) -> None:
@@ -358,9 +354,3 @@ def _read(path: Path, *, key: bytes | None = None) -> tuple[dict, bytes]:
 def read_header(path: str | Path) -> dict:
     """The JSON header of a stored file (key, digest, meta), unverified, without loading it."""
     return _read(Path(path))[0]
-
-
-def store_dir(configured: str, run_dir: str | Path, env: Mapping[str, str]) -> str:
-    """Where a run's store lives: ``compile.dir``, else ``$TPU_ORCH_EXECUTABLES_DIR``, else
-    RUN_DIR/executables (a resumed run finds what its earlier groups stored)."""
-    return configured or env.get(ENV_DIR) or f"{run_dir}/{DIR_NAME}"

@@ -28,7 +28,9 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
-from orchestrator.errors import DoesNotFit  # raised here; defined where the driver catches it
+from orchestrator.shared.errors import (
+    DoesNotFit,  # raised here; defined where the driver catches it
+)
 from workers.training.model import LOGICAL_RULES
 
 DEVICE_PARTS = ("params", "opt_state", "grads", "other")

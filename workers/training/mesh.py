@@ -10,7 +10,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from orchestrator.plan import MeshPlan
+from orchestrator.shared.plan import MeshPlan
 
 AXES = ("data", "fsdp", "tensor")
 

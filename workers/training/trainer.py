@@ -23,8 +23,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from orchestrator.errors import ConfigError
-from orchestrator.hostspec import HostSpec
+from orchestrator.shared.errors import ConfigError
+from orchestrator.shared.hostspec import HostSpec
 from workers.task import data_state
 from workers.task.contract import TaskContext
 from workers.task.resolve import ResolvedTask, resolve

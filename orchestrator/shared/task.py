@@ -17,11 +17,16 @@ from __future__ import annotations
 import hashlib
 import json
 import keyword
+import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from orchestrator import configtools
-from orchestrator.errors import ConfigError
+from orchestrator.shared import configtools
+from orchestrator.shared.errors import ConfigError
+
+METRIC_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+"""An eval split or metric name (a TensorBoard tag part): lower-case letters, digits and _.
+The driver's records check what the hosts report; the task check checks a task's eval."""
 
 BUILTIN_TASKS: dict[str, str] = {"lm": "workers.task.lm:make_task",
                                  "llama": "workers.task.llama:make_task"}

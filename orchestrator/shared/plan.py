@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from orchestrator.config import MeshShape, RunConfig
-from orchestrator.errors import TopologyError
-from orchestrator.hosts import HostRef
+from orchestrator.shared.errors import TopologyError
+from orchestrator.shared.hosts import HostRef
+from orchestrator.shared.sections import MeshShape
 
 DEFAULT_MEGASCALE_PORT = "8081"
 MEGASCALE_KEYS = ("MEGASCALE_COORDINATOR_ADDRESS", "MEGASCALE_PORT", "MEGASCALE_NUM_SLICES",
@@ -65,9 +66,10 @@ class MeshPlan:
                 "mesh": self.shape.as_dict()}
 
 
-def plan_mesh(cfg: RunConfig, hosts: Sequence[HostRef], *, platform: str,
+def plan_mesh(cfg: Any, hosts: Sequence[HostRef], *, platform: str,
               hosts_per_slice: int | None = None, max_slices: int | None = None) -> MeshPlan:
-    """Group hosts by slice, keep whole slices only, order them, and resolve the mesh shape.
+    """Group hosts by slice, keep whole slices only, order them, and resolve the mesh shape
+    (``cfg`` the driver's ``RunConfig``: its ``validate_for`` resolves the shape).
 
     A slice with fewer than ``hosts_per_slice`` hosts (default: the largest slice's count) is
     incomplete (a host is missing) and is left out; ``max_slices`` caps how many slices are used.

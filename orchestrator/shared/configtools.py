@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import yaml
 
-from orchestrator.errors import ConfigError
+from orchestrator.shared.errors import ConfigError
 
 T = TypeVar("T")
 

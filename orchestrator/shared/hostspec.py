@@ -8,12 +8,14 @@ Pure data: no Ray, no JAX, so the driver and tests build it freely.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
-from orchestrator.config import CheckpointConfig, EvalConfig, RunConfig, TrainConfig
-from orchestrator.errors import ConfigError
-from orchestrator.hosts import HostRef
-from orchestrator.plan import MeshPlan
-from orchestrator.task_config import TaskRef, task_ref
+from orchestrator.shared.errors import ConfigError
+from orchestrator.shared.host_env import key_path
+from orchestrator.shared.hosts import HostRef
+from orchestrator.shared.plan import MeshPlan
+from orchestrator.shared.sections import CheckpointConfig, EvalConfig, TrainConfig
+from orchestrator.shared.task import TaskRef, task_ref
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,8 +40,8 @@ class HostSpec:
     executables_dir: str | None = None
     """RUN_DIR/executables: compiled steps stored and loaded there; None compiles every time."""
     executables_key: str | None = None
-    """Path of the key that signs the store's files (``workers.training.exec_auth``; never the key
-    itself). None: the host's ``$TPU_ORCH_EXECUTABLES_KEY`` or per-user default."""
+    """Path of the key that signs the store's files (``orchestrator.shared.host_env.key_path``;
+    never the key itself). None: the host's ``$TPU_ORCH_EXECUTABLES_KEY`` or per-user default."""
     share_compile: bool = True
     """One process of the group compiles, the others load its executable (``compile.share``;
     the CPU emulation only, ``workers.training.compile_share``)."""
@@ -75,10 +77,11 @@ class HostSpec:
         return self.host.index
 
     @classmethod
-    def for_host(cls, cfg: RunConfig, plan: MeshPlan, host: HostRef, *, checkpoint_dir: str,
+    def for_host(cls, cfg: Any, plan: MeshPlan, host: HostRef, *, checkpoint_dir: str,
                  accum_steps: int = 1, executables_dir: str | None = None,
                  executables_key: str | None = None, survive_peers: bool = False) -> HostSpec:
-        """The spec for ``host`` (one of ``plan.hosts``) from the driver's config.
+        """The spec for ``host`` (one of ``plan.hosts``) from the driver's config (``cfg``, a
+        ``RunConfig``; duck-typed so that this module never imports the config tree).
 
         ``executables_dir`` is dropped when ``compile.cache`` is off; with it goes the path of
         the key that signs it (``executables_key``, default the driver's
@@ -87,8 +90,6 @@ class HostSpec:
         for groups whose processes are released in order or killed (the driver's, with
         ``controller.warm`` reuse on): processes that exit on their own with it on can abort
         at exit when process 0's service went first."""
-        from workers.training.exec_auth import key_path  # standard library only
-
         use_store = executables_dir and cfg.compile.cache == "on"
         return cls(host=host, plan=plan, task=task_ref(cfg), train=cfg.train,
                    checkpoint=cfg.checkpoint, checkpoint_dir=str(checkpoint_dir),

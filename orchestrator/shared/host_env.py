@@ -1,0 +1,51 @@
+"""The host environment both sides need: what the driver sets up for a host process and where
+the host finds what the driver chose (the executable store, its key). Standard library only.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+from pathlib import Path
+
+HOST_INIT_SHARE = 0.5  # of timeouts.init_s: JAX gives up ~3 s after; the driver names who hung
+
+ENV_KEY = "TPU_ORCH_EXECUTABLES_KEY"
+DEFAULT_KEY = "~/.config/tpu-orchestrator/executables.key"
+"""The key that signs the executable store's files (``workers.training.exec_auth``)."""
+
+DIR_NAME = "executables"
+"""Under the run directory: RUN_DIR/executables."""
+ENV_DIR = "TPU_ORCH_EXECUTABLES_DIR"
+"""A store shared by every run started with it set (compile.dir overrides it)."""
+
+
+def device_env(*, platform: str, devices_per_host: int, extra: dict[str, str] | None = None
+               ) -> dict[str, str]:
+    """Environment a host process needs before JAX starts."""
+    env: dict[str, str] = {}
+    if platform == "cpu":
+        # Each XLA flag needs its leading "--"; an unknown flag aborts the process.
+        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices_per_host}"
+        env["JAX_PLATFORMS"] = "cpu"
+    env.update(extra or {})
+    return env
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def key_path(env: Mapping[str, str] | None = None) -> str:
+    """Where the key is: ``$TPU_ORCH_EXECUTABLES_KEY``, else the per-user default."""
+    env = os.environ if env is None else env
+    return env.get(ENV_KEY) or os.path.expanduser(DEFAULT_KEY)
+
+
+def store_dir(configured: str, run_dir: str | Path, env: Mapping[str, str]) -> str:
+    """Where a run's store lives: ``compile.dir``, else ``$TPU_ORCH_EXECUTABLES_DIR``, else
+    RUN_DIR/executables (a resumed run finds what its earlier groups stored)."""
+    return configured or env.get(ENV_DIR) or f"{run_dir}/{DIR_NAME}"

@@ -1,0 +1,148 @@
+"""The config sections a host receives in its ``HostSpec``: plain, validated dataclasses.
+
+``orchestrator.config`` (the driver's config tree) builds its ``RunConfig`` from these; a host
+imports them from here, so that a host's process never loads the config tree (the controller's,
+events' and metrics' settings and their policies mean nothing to a host).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from orchestrator.shared.errors import ConfigError
+
+__all__ = ["CheckpointConfig", "EvalConfig", "MeshShape", "RamTierConfig", "TrainConfig",
+           "positive"]
+
+
+def positive(setting: str, value: float, fix: str = "") -> None:
+    if value <= 0:
+        raise ConfigError(setting, f"must be > 0, got {value}",
+                          fix or f"set `{setting}` to a positive value")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MeshShape:
+    """Resolved axis sizes. The mesh is (data, fsdp, tensor); each axis is DCN × ICI."""
+
+    ici_data: int
+    ici_fsdp: int
+    ici_tensor: int
+    dcn_data: int
+    dcn_fsdp: int
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return (self.dcn_data * self.ici_data, self.dcn_fsdp * self.ici_fsdp, self.ici_tensor)
+
+    @property
+    def batch_parallel(self) -> int:
+        """Ways the batch is split (data × fsdp)."""
+        return self.shape[0] * self.shape[1]
+
+    def as_dict(self) -> dict[str, int]:
+        return {"data": self.shape[0], "fsdp": self.shape[1], "tensor": self.shape[2],
+                "dcn_data": self.dcn_data, "dcn_fsdp": self.dcn_fsdp}
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    """Optimizer and batch. AdamW with linear warmup then cosine decay, global-norm clipping."""
+
+    global_batch: int = 16
+    learning_rate: float = 3e-3
+    warmup_steps: int = 20
+    decay_steps: int = 0
+    """0: decay over run.total_steps."""
+    end_lr_ratio: float = 0.1
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    b1: float = 0.9
+    b2: float = 0.98
+
+    def __post_init__(self) -> None:
+        positive("train.global_batch", self.global_batch)
+        positive("train.learning_rate", self.learning_rate)
+        positive("train.grad_clip", self.grad_clip)
+        if self.warmup_steps < 0 or self.decay_steps < 0:
+            raise ConfigError("train.warmup_steps", "steps must be >= 0", "use 0 or more")
+        if not 0 <= self.end_lr_ratio <= 1:
+            raise ConfigError("train.end_lr_ratio", "must be within [0, 1]", "e.g. 0.1")
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvalConfig:
+    """Periodic eval of the task on its held-out split (``Task.eval_data``, docs/tasks.md):
+    after every ``every``-th step, at that step boundary on the training mesh, ``batches``
+    batches of ``train.global_batch`` held-out rows; loss and perplexity go to the metric sinks
+    and ``summary.json``. Off by default: an eval costs its forward passes and a compile per
+    group, and a task without a held-out split has nothing to evaluate."""
+
+    every: int = 0
+    """Steps between evals (at steps ``every``, ``2·every``, ...); 0: no eval."""
+    batches: int = 4
+    """Held-out batches per eval, each of ``train.global_batch`` rows (the same rows every
+    eval, so evals compare); the held-out split must hold ``batches × global_batch`` rows."""
+
+    def __post_init__(self) -> None:
+        for name, low in (("every", 0), ("batches", 1)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ConfigError(f"eval.{name}", f"{value!r} is not a whole number >= {low}",
+                                  "set eval.every to the steps between evals (0: off) and "
+                                  "eval.batches to 1 or more")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RamTierConfig:
+    """The host-RAM tier: every ``every`` steps each host's shards are copied to a holder on its
+    own node and on a peer host in another slice (policies/ram_tier.py), so a host lost without
+    notice costs at most about ``every`` steps instead of up to a checkpoint interval."""
+
+    enabled: bool = False
+    """Off by default: it adds one holder process per node; turn it on for preemptible slices."""
+    every: int = 1
+    keep: int = 2
+    """Copies kept per sending host and holder; 2 keeps a complete set while the next arrives."""
+    durable_from_ram: bool = True
+    """Periodic durable saves are written from the RAM copy by the holder on each node (Orbax,
+    idle scheduling class, ``RUN_DIR/checkpoints-from-ram``), not from the devices by the training
+    process; drain and final saves stay Orbax saves of the global arrays."""
+    max_host_bytes: int = 2 * 1024**3
+    """A host whose copies would make a holder exceed this stops copying (and says so); its
+    restores then come from the durable tier."""
+    ab_block_steps: int = 0
+    """Measurement aid (``bench/tiers.py``), 0 = off: copy only in alternate blocks of this many
+    steps (steps 1..n on, n+1..2n off, ...), so one run compares steps with and without the tier
+    side by side. A host lost in an off block loses up to this many more steps."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.enabled, bool):
+            raise ConfigError("checkpoint.ram.enabled", f"{self.enabled!r} is not a boolean",
+                              "set checkpoint.ram.enabled=true or false")
+        if not isinstance(self.durable_from_ram, bool):
+            raise ConfigError("checkpoint.ram.durable_from_ram",
+                              f"{self.durable_from_ram!r} is not a boolean",
+                              "set checkpoint.ram.durable_from_ram=true or false")
+        positive("checkpoint.ram.every", self.every)
+        if self.keep < 2:
+            raise ConfigError("checkpoint.ram.keep", f"{self.keep} < 2: a holder would drop its "
+                              "only complete copy when the next step's starts arriving",
+                              "set checkpoint.ram.keep=2 or more")
+        positive("checkpoint.ram.max_host_bytes", self.max_host_bytes)
+        if not isinstance(self.ab_block_steps, int) or self.ab_block_steps < 0:
+            raise ConfigError("checkpoint.ram.ab_block_steps",
+                              f"{self.ab_block_steps!r} is not a whole number >= 0",
+                              "leave it at 0 (copy every `every` steps) or set e.g. 10")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointConfig:
+    """Orbax checkpointing into RUN_DIR/checkpoints. How often: controller.checkpoint_interval."""
+
+    keep: int = 3
+    async_save: bool = True
+    ram: RamTierConfig = field(default_factory=RamTierConfig)
+
+    def __post_init__(self) -> None:
+        positive("checkpoint.keep", self.keep)
