@@ -19,7 +19,7 @@ from orchestrator.controller.seam import HostsLost
 from orchestrator.shared.hosts import HostRef
 from policies.causes import StopCause
 from policies.health import HealthReport
-from policies.reaction import Reaction, ReactionKind, ReactionObservation, merge
+from policies.reaction import Reaction, ReactionKind, merge
 
 _HOSTS_TTL_S = 1.0
 
@@ -131,6 +131,7 @@ class Reactions:
     # ---- deciding -------------------------------------------------------------------------
 
     def handle(self, ev: Any, *, in_mesh: bool) -> None:
+        from orchestrator.events.observation import RunFacts, build_observation, health_reports_for
         from orchestrator.events.targeting import resolve_targets
 
         run = self.run
@@ -140,22 +141,15 @@ class Reactions:
         targeting = resolve_targets(ev, self._known_hosts(),
                                     id_to_name=getattr(run.intake, "id_to_name", None),
                                     cluster=getattr(run.cfg.events, "cluster", None))
-        kind = ev.kind.value
-        if kind == "host_unhealthy":
-            self.health_reports += [HealthReport(host=n, at=now, healthy=False)
-                                    for n in sorted(targeting.node_ids)]
+        self.health_reports += health_reports_for(ev, targeting, now=now)
         led = run.ledger
-        reaction = run.policies.reaction.decide(ReactionObservation(
-            now=now, kind=kind, targets=targeting.node_ids, job_wide=targeting.job_wide,
+        reaction = run.policies.reaction.decide(build_observation(ev, targeting, RunFacts(
             mesh_hosts=mesh,
             job_hosts=frozenset(h.node_id for h in plan.hosts) if plan else self._last_hosts,
-            deadline=ev.deadline,
-            window_start=getattr(ev, "window_start", None),
-            window_end=getattr(ev, "window_end", None), step=led.step,
-            step_time_s=led.median_step_s(), expected_save_s=led.median_save_s(),
+            step=led.step, step_time_s=led.median_step_s(), expected_save_s=led.median_save_s(),
             health_reports=tuple(self.health_reports),
             cordoned=frozenset(run.placement.cordoned),
-            last_health_drain_at=self.last_health_drain_at))
+            last_health_drain_at=self.last_health_drain_at), now=now))
         self.apply(reaction, ev, in_mesh=in_mesh)
 
     def apply(self, reaction: Reaction, ev: Any, *, in_mesh: bool) -> None:
