@@ -5,7 +5,12 @@ document, JSON lines, a JSON list such as ``gcloud pubsub subscriptions pull --f
 prints, or base64 of any of those) it shows the format, the parsed event, the hosts it targets in
 a topology, the intake's verdict (accepted / duplicate / stale / irrelevant / dead letter, with
 the reason) and the reaction the policy would choose. It runs the same code as the driver
-(``parsing``, ``relevance.judge``, ``targeting``, ``policies.reaction``) and touches nothing.
+(``parsing``, ``relevance.judge``, ``targeting``, the observation builder in ``observation`` and
+``policies.reaction``) and touches nothing. With ``--topology RUN_DIR`` it judges with the run's
+own recorded config (RUN_DIR/config.yaml, written by the driver at each start): its ``controller``
+and ``events`` sections give the reaction policy and the events settings, ``run.name`` the job;
+without one, the defaults (the output says which). Payloads are judged in order, each with what
+the earlier ones left (ids seen, health reports, cordons), as the driver would.
 Exit 0 when every payload is understood (parsed), 1 otherwise, 2 on bad usage.
 """
 
@@ -17,18 +22,26 @@ import json
 import sys
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from orchestrator.events import bounded, parsing
 from orchestrator.events.config import EventsConfig
 from orchestrator.events.model import MalformedEvent
+from orchestrator.events.observation import (
+    RunFacts,
+    build_observation,
+    health_reports_for,
+    run_policy,
+)
 from orchestrator.events.relevance import judge
+from orchestrator.shared.errors import ConfigError
 from orchestrator.shared.hosts import HostRef
-from policies.reaction import ReactionObservation, ReactionPolicy
+from policies.reaction import ReactionKind, ReactionPolicy
 
 TOPOLOGY_FILE = "topology.json"
+CONFIG_FILE = "config.yaml"
 
 
 @dataclass(frozen=True)
@@ -42,8 +55,53 @@ class Topology:
     incarnation: int = 0
 
 
+@dataclass(frozen=True)
+class Settings:
+    """What the driver judged with: reaction policy, events settings, the run's name, and where
+    they came from (``RUN_DIR/config.yaml`` or ``defaults``)."""
+
+    policy: ReactionPolicy = field(default_factory=ReactionPolicy)
+    events: EventsConfig = field(default_factory=EventsConfig)
+    job: str | None = None
+    source: str = "defaults"
+
+
+@dataclass
+class Judged:
+    """What earlier payloads left for the next, as in the driver: ids seen, health reports,
+    cordons and the last health drain."""
+
+    seen: set[str] = field(default_factory=set)
+    facts: RunFacts = field(default_factory=RunFacts)
+
+
 class ExplainError(Exception):
     """Bad input to explain itself (not a payload problem): message names the fix."""
+
+
+def load_settings(path: Path | None) -> Settings:
+    """The run's own settings when ``path`` is a run directory (or its run.json/topology.json)
+    holding the driver's config.yaml; the defaults otherwise."""
+    if path is None:
+        return Settings()
+    run_dir = path if path.is_dir() else path.parent
+    config = run_dir / CONFIG_FILE
+    if not (path.is_dir() or path.name in ("run.json", TOPOLOGY_FILE)) or not config.is_file():
+        return Settings()
+    import yaml
+
+    try:
+        data = yaml.safe_load(config.read_text(encoding="utf-8")) or {}
+        if not isinstance(data, Mapping):
+            raise ValueError("not a YAML mapping")
+        policy, events = run_policy(data)
+    except (OSError, ValueError, yaml.YAMLError) as exc:
+        raise ExplainError(f"cannot read the run's config {config}: {exc}; restore it (the "
+                           "driver writes it at each start) or pass a topology JSON") from None
+    except ConfigError as exc:
+        raise ExplainError(f"the run's config {config} is not valid: {exc}") from None
+    job = (data.get("run") or {}).get("name") if isinstance(data.get("run"), Mapping) else None
+    return Settings(policy=policy, events=events, job=job or None, source=str(config))
 
 
 def load_topology(path: Path | None) -> Topology:
@@ -84,8 +142,10 @@ def load_topology(path: Path | None) -> Topology:
                     incarnation=incarnation if isinstance(incarnation, int) else 0)
 
 
-def read_payloads(sources: list[str], directory: Path | None) -> Iterator[tuple[str, bytes]]:
-    """(name, payload bytes) for each payload in the given files ("-" = stdin) and directory."""
+def read_payloads(sources: list[str], directory: Path | None
+                  ) -> Iterator[tuple[str, str, bytes]]:
+    """(file, name, payload bytes) for each payload in the given files ("-" = stdin) and
+    directory; ``name`` also says where in the file (``[i]``, ``:line``, ``(base64)``)."""
     files: list[tuple[str, bytes]] = []
     for src in sources:
         if src == "-":
@@ -99,8 +159,9 @@ def read_payloads(sources: list[str], directory: Path | None) -> Iterator[tuple[
         if not directory.is_dir():
             raise ExplainError(f"--dir {directory} is not a directory")
         files += [(str(p), p.read_bytes()) for p in sorted(directory.glob("*.json"))]
-    for name, data in files:
-        yield from _split(name, data)
+    for file, data in files:
+        for name, payload in _split(file, data):
+            yield file, name, payload
 
 
 def _split(name: str, data: bytes) -> Iterator[tuple[str, bytes]]:
@@ -130,10 +191,13 @@ def _split(name: str, data: bytes) -> Iterator[tuple[str, bytes]]:
     yield from _split(f"{name} (base64)", decoded)
 
 
-def explain_one(name: str, data: bytes, *, topo: Topology, cfg: EventsConfig,
-                seen: set[str], now: float | None, policy: ReactionPolicy) -> dict[str, Any]:
-    """Everything the driver would decide about one payload, as a JSON-able dict."""
-    out: dict[str, Any] = {"payload": name, "understood": False}
+def explain_one(name: str, data: bytes, *, topo: Topology, settings: Settings, state: Judged,
+                now: float | None, file: str | None = None) -> dict[str, Any]:
+    """Everything the driver would decide about one payload, as a JSON-able dict; ``state``
+    carries what it leaves for the next payload."""
+    cfg = settings.events
+    out: dict[str, Any] = {"payload": name, "file": file if file is not None else name,
+                           "understood": False}
     try:
         value = bounded.loads(data, max_bytes=cfg.pubsub.max_payload_bytes,
                               max_depth=cfg.max_payload_depth)
@@ -149,10 +213,11 @@ def explain_one(name: str, data: bytes, *, topo: Topology, cfg: EventsConfig,
     out["understood"] = True
     out["event"] = event.to_json(with_raw=False)
     verdict, targeting = judge(
-        event, job=topo.job or event.target.job or event.labels.get("job") or "", now=at,
-        hosts=topo.hosts, incarnation=topo.incarnation, seen=seen,
+        event, job=topo.job or settings.job or event.target.job or event.labels.get("job") or "",
+        now=at, hosts=topo.hosts, incarnation=topo.incarnation, seen=state.seen,
         attributes=parsing.envelope_attributes(value), filters=cfg.pubsub.filters or None,
-        grace_s=cfg.stale_grace_s, id_to_name=topo.id_to_name, cluster=topo.cluster)
+        grace_s=cfg.stale_grace_s, id_to_name=topo.id_to_name,
+        cluster=topo.cluster or cfg.cluster)
     out["verdict"] = {"decision": verdict.decision, "reason": verdict.reason}
     if targeting is not None:
         by_id = {h.node_id: h for h in topo.hosts}
@@ -161,12 +226,15 @@ def explain_one(name: str, data: bytes, *, topo: Topology, cfg: EventsConfig,
     if not verdict.accepted:
         out["reaction"] = {"kind": "ignore", "reason": f"{verdict.decision}: {verdict.reason}"}
         return out
-    seen.add(event.id)
+    state.seen.add(event.id)
     assert targeting is not None
-    reaction = policy.decide(ReactionObservation(
-        now=at, kind=event.kind.value, targets=targeting.node_ids, job_wide=targeting.job_wide,
-        mesh_hosts=frozenset(h.node_id for h in topo.hosts), deadline=event.deadline,
-        window_start=event.window_start, window_end=event.window_end))
+    mesh = frozenset(h.node_id for h in topo.hosts)  # the topology is the mesh it runs on
+    facts = replace(state.facts, mesh_hosts=mesh, job_hosts=mesh, health_reports=(
+        *state.facts.health_reports, *health_reports_for(event, targeting, now=at)))
+    reaction = settings.policy.decide(build_observation(event, targeting, facts, now=at))
+    drained = reaction.kind is ReactionKind.CORDON_AND_REPLACE and reaction.drains
+    state.facts = replace(facts, cordoned=facts.cordoned | reaction.cordon,
+                          last_health_drain_at=at if drained else facts.last_health_drain_at)
     out["reaction"] = {"kind": reaction.kind.value, "reason": reaction.reason,
                        "cause": reaction.cause.value if reaction.cause else None,
                        "doomed": sorted(reaction.doomed), "cordon": sorted(reaction.cordon),
@@ -221,21 +289,22 @@ def run(args: Any) -> int:
                             cluster=args.cluster, incarnation=topo.incarnation)
         if not args.files and args.dir is None:
             raise ExplainError("nothing to explain: pass FILE, - (stdin) or --dir DIR")
-        cfg, seen, policy = EventsConfig(), set(), ReactionPolicy()
-        results = [explain_one(name, data, topo=topo, cfg=cfg, seen=seen, now=args.now,
-                               policy=policy)
-                   for name, data in read_payloads(args.files, args.dir)]
+        settings, state = load_settings(args.topology), Judged()
+        results = [explain_one(name, data, topo=topo, settings=settings, state=state,
+                               now=args.now, file=file)
+                   for file, name, data in read_payloads(args.files, args.dir)]
     except ExplainError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps({"payloads": results,
+        print(json.dumps({"config": settings.source, "payloads": results,
                           "understood": sum(r["understood"] for r in results),
                           "total": len(results)}, indent=2))
     else:
         print("\n".join(render(r) for r in results))
         bad = sum(not r["understood"] for r in results)
-        print(f"{len(results) - bad} of {len(results)} payload(s) understood")
+        print(f"{len(results) - bad} of {len(results)} payload(s) understood "
+              f"(settings: {settings.source})")
     return 0 if results and all(r["understood"] for r in results) else 1
 
 
@@ -247,7 +316,8 @@ def add_parser(sub: Any) -> None:
     ex.add_argument("--dir", type=Path, help="also every *.json in this directory")
     ex.add_argument("--topology", type=Path,
                     help="topology JSON, a run.json, or a run directory (its topology.json or "
-                         "run.json): the hosts, job and cluster to judge against")
+                         "run.json): the hosts, job and cluster to judge against; a run "
+                         "directory's config.yaml gives the reaction and events settings")
     ex.add_argument("--job", help="this job's name (default: the topology's)")
     ex.add_argument("--cluster", help="this job's cluster name (events.cluster)")
     ex.add_argument("--now", type=float,

@@ -217,3 +217,89 @@ def test_bad_usage_exits_2(tmp_path):
     assert explain().returncode == 2
     proc = explain("-", "--topology", str(tmp_path / "missing.json"), stdin=b"{}")
     assert proc.returncode == 2 and b"topology" in proc.stderr
+
+
+
+# ---- in-process: the run's own settings, the file each result came from ----------------------
+
+UNHEALTHY = {"schema_version": 1, "kind": "host_unhealthy", "source": "test", "id": "sick-1",
+             "target": {"job": "demo", "host": "tpu-host-a-0", "host_kind": "instance"}}
+RUN_SETTINGS = ["run.name=demo", "controller.health.cordon_after=1",
+                "controller.health.min_drain_interval_s=0", "events.stale_grace_s=5"]
+
+
+def explain_here(capsys, *args: str) -> tuple[int, dict]:
+    """The CLI in this process (no subprocess): exit code and its --json output."""
+    from orchestrator.events.cli import main
+
+    code = main(["explain", *args, "--json"])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def driver_reaction(overrides: list[str], topology: Path, payload: dict, now: float) -> dict:
+    """What the driver's reactions decide for ``payload`` on the topology's mesh under a run
+    config: its policy built from the config, its observation from the shared builder."""
+    from orchestrator.config import load_config
+    from orchestrator.events.explain import load_topology
+    from orchestrator.events.model import Event
+    from orchestrator.events.observation import RunFacts, build_observation, health_reports_for
+    from orchestrator.events.targeting import resolve_targets
+
+    cfg = load_config(None, overrides)
+    hosts = load_topology(topology).hosts
+    event = Event.from_json(payload, now=now)
+    targeting = resolve_targets(event, hosts, cluster=cfg.events.cluster)
+    mesh = frozenset(h.node_id for h in hosts)
+    facts = RunFacts(mesh_hosts=mesh, job_hosts=mesh,
+                     health_reports=health_reports_for(event, targeting, now=now))
+    r = cfg.controller.build_policies().reaction.decide(
+        build_observation(event, targeting, facts, now=now))
+    return {"kind": r.kind.value, "reason": r.reason, "doomed": sorted(r.doomed),
+            "cordon": sorted(r.cordon)}
+
+
+def test_run_config_gives_the_drivers_verdict(tmp_path, capsys):
+    """--topology RUN_DIR judges with the run's config.yaml (here: cordon on the first unhealthy
+    report), as the driver's builder does; the defaults (cordon after 3) would only note it."""
+    import yaml
+
+    from orchestrator.config import load_config
+    from orchestrator.shared import configtools
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "topology.json").write_text(json.dumps(TOPOLOGY))
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(
+        configtools.to_dict(load_config(None, RUN_SETTINGS)), sort_keys=False))
+    (run_dir / "ev.json").write_text(json.dumps(UNHEALTHY))
+    now = 1_700_000_000.0
+    code, out = explain_here(capsys, str(run_dir / "ev.json"), "--topology", str(run_dir),
+                             "--now", str(now))
+    assert code == 0 and out["config"] == str(run_dir / "config.yaml")
+    (r,) = out["payloads"]
+    seen = {k: r["reaction"][k] for k in ("kind", "reason", "doomed", "cordon")}
+    assert seen == driver_reaction(RUN_SETTINGS, run_dir / "topology.json", UNHEALTHY, now)
+    assert seen["kind"] == "cordon_and_replace" and seen["cordon"] == ["node1"]
+    (tmp_path / "bare.json").write_text(json.dumps(TOPOLOGY))  # no config.yaml beside it
+    _, bare = explain_here(capsys, str(run_dir / "ev.json"), "--topology",
+                           str(tmp_path / "bare.json"), "--now", str(now))
+    assert bare["config"] == "defaults"
+    r = bare["payloads"][0]["reaction"]
+    assert {k: r[k] for k in ("kind", "reason", "doomed", "cordon")} == driver_reaction(
+        ["run.name=demo"], run_dir / "topology.json", UNHEALTHY, now)
+    assert r["kind"] == "note"
+
+
+def test_each_result_names_its_file(tmp_path, capsys):
+    """--dir ... --json: every result says which file it came from (a list's items included)."""
+    src = tmp_path / "in"
+    src.mkdir()
+    one = {**UNHEALTHY, "kind": "operator_drain", "id": "d-1"}
+    (src / "a.json").write_text(json.dumps(one))
+    (src / "b.json").write_text(json.dumps([{**one, "id": "d-2"}, {**one, "id": "d-3"}]))
+    code, out = explain_here(capsys, "--dir", str(src), "--job", "demo")
+    assert code == 0
+    assert [(r["file"], r["payload"]) for r in out["payloads"]] == [
+        (str(src / "a.json"), str(src / "a.json")),
+        (str(src / "b.json"), f"{src / 'b.json'}[0]"),
+        (str(src / "b.json"), f"{src / 'b.json'}[1]")]
