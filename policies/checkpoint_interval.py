@@ -1,4 +1,8 @@
-"""When to save periodically: a fixed interval, or the Young/Daly optimum from interruptions.
+"""When to save periodically: a fixed interval, the Young/Daly optimum from interruptions, a
+wall-clock interval, or any combination of them (``any_of``).
+
+``SavePolicy`` is an open protocol (anything with ``decide``), so an embedding program can pass
+its own rule to the controller without this module knowing it.
 
 Young/Daly: with save cost C and mean time between interruptions M, the interval that minimises
 expected lost work plus save overhead is about sqrt(2·C·M) (first-order, valid for C << M). The
@@ -13,6 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Protocol
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -119,4 +124,63 @@ class YoungDaly:
         return SaveDecision(save=False, reason="not due", interval_steps=every)
 
 
-SavePolicy = FixedInterval | YoungDaly
+@dataclass(frozen=True, kw_only=True)
+class EverySeconds:
+    """Save every ``seconds`` of training: the interval in steps follows the measured step time
+    (none until it is measured: ``any_of`` then goes by its other rules)."""
+
+    seconds: float
+
+    def __post_init__(self) -> None:
+        if not self.seconds > 0:
+            raise ValueError("seconds must be > 0")
+
+    def decide(self, observation: SaveObservation) -> SaveDecision:
+        obs = observation
+        if not obs.step_time_s or obs.step_time_s <= 0:
+            return SaveDecision(save=False, reason="step time not measured yet")
+        every = max(1, round(self.seconds / obs.step_time_s))
+        if _already_saved(obs) or obs.step <= 0:
+            return SaveDecision(save=False, reason="already saved", interval_steps=every)
+        if _steps_since(obs) >= every:
+            return SaveDecision(save=True, reason=f"every {self.seconds:g}s ({every} steps)",
+                                interval_steps=every)
+        return SaveDecision(save=False, reason="not due", interval_steps=every)
+
+
+class SavePolicy(Protocol):
+    """Any rule that decides periodic saves; the controller reads ``interval_steps`` to place
+    save steps (multiples of it) and falls back to ``every_steps`` when it is None."""
+
+    def decide(self, observation: SaveObservation) -> SaveDecision: ...
+
+
+@dataclass(frozen=True)
+class AnyOf:
+    """Save when any rule says so: the interval in force is the shortest any rule gives."""
+
+    policies: tuple[SavePolicy, ...]
+
+    def __post_init__(self) -> None:
+        if not self.policies:
+            raise ValueError("any_of needs at least one policy")
+
+    def decide(self, observation: SaveObservation) -> SaveDecision:
+        decisions = [p.decide(observation) for p in self.policies]
+        due = [d.reason for d in decisions if d.save]
+        intervals = [d.interval_steps for d in decisions if d.interval_steps is not None]
+        return SaveDecision(save=bool(due), reason="; ".join(due) or "not due",
+                            interval_steps=min(intervals, default=None))
+
+
+def every_steps(n: int) -> FixedInterval:
+    return FixedInterval(every_steps=n)
+
+
+def every_seconds(seconds: float) -> EverySeconds:
+    return EverySeconds(seconds=seconds)
+
+
+def any_of(*policies: SavePolicy) -> AnyOf:
+    """``any_of(every_steps(500), every_seconds(1800))``: whichever comes first."""
+    return AnyOf(tuple(policies))

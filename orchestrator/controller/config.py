@@ -247,7 +247,7 @@ class ControllerConfig:
     def build_policies(self) -> Policies:
         """The pure policy objects this config describes."""
         ci = self.checkpoint_interval
-        interval: FixedInterval | YoungDaly
+        interval: SavePolicy
         if ci.kind == "fixed":
             interval = FixedInterval(every_steps=ci.every_steps)
         else:

@@ -64,7 +64,8 @@ def eval_batches(run: Run, step: int, until: int) -> int:
 
 
 def save_interval(run: Run) -> int:
-    """Steps between periodic saves, from the save policy (fixed or Young/Daly)."""
+    """Steps between periodic saves, from the save policy (``policies.checkpoint_interval``:
+    any rule, or ``any_of`` several; the configured interval when it gives none)."""
     led = run.ledger
     now = run.now()
     decision = run.policies.save.decide(SaveObservation(

@@ -7,9 +7,14 @@ import math
 import pytest
 
 from policies.checkpoint_interval import (
+    AnyOf,
+    EverySeconds,
     FixedInterval,
     SaveObservation,
     YoungDaly,
+    any_of,
+    every_seconds,
+    every_steps,
 )
 
 
@@ -85,3 +90,37 @@ def test_young_daly_invalid(kw):
     """Misordered bounds or a non-positive prior are refused."""
     with pytest.raises(ValueError):
         YoungDaly(**kw)
+
+
+def test_every_seconds_follows_the_measured_step_time():
+    """60 s at 0.5 s per step is every 120 steps; before a step time, no interval at all."""
+    p = every_seconds(60.0)
+    assert p.decide(SaveObservation(step=5, last_save_step=None)).interval_steps is None
+    assert saves(p, range(0, 250), step_time_s=0.5) == [120, 240]
+    with pytest.raises(ValueError):
+        EverySeconds(seconds=0)
+
+
+def test_any_of_saves_when_either_rule_is_due_at_the_shorter_interval():
+    """Steps every 100 or 10 s (20 steps at 0.5 s): the time rule wins; without a step time
+    the step rule alone decides."""
+    p = any_of(every_steps(100), every_seconds(10.0))
+    assert isinstance(p, AnyOf)
+    d = p.decide(SaveObservation(step=20, last_save_step=0, step_time_s=0.5))
+    assert d.save and d.interval_steps == 20 and d.reason == "every 10s (20 steps)"
+    d = p.decide(SaveObservation(step=20, last_save_step=0))
+    assert not d.save and d.interval_steps == 100 and d.reason == "not due"
+    assert saves(p, range(0, 101)) == [100]
+    with pytest.raises(ValueError):
+        any_of()
+
+
+def test_any_of_is_open_to_rules_it_does_not_know():
+    """The protocol is open: any object with ``decide`` combines."""
+
+    class OnlyAt7:
+        def decide(self, observation):
+            return FixedInterval(every_steps=7).decide(observation)
+
+    assert saves(any_of(OnlyAt7(), YoungDaly(initial_every_steps=50, min_steps=1,
+                                             max_steps=100)), range(0, 22)) == [7, 14, 21]
