@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from orchestrator.controller.context import Run, log
 from orchestrator.controller.planning import complete_slices, resized_cfg, usable_hosts
-from orchestrator.controller.seam import GroupSpec
+from orchestrator.controller.seam import CompilesAhead, GroupSpec
 from orchestrator.shared.errors import OrchestratorError
 from orchestrator.shared.plan import plan_mesh
 
@@ -46,9 +46,10 @@ def maybe_start(run: Run, *, force_check: bool = False) -> None:
     standby the next mesh has the same size (its step is stored already), and a compile in
     flight is waited for when the group leaves. Looked at after COMPILING and, while spares
     exist, every ``RECHECK_S`` in RUNNING (capacity comes and goes)."""
-    p = run.placement
-    if run.group is None or run.pending is not None or p.ahead_for == run.ledger.incarnation \
-            or not run.cfg.compile.ahead or run.cfg.compile.cache != "on":
+    p, group = run.placement, run.group
+    if run.pending is not None or p.ahead_for == run.ledger.incarnation \
+            or not run.cfg.compile.ahead or run.cfg.compile.cache != "on" \
+            or not isinstance(group, CompilesAhead):
         return  # with a drain pending, the group leaves soon: it would wait for the compile
     now = run.now()
     if not force_check and p.ahead_checked_at is not None and now - p.ahead_checked_at < RECHECK_S:
@@ -61,7 +62,7 @@ def maybe_start(run: Run, *, force_check: bool = False) -> None:
     if _spares(run):
         return
     p.ahead_for = run.ledger.incarnation
-    started = run.group.compile_ahead(spec)
+    started = group.compile_ahead(spec)
     log.info("compile_ahead", slices=spec.plan.num_slices, processes=spec.plan.num_processes,
              started=started)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from orchestrator.controller import recovering
 from orchestrator.controller.context import Next, Run, log
-from orchestrator.controller.seam import GroupFailed
+from orchestrator.controller.seam import GroupFailed, RamCopies
 from orchestrator.lifecycle import Checkpointing, Releasing, RunState
 from policies.preemption import DrainKind, DrainObservation
 
@@ -25,12 +25,13 @@ def draining(run: Run) -> Next:
     assert p is not None
     now = run.now()
     led = run.ledger
+    ram = run.cfg.checkpoint.ram
+    has_ram = ram.enabled and isinstance(run.group, RamCopies)  # else durable saves only
     decision = run.policies.deadline.decide(DrainObservation(
         now=now, deadline=p.deadline if p.deadline is not None else now + 3600.0,
         expected_save_s=led.median_save_s() or DEFAULT_SAVE_S, expected_step_s=0.0,
         step=led.step, last_committed_step=led.last_committed,
-        expected_copy_s=((led.median_copy_s() or DEFAULT_COPY_S)
-                         if run.cfg.checkpoint.ram.enabled else None)))
+        expected_copy_s=(led.median_copy_s() or DEFAULT_COPY_S) if has_ram else None))
     log.info("drain_decision", kind=decision.kind.value, reason=decision.reason, step=led.step,
              event_id=p.event_id)
     run.reactions.record(p.event or p.event_id, f"drain:{decision.kind.value}", outcome=False,
@@ -38,8 +39,7 @@ def draining(run: Run) -> Next:
     kind = decision.kind
     if p.stop and kind in (DrainKind.FALL_BACK_TO_LAST_CHECKPOINT, DrainKind.RAM_COPY_ONLY):
         kind = DrainKind.SAVE_ANYWAY  # the run ends: only a durable save can keep these steps
-    ram = run.cfg.checkpoint.ram
-    if (kind is DrainKind.SAVE and not p.final and not p.stop and ram.enabled
+    if (kind is DrainKind.SAVE and not p.final and not p.stop and has_ram
             and ram.durable_from_ram):
         return Next(S.CHECKPOINTING, f"{decision.reason}; handing over in RAM, the durable "
                     "copy is written from it after the switch", Checkpointing(purpose=RAM_FIRST))
@@ -97,7 +97,7 @@ def _copy_to_ram(run: Run, *, persist: bool = False) -> Next | None:
     ``persist``: the holders write it durably after the switch; None if a copy is incomplete
     (the caller saves from the devices instead)."""
     group, p = run.group, run.pending
-    assert group is not None and p is not None
+    assert isinstance(group, RamCopies) and p is not None  # DRAINING chose RAM only if so
     try:
         copied = group.copy_to_ram(persist=persist)
     except GroupFailed as exc:

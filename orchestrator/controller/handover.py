@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from orchestrator.controller.context import Next, Run, log
 from orchestrator.controller.planning import complete_slices, usable_hosts
+from orchestrator.controller.seam import WarmStandby
 from orchestrator.lifecycle import HandingOver, RunState
 from orchestrator.shared.hosts import HostRef
 
@@ -22,9 +23,9 @@ def begin(run: Run) -> Next | None:
     (drain now)."""
     p, group = run.pending, run.group
     max_s = run.ctl.warm.handover_max_s
-    if (p is None or group is None or max_s <= 0 or p.stop or p.final or p.regrow
-            or p.handover or p.deadline is None or not p.doomed):
-        return None
+    if (p is None or not isinstance(group, WarmStandby) or max_s <= 0 or p.stop or p.final
+            or p.regrow or p.handover or p.deadline is None or not p.doomed):
+        return None  # a group that keeps no warm processes drains at once
     now = run.now()
     until = min(now + max_s, _last_safe(run, p.deadline))
     if until <= now + 0.5:
@@ -54,7 +55,7 @@ def drain_now(run: Run) -> bool:
     if p is None or p.handover_until is None or p.handover:
         return True
     try:
-        ready = group is not None and group.warm_ready()
+        ready = isinstance(group, WarmStandby) and group.warm_ready()
     except Exception as exc:
         log.warning("handover_probe_failed", error=str(exc))
         ready = False

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from orchestrator.controller.context import log
+from orchestrator.controller.seam import InjectsFaults
 from policies.chaos import CRASH_IN_NOTICE_AFTER_S, NOTICE_KINDS, Fault, FaultKind, FaultSchedule
 
 if TYPE_CHECKING:
@@ -67,15 +68,13 @@ class ChaosPlugin(RunPlugin):
                         or (f.kind is FaultKind.KILL_IN_SAVE and step < f.at_step <= until))
             if in_actor:
                 self.fired.add(f.key)
-                log.info("chaos_armed", kind=f.kind.value, host=f.host, step=f.at_step)
-                group.inject(f.host, _fault_dict(f))
+                _inject(group, f, _fault_dict(f))
             elif f.kind in NOTICE_KINDS and f.at_step == step:
                 self.fired.add(f.key)
                 self._notice(run, f)
                 if f.kind is FaultKind.CRASH_IN_NOTICE:  # the host dies inside its window
-                    log.info("chaos_armed", kind=f.kind.value, host=f.host, step=f.at_step)
-                    group.inject(f.host, {"at_step": f.at_step, "kind": "crash",
-                                          "after_s": CRASH_IN_NOTICE_AFTER_S})
+                    _inject(group, f, {"at_step": f.at_step, "kind": "crash",
+                                       "after_s": CRASH_IN_NOTICE_AFTER_S})
 
     @staticmethod
     def _notice(run: Run, f: Fault) -> None:
@@ -87,6 +86,15 @@ class ChaosPlugin(RunPlugin):
                    "deadline": run.now() + f.deadline_s, "source": "chaos"}
         log.info("chaos_notice", kind=kind, host=host.instance, step=f.at_step)
         run.reactions.submit(payload, source="chaos")
+
+
+def _inject(group: object, f: Fault, fault: dict) -> None:
+    """Arm ``fault`` in its host, where the group can (a notice needs no injection)."""
+    if not isinstance(group, InjectsFaults):  # the simulator's config refuses chaos first
+        log.error("chaos_unsupported", kind=f.kind.value, group=type(group).__name__)
+        return
+    log.info("chaos_armed", kind=f.kind.value, host=f.host, step=f.at_step)
+    group.inject(f.host, fault)
 
 
 def _fault_dict(f: Fault) -> dict:

@@ -6,14 +6,20 @@ either returns its typed result or raises ``GroupFailed`` carrying a typed failu
 ``poll`` returns one of ``Running``, ``Progress``, ``HostsLost``, ``Hung``, ``Fatal`` and never
 raises. (A chunk's end is ``Progress``: the driver, not the group, decides when the run is done,
 so there is no separate "done" status.) The real
-implementation is ``orchestrator.raygroup.group``; tests use ``tests.controller.fakes``.
+implementation is ``orchestrator.raygroup.group``; tests use ``tests.controller.fakes``; the
+simulator ``orchestrator.sim.group``.
+
+What a group *may* do beyond the core (warm standby processes, a RAM tier, compiling a shrink's
+step ahead, chaos faults) are separate small protocols the controller checks for with
+``isinstance``: a group without one (the simulator's) simply does not implement it, and the
+controller takes the path it takes when the capability declines.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from orchestrator.config import RunConfig
 from orchestrator.shared.hosts import HostRef
@@ -179,7 +185,8 @@ class GroupSpec:
 
 
 class WorkerGroup(Protocol):
-    """One incarnation of the JAX group: one host actor per mesh host."""
+    """One incarnation of the JAX group: one host actor per mesh host. The core every group
+    implements; what only some can do is in the capability protocols below."""
 
     def form(self) -> Formed:
         """Start the actors, join one distributed runtime, build the model and step."""
@@ -188,11 +195,6 @@ class WorkerGroup(Protocol):
         """Restore the newest committed checkpoint not in ``skip_steps`` (or init from seed)."""
 
     def compile(self) -> Compiled: ...
-
-    def compile_ahead(self, spec: GroupSpec) -> bool:
-        """Compile ``spec``'s step in the background while this group trains (a mesh over this
-        group's first processes: an elastic shrink's) and store it for that group to load;
-        never blocks, never fails the group. False if this seam cannot."""
 
     def start_chunk(self, until_step: int, *, chunk: int, save_steps: Sequence[int]) -> None:
         """Start steps up to ``until_step`` on every host (non-blocking); saves start after
@@ -207,25 +209,9 @@ class WorkerGroup(Protocol):
     def save(self) -> Saved:
         """Save the current step and wait until it is committed."""
 
-    def copy_to_ram(self, *, persist: bool = False) -> Saved:
-        """Copy the current step to the RAM tier's holders and wait until they have it
-        (``committed_step`` None: nothing durable yet); for notices too short for ``save``.
-        ``persist``: the holders also write it durably, in the background (a drain that hands
-        the state over in RAM and persists after the switch)."""
-
-    def warm_up(self, hosts: Sequence[HostRef]) -> bool:
-        """Start warm standby processes on ``hosts`` (the next mesh's new hosts) while this
-        group trains; False if this seam keeps no warm processes."""
-
-    def warm_ready(self) -> bool:
-        """Whether every host ``warm_up`` was asked for has its process warm."""
-
     def notices(self) -> list[dict]:
         """Notices the hosts' metadata watchers pushed since the last call (driver-owned queue,
         so a notice survives its host)."""
-
-    def inject(self, host: int, fault: dict) -> None:
-        """Arm a chaos fault in one host (before its next call)."""
 
     def measure_peak_flops(self) -> float: ...
 
@@ -242,6 +228,52 @@ class WorkerGroup(Protocol):
 
 
 GroupFactory = Callable[[GroupSpec], WorkerGroup]
+
+
+# ---- optional capabilities: checked with isinstance, never stubbed -------------------------
+
+
+@runtime_checkable
+class WarmStandby(Protocol):
+    """Warm processes on the next mesh's new hosts while this group trains (HANDING_OVER)."""
+
+    def warm_up(self, hosts: Sequence[HostRef]) -> bool:
+        """Start warm standby processes on ``hosts`` (the next mesh's new hosts); False if no
+        warm processes can be kept now (the drain then goes ahead at once)."""
+
+    def warm_ready(self) -> bool:
+        """Whether every host ``warm_up`` was asked for has its process warm."""
+
+
+@runtime_checkable
+class RamCopies(Protocol):
+    """A RAM tier: the hosts' state copied to peer holders, for notices too short to save."""
+
+    def copy_to_ram(self, *, persist: bool = False) -> Saved:
+        """Copy the current step to the RAM tier's holders and wait until they have it
+        (``committed_step`` None: nothing durable yet). ``persist``: the holders also write it
+        durably, in the background (a drain that hands over in RAM, persisting after)."""
+
+
+@runtime_checkable
+class CompilesAhead(Protocol):
+    """Compiles an elastic shrink's step while this group trains."""
+
+    def compile_ahead(self, spec: GroupSpec) -> bool:
+        """Compile ``spec``'s step in the background (a mesh over this group's first
+        processes) and store it for that group to load; never blocks, never fails the group.
+        False if it cannot for this spec."""
+
+
+@runtime_checkable
+class InjectsFaults(Protocol):
+    """Chaos: faults armed inside a host (``controller.chaos``)."""
+
+    def inject(self, host: int, fault: dict) -> None:
+        """Arm a chaos fault in one host (before its next call)."""
+
+
+CAPABILITIES: tuple[type, ...] = (WarmStandby, RamCopies, CompilesAhead, InjectsFaults)
 
 
 class ClusterView(Protocol):

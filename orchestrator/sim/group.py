@@ -7,6 +7,10 @@ fail ``reform.detect_s`` later: the chunk returns ``HostsLost`` with the step re
 host died, a phase call raises ``GroupFailed``; saves not committed by then never commit.
 Phase calls take the re-form model's time. Every seam call is a ``Probe`` boundary.
 
+It implements the core ``WorkerGroup`` only: none of the optional capabilities (warm standby
+processes, a RAM tier, compile-ahead, chaos faults), so the controller drains at once, saves
+durably and compiles every group's step, as on a TPU fleet without them.
+
 ``spans`` holds one ``StepSpan`` per chunk (exact, since every committed step ends a chunk), so
 goodput's lost-step accounting is exact, not estimated.
 """
@@ -170,19 +174,6 @@ class SimGroup:
     def save(self) -> Saved:
         return self._call(self._save)
 
-    def compile_ahead(self, spec: GroupSpec) -> bool:
-        return False  # a TPU fleet: the real seam declines there too (docs/controller.md)
-
-    def warm_up(self, hosts) -> bool:
-        return False  # the simulator models no warm processes: a drain is immediate
-
-    def warm_ready(self) -> bool:
-        return True
-
-    def copy_to_ram(self, *, persist: bool = False) -> Saved:
-        raise NotImplementedError("the simulator models no RAM tier: run it with "
-                                  "checkpoint.ram.enabled=false")
-
     def _save(self) -> Saved:
         disk, t0 = self.fleet.disk, self.world.t
         inflight = [s.commit_at for s in disk.pending if s.step == self.step]
@@ -285,10 +276,6 @@ class SimGroup:
 
     def notices(self) -> list[dict]:
         return []  # the world publishes notices through the intake
-
-    def inject(self, host: int, fault: dict) -> None:
-        raise NotImplementedError("chaos faults are not simulated: use the failures.* "
-                                  "processes or a trace (trace.path)")
 
     def measure_peak_flops(self) -> float:
         return 0.0

@@ -102,6 +102,7 @@ class FakeFleet:
         self.ahead: list[GroupSpec] = []  # specs compile_ahead was asked for
         self.ahead_steps: list[int] = []  # the group's step when it was asked
         self.stored: set[tuple] = set()  # executable keys compiled ahead (compile loads them)
+        self.group_cls: type[FakeGroup] = FakeGroup  # PlainGroup: no optional capability
 
     def on_step(self, step: int, fn: Callable[[FakeGroup], object]) -> None:
         """Run ``fn(group)`` when a group reaches ``step``; a returned failure status ends the
@@ -109,7 +110,7 @@ class FakeFleet:
         self.at_step.setdefault(step, []).append(fn)
 
     def __call__(self, spec: GroupSpec) -> FakeGroup:
-        g = FakeGroup(self, spec)
+        g = self.group_cls(self, spec)
         self.groups.append(g)
         return g
 
@@ -271,6 +272,13 @@ class FakeGroup:
     def shutdown(self, *, graceful: bool, keep_processes: bool = False) -> None:
         self.shutdowns.append(graceful)
         self.kept_processes.append(keep_processes)
+
+
+class PlainGroup(FakeGroup):
+    """The core seam only, like the simulator's group: every optional capability blocked
+    (``None`` is how a runtime-checkable protocol is told a method is absent)."""
+
+    warm_up = warm_ready = copy_to_ram = compile_ahead = inject = None  # type: ignore[assignment]
 
 
 def lost(hosts: tuple[int, ...] = (1,), kind: FailureKind = FailureKind.ACTOR_DIED,
