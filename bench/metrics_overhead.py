@@ -21,6 +21,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from orchestrator.controller.listener import RunListener
+from orchestrator.lifecycle import RunState, Transition
 from orchestrator.metrics.cloud.client import make_client
 from orchestrator.metrics.cloud.sink import CloudMonitoringSink
 from orchestrator.metrics.config import CloudMonitoringConfig
@@ -28,17 +30,16 @@ from orchestrator.metrics.identity import ResourceIdentity
 from orchestrator.metrics.jsonl import JsonlSink
 from orchestrator.metrics.pipeline import MetricsPipeline
 from orchestrator.metrics.records import StepRecord
-from orchestrator.metrics.sink import MetricSink
 from tests.support.metric_service import LocalMetricService
 
 
-class CpuTimed(MetricSink):
+class CpuTimed(RunListener):
     """Counts the CPU time a sink spends on its worker thread (robust to other load)."""
 
-    def __init__(self, inner: MetricSink) -> None:
+    def __init__(self, inner: RunListener) -> None:
         self.inner = inner
         self.name = inner.name
-        self.queue_size = inner.queue_size
+        self.queue_size = getattr(inner, "queue_size", None)  # the pipeline's default if None
         self.cpu_s = 0.0
 
     def _timed(self, fn, *args) -> None:
@@ -61,7 +62,7 @@ class CpuTimed(MetricSink):
         self._timed(self.inner.close)
 
 
-def run(raw_sinks: list[MetricSink], steps: int, work: tuple[np.ndarray, np.ndarray]) -> dict:
+def run(raw_sinks: list[RunListener], steps: int, work: tuple[np.ndarray, np.ndarray]) -> dict:
     sinks = [CpuTimed(s) for s in raw_sinks]
     pipe = MetricsPipeline(sinks, queue_size=10_000)
     a, b = work
@@ -69,9 +70,9 @@ def run(raw_sinks: list[MetricSink], steps: int, work: tuple[np.ndarray, np.ndar
     t_loop = time.perf_counter()
     cpu0 = time.process_time()
     now = time.time()
-    pipe.on_transition({"seq": 0, "state": "RUNNING", "prev": "COMPILING", "at": now,
-                        "prev_duration_s": 0.0, "reason": "bench", "incarnation": 0,
-                        "slices": ["s0"], "hosts": 1, "step": 0})
+    pipe.on_transition(Transition(seq=0, state=RunState.RUNNING, prev=RunState.COMPILING,
+                                  at=now, prev_duration_s=0.0, reason="bench", incarnation=0,
+                                  slices=("s0",), hosts=1, step=0))
     for k in range(1, steps + 1):
         t0 = time.perf_counter()
         for _ in range(4):

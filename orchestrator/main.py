@@ -24,6 +24,7 @@ from typing import Any
 import structlog
 
 from orchestrator.config import RunConfig, load_config
+from orchestrator.controller.listener import RunListener
 from orchestrator.driver import logs
 from orchestrator.driver.lock import RunDirBusy, RunDirLock
 from orchestrator.driver.signals import EXIT_SIGINT, EXIT_SIGTERM, StopSignals
@@ -115,7 +116,8 @@ class Driver:
         self.lock = RunDirLock(self.run_dir)
 
     def run(self) -> int:
-        from orchestrator.controller import Controller, Hooks
+        from orchestrator.controller import Controller
+        from orchestrator.controller.wiring import from_config
         from orchestrator.raygroup.cluster_view import RayClusterView
         from orchestrator.raygroup.factory import ray_group_factory
         from orchestrator.raygroup.ram_holders import RamTier
@@ -131,17 +133,14 @@ class Driver:
         self._prepare_run_dir()
         self.metrics = self._build_metrics()
         self.intake = self._build_intake()
-        self.intake.add_observer(self._mark_event)  # events marked beside the transitions
         self._emulate_cloud()
-        peak_box: dict[str, Any] = {}
-        hooks = Hooks(on_step=lambda rec, ctx: self._on_step(rec, ctx, peak_box),
-                      peak_resolver=lambda measure: self._resolve_peak(cluster, measure,
-                                                                       peak_box),
-                      goodput=self._goodput)
+        wiring = from_config(self.cfg)  # the policies and the chaos plug-in
+        listeners = [*wiring.listeners, self.metrics, _Answers(self, cluster)]
         groups = ray_group_factory(self.cfg, cluster, ram=ram)
         controller = Controller(self.cfg, run_dir=self.run_dir, cluster=cluster,
-                                make_group=groups, intake=self.intake, metrics=self.metrics,
-                                hooks=hooks, stop_request=self.signals.request)
+                                make_group=groups, intake=self.intake,
+                                policies=wiring.policies, listeners=listeners,
+                                stop_request=self.signals.request)
         self._watch_ray_nodes(lambda: list(controller.plan.hosts) if controller.plan else [])
         self.signals.armed = True  # from here SIGTERM drains (the controller polls the flag)
         try:
@@ -269,12 +268,6 @@ class Driver:
         intake.start()
         return intake
 
-    def _mark_event(self, event: Any, hosts: Any) -> None:
-        """Each event the intake accepted (recorded in events.jsonl, about to be handled) to the
-        metric sinks: TensorBoard marks it as text ``lifecycle/events`` beside the lifecycle
-        transitions (a re-form is a transition: ``lifecycle/transitions``)."""
-        self.metrics.on_event({**event.to_json(with_raw=False), "at": time.time()})
-
     def _emulate_cloud(self) -> None:
         """With cluster.emulate.replace_after_s: preempted emulated slices go away at their
         notice's deadline and new ones join later (orchestrator/cluster/cloud.py)."""
@@ -319,22 +312,6 @@ class Driver:
             log.info("mfu_peak", peak_flops_per_device=box["peak"][0], source=box["peak"][1])
         return box["peak"]
 
-    def _on_step(self, rec: dict, ctx: dict, box: dict) -> None:
-        from orchestrator.metrics.records import StepRecord
-
-        self.metrics.on_step(StepRecord.build(
-            step=rec["step"], loss=rec["loss"], step_time_s=rec["step_time_s"],
-            tokens=ctx["tokens"], flops=ctx["flops"] or 0.0, grad_norm=rec["grad_norm"],
-            wall_time=rec["wall_time"], devices=ctx["devices"],
-            peak=box.get("peak", (0.0, "unknown")), incarnation=ctx["incarnation"],
-            slices=ctx["slices"], checkpoint_blocking_s=rec["checkpoint_blocking_s"],
-            lr=rec["lr"], ram_copy_s=float(rec.get("ram_copy_s", 0.0)),
-            metrics=rec.get("metrics")))
-        if rec.get("eval"):  # host 0 evaluated after this step (eval.every)
-            from orchestrator.metrics.records import EvalRecord
-
-            self.metrics.on_eval(EvalRecord.from_host(rec["step"], rec["eval"]))
-
     def _goodput(self) -> float | None:
         """Goodput from the run directory's timeline and metrics (for the summary)."""
         from orchestrator.metrics.rundir import load_run
@@ -359,6 +336,20 @@ class Driver:
         if self.emulated is not None:
             self.emulated.shutdown()
         self.lock.release()  # last: nothing of this driver writes the run dir any more
+
+
+class _Answers(RunListener):
+    """What the run asks its driver: the MFU peak (accelerator table, setting, or a matmul
+    timed on host 0) and, as it ends, goodput from the run directory."""
+
+    def __init__(self, driver: Driver, cluster: Any) -> None:
+        self.driver, self.cluster, self.box = driver, cluster, {}
+
+    def resolve_peak(self, measure: Any) -> tuple[float, str]:
+        return self.driver._resolve_peak(self.cluster, measure, self.box)
+
+    def goodput(self) -> float | None:
+        return self.driver._goodput()
 
 
 def _job_config() -> dict:

@@ -1,4 +1,5 @@
-"""The lifecycle table walked exhaustively, the timeline file, logging and listeners."""
+"""The lifecycle table walked exhaustively, the timeline file and logging (listeners are the
+controller's: tests/controller/test_listeners.py)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,6 @@ from orchestrator.lifecycle import (
     IllegalTransition,
     Lifecycle,
     LifecycleError,
-    LifecycleListener,
     Releasing,
     Restoring,
     RunState,
@@ -273,28 +273,6 @@ def test_transition_is_logged_with_duration():
     assert (entry["from"], entry["to"], entry["duration_s"], entry["reason"]) == (
         "PLANNING", "FORMING", 4.0, "3 slices healthy")
     assert entry["log_level"] == "info"
-
-
-def test_listeners_called_and_cannot_break_lifecycle():
-    """A raising listener is logged and swallowed; the others still see every transition."""
-    seen: list[tuple[str, str]] = []
-
-    class Broken(LifecycleListener):
-        def on_transition(self, transition: Transition) -> None:
-            raise RuntimeError("sink down")
-
-    class Recorder(LifecycleListener):
-        def on_transition(self, transition: Transition) -> None:
-            seen.append((transition.prev.value, transition.state.value))
-
-    lc = Lifecycle(clock=FakeClock(), listeners=(Broken(), LifecycleListener(), Recorder()))
-    with capture_logs() as logs:
-        go(lc, S.FORMING)
-        go(lc, S.RESTORING)
-    assert lc.state is S.RESTORING
-    assert seen == [("PLANNING", "FORMING"), ("FORMING", "RESTORING")]
-    failures = [e for e in logs if e["event"] == "listener_failed"]
-    assert len(failures) == 2 and failures[0]["listener"] == "Broken"
 
 
 def test_time_in_state_and_durations():

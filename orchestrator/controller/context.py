@@ -17,6 +17,7 @@ import structlog
 from orchestrator.config import RunConfig
 from orchestrator.controller.config import ControllerConfig, Policies
 from orchestrator.controller.ledger import RecoveryLedger
+from orchestrator.controller.listener import Listeners
 from orchestrator.controller.seam import Clock, ClusterView, GroupFactory, WorkerGroup
 from orchestrator.lifecycle import Lifecycle, Payload, RunState
 from orchestrator.shared.hosts import HostRef
@@ -81,16 +82,6 @@ class Pending:
 
 
 @dataclass
-class Hooks:
-    """Optional callbacks of the embedding program (metrics, tests); none may stop the run."""
-
-    on_step: Callable[[dict, dict], None] | None = None
-    on_final_group: Callable[[WorkerGroup], None] | None = None
-    peak_resolver: Callable[[Callable[[], float]], tuple[float, str]] | None = None
-    goodput: Callable[[], float | None] | None = None  # read once, for the summary
-
-
-@dataclass
 class Run:
     """One run's wiring and state, passed to every handler."""
 
@@ -105,8 +96,8 @@ class Run:
     ledger: RecoveryLedger
     placement: Placement
     intake: Any = None
-    hooks: Hooks = field(default_factory=Hooks)
-    plugins: list[Any] = field(default_factory=list)
+    listeners: Listeners = field(default_factory=Listeners)
+    """Everything that observes or extends the run (``controller.listener``)."""
     group: WorkerGroup | None = None
     pending: Pending | None = None
     chunk: int = 0
@@ -137,10 +128,3 @@ class Run:
                 group.shutdown(graceful=graceful, keep_processes=keep_processes)
             except Exception as exc:  # teardown must never mask what caused it
                 log.error("group_shutdown_failed", error=str(exc))
-
-    def hook(self, name: str, fn: Callable[[], Any]) -> None:
-        """Run a plug-in or embedding callback; its failure is logged, never raised."""
-        try:
-            fn()
-        except Exception as exc:
-            log.error("hook_failed", hook=name, error=repr(exc))

@@ -15,12 +15,14 @@ from typing import Any
 
 from orchestrator.config import RunConfig
 from orchestrator.controller import draining, forming, planning, recovering, running, waiting
-from orchestrator.controller.context import Hooks, Next, Placement, Run, log
+from orchestrator.controller.config import Policies
+from orchestrator.controller.context import Next, Placement, Run, log
 from orchestrator.controller.ledger import RecoveryLedger
-from orchestrator.controller.plugins import ChaosPlugin, RunPlugin
+from orchestrator.controller.listener import Listeners, RunListener
 from orchestrator.controller.reactions import Reactions
 from orchestrator.controller.seam import Clock, ClusterView, GroupFactory, SystemClock
 from orchestrator.controller.summary import RunSummary, write_summary
+from orchestrator.controller.wiring import from_config
 from orchestrator.lifecycle import Failed, Lifecycle, RunState
 from orchestrator.shared.errors import OrchestratorError
 from policies.causes import StopCause
@@ -43,27 +45,32 @@ HANDLERS: dict[RunState, Callable[[Run], Next]] = {
 
 
 class Controller:
-    """Owns one run from PLANNING to SUCCEEDED/FAILED."""
+    """Owns one run from PLANNING to SUCCEEDED/FAILED.
+
+    Everything it works with is passed in: ``make_group`` builds each incarnation's worker
+    group, ``cluster`` / ``clock`` / ``intake`` are the other seams; ``policies`` and
+    ``listeners`` default to ``wiring.from_config(cfg)`` (the config's policies and chaos
+    plug-in: pass ``[*from_config(cfg).listeners, yours]`` to add to them)."""
 
     def __init__(self, cfg: RunConfig, *, run_dir: Path | str, cluster: ClusterView,
                  make_group: GroupFactory, clock: Clock | None = None, intake: Any = None,
-                 metrics: Any = None, hooks: Hooks | None = None,
-                 plugins: Sequence[RunPlugin] | None = None,
+                 policies: Policies | None = None,
+                 listeners: Sequence[RunListener] | None = None,
                  poll_interval_s: float = 0.1,
                  stop_request: Callable[[], Any] | None = None) -> None:
         clock = clock or SystemClock()
-        policies = cfg.controller.build_policies()
-        listeners = [_MetricsListener(metrics)] if metrics is not None else []
-        lifecycle = Lifecycle(run_dir=Path(run_dir), clock=clock.now, listeners=listeners)
+        if policies is None or listeners is None:
+            wiring = from_config(cfg)
+            policies = wiring.policies if policies is None else policies
+            listeners = wiring.listeners if listeners is None else listeners
+        lifecycle = Lifecycle(run_dir=Path(run_dir), clock=clock.now)
         hosts = cluster.hosts() if cfg.cluster.mode == "tpu" and not cfg.cluster.slices else []
         self.run_state = Run(
             cfg=cfg, ctl=cfg.controller, policies=policies, run_dir=Path(run_dir),
             cluster=cluster, make_group=make_group, clock=clock, lifecycle=lifecycle,
             ledger=RecoveryLedger(),
             placement=Placement(target_slices=planning.initial_target_slices(cfg, hosts)),
-            intake=intake, hooks=hooks or Hooks(),
-            plugins=list(plugins) if plugins is not None else (
-                [ChaosPlugin(policies.chaos)] if policies.chaos.faults else []),
+            intake=intake, listeners=Listeners(listeners),
             started_at=clock.now(), poll_interval_s=poll_interval_s, stop_request=stop_request)
         self.run_state.reactions = Reactions(self.run_state)
         self.final_reason = ""
@@ -110,23 +117,15 @@ class Controller:
         """The one mutation point: move the lifecycle as the handler asked."""
         run = self.run_state
         plan = run.plan
-        run.lifecycle.transition(
+        record = run.lifecycle.transition(
             nxt.state, reason=nxt.reason, step=run.ledger.step,
             incarnation=run.ledger.incarnation, slices=plan.slice_names if plan else (),
             hosts=plan.num_processes if plan else 0, payload=nxt.payload)
         if nxt.state.terminal:
             self.final_reason = nxt.reason
+        run.listeners.notify("on_transition", record)
 
     def _end(self, reason: str, cause: StopCause | None) -> None:
         if not self.run_state.lifecycle.terminal:
             self._apply(Next(S.FAILED, reason, Failed(reason=reason, cause=cause)))
 
-
-class _MetricsListener:
-    """Forwards lifecycle transitions to the metrics pipeline."""
-
-    def __init__(self, metrics: Any) -> None:
-        self.metrics = metrics
-
-    def on_transition(self, transition: Any) -> None:
-        self.metrics.on_transition(transition.to_json())

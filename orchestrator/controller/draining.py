@@ -82,8 +82,7 @@ def checkpointing(run: Run) -> Next:
     if not p.final:
         run.reactions.settle(p, "saved", step=saved.committed_step, tier="durable")
     if p.final:
-        if run.hooks.on_final_group is not None:
-            run.hook("on_final_group", lambda: run.hooks.on_final_group(group))
+        run.listeners.notify("on_final_group", group)
         run.teardown(graceful=True)
         run.pending = None
         return Next(S.SUCCEEDED, f"reached step {run.ledger.step}")

@@ -21,9 +21,7 @@ def forming(run: Run) -> Next:
     p = run.placement
     assert p.plan is not None and p.mesh_cfg is not None
     run.ledger.incarnation += 1
-    init_faults: list[tuple[int, dict]] = []
-    for plugin in run.plugins:
-        init_faults.extend(plugin.init_faults(run))
+    init_faults = run.listeners.init_faults(run)
     spec = GroupSpec(plan=p.plan, cfg=p.mesh_cfg, incarnation=run.ledger.incarnation,
                      run_dir=str(run.run_dir),
                      accum_steps=p.batch_plan.accum_steps if p.batch_plan else 1,
@@ -87,12 +85,10 @@ def compiling(run: Run) -> Next:
         out = group.compile()
     except GroupFailed as exc:
         return recovering.after_failure(run, exc.status)
-    if run.peak is None and run.hooks.peak_resolver is not None:
-        try:
-            run.peak = run.hooks.peak_resolver(group.measure_peak_flops)
-        except Exception as exc:  # MFU is a metric: never a reason to stop
-            log.warning("mfu_peak_unknown", error=str(exc))
-            run.peak = (0.0, "unknown")
+    if run.peak is None and run.listeners.wants("resolve_peak"):
+        # MFU is a metric: a listener that fails to answer leaves it unknown, never stops
+        run.peak = run.listeners.first("resolve_peak", group.measure_peak_flops) or (
+            0.0, "unknown")
     run.ledger.compile_times.append(out.compile_s)
     run.ledger.compiles.append({"incarnation": run.ledger.incarnation,
                                 "compile_s": round(out.compile_s, 3), "source": out.source,

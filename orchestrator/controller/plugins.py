@@ -1,7 +1,8 @@
 """Plug-ins that act on the run at fixed points, without branches in the core loop.
 
-``RunPlugin`` has no-op defaults; ``ChaosPlugin`` pairs the pure fault schedule
-(``policies.chaos``) with the seam calls that inject each fault, keyed by (host, step).
+A plug-in is a ``RunListener`` (``controller.listener``) that overrides the chunk-boundary
+callbacks; ``ChaosPlugin`` pairs the pure fault schedule (``policies.chaos``) with the seam
+calls that inject each fault, keyed by (host, step).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from orchestrator.controller.context import log
+from orchestrator.controller.listener import RunListener
 from orchestrator.controller.seam import InjectsFaults
 from policies.chaos import CRASH_IN_NOTICE_AFTER_S, NOTICE_KINDS, Fault, FaultKind, FaultSchedule
 
@@ -16,22 +18,7 @@ if TYPE_CHECKING:
     from orchestrator.controller.context import Run
 
 
-class RunPlugin:
-    """Hooks with no-op defaults."""
-
-    def init_faults(self, run: Run) -> list[tuple[int, dict]]:
-        """(host, fault) pairs to arm in a group being formed, before distributed init."""
-        return []
-
-    def chunk_end(self, run: Run, step: int, until: int) -> int:
-        """May end the next chunk earlier than ``until`` (never before ``step + 1``)."""
-        return until
-
-    def before_chunk(self, run: Run, step: int, until: int) -> None:
-        """Called right before a chunk of steps ``step+1 .. until`` starts."""
-
-
-class ChaosPlugin(RunPlugin):
+class ChaosPlugin(RunListener):
     """Deterministic faults from ``controller.chaos``; each fires once (a fall-back restore
     passes the same step again, and firing there again would loop forever)."""
 

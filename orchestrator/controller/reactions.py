@@ -76,9 +76,14 @@ class Reactions:
             events, self._deferred = events + self._deferred, []
         if run.intake is not None:
             try:
-                events += run.intake.poll(self._known_hosts(), run.ledger.incarnation)
+                taken = run.intake.poll(self._known_hosts(), run.ledger.incarnation)
             except Exception as exc:  # the intake must never take the run down
                 log.error("event_poll_failed", error=str(exc))
+                taken = []
+            for ev in taken if run.listeners.wants("on_event") else ():  # marked beside the
+                run.listeners.notify(  # transitions (TensorBoard's lifecycle/events)
+                    "on_event", {**ev.to_json(with_raw=False), "at": run.now()})
+            events += taken
         for ev in events:
             try:
                 self.handle(ev, in_mesh=in_mesh)

@@ -37,8 +37,7 @@ def running(run: Run) -> Next:
         every = save_interval(run)
         until = chunk_end(run, every)
         save_steps = [s for s in range(step + 1, until + 1) if s % every == 0]
-        for plugin in run.plugins:
-            plugin.before_chunk(run, step, until)
+        run.listeners.notify("before_chunk", run, step, until)
         run.reactions.poll(in_mesh=True)  # what the plug-ins just sent acts at this boundary
         if _drain_due(run):
             return _drain_or_handover(run)
@@ -89,8 +88,7 @@ def chunk_end(run: Run, every: int) -> int:
     revise_drain_step(run)
     if run.pending is not None and run.pending.at_step is not None and run.pending.at_step > step:
         until = min(until, run.pending.at_step)
-    for plugin in run.plugins:
-        until = plugin.chunk_end(run, step, until)
+    until = run.listeners.chunk_end(run, step, until)
     return max(step + 1, until)
 
 
@@ -148,20 +146,33 @@ def _wait_chunk(run: Run, *, steps: int):
 def _absorb(run: Run, status: Progress) -> None:
     led = run.ledger
     led.absorb(status.step, status.committed_step, status.records)
-    if run.hooks.on_step is None:
-        return
-    context = step_context(run)
-    for rec in status.records:
-        run.hook("on_step", lambda rec=rec: run.hooks.on_step(rec, context))
+    if run.listeners.wants("on_step") or run.listeners.wants("on_eval"):
+        for rec in status.records:
+            _report(run, rec)
 
 
-def step_context(run: Run) -> dict:
+def _report(run: Run, rec: dict) -> None:
+    """Host 0's raw record of one step as a ``StepRecord`` (MFU against the resolved peak) and
+    its eval, if any, to the listeners; a malformed record is logged and skipped."""
+    from orchestrator.metrics.records import EvalRecord, StepRecord
+
     plan, cfg = run.plan, run.placement.mesh_cfg
     assert plan is not None and cfg is not None
-    return {"devices": plan.devices, "flops": run.flops, "incarnation": run.ledger.incarnation,
-            "slices": plan.num_slices, "peak": run.peak,
-            "tokens": run.tokens if run.tokens is not None
-            else cfg.train.global_batch * (cfg.model.seq_len - 1)}
+    tokens = run.tokens if run.tokens is not None \
+        else cfg.train.global_batch * (cfg.model.seq_len - 1)
+    try:
+        step = StepRecord.build(
+            step=rec["step"], loss=rec["loss"], step_time_s=rec["step_time_s"], tokens=tokens,
+            flops=run.flops or 0.0, grad_norm=rec["grad_norm"], wall_time=rec["wall_time"],
+            devices=plan.devices, peak=run.peak or (0.0, "unknown"),
+            incarnation=run.ledger.incarnation, slices=plan.num_slices,
+            checkpoint_blocking_s=rec["checkpoint_blocking_s"], lr=rec["lr"],
+            ram_copy_s=float(rec.get("ram_copy_s", 0.0)), metrics=rec.get("metrics"))
+        run.listeners.notify("on_step", step)
+        if rec.get("eval"):  # host 0 evaluated after this step (eval.every)
+            run.listeners.notify("on_eval", EvalRecord.from_host(rec["step"], rec["eval"]))
+    except Exception as exc:  # a malformed record must not stop the run
+        log.error("step_record_invalid", step=rec.get("step"), error=repr(exc))
 
 
 def _finish_recovery(run: Run, status: Progress) -> None:

@@ -105,12 +105,7 @@ def _fmt(v: float | None, unit: str = "", *, pct: bool = False) -> str:
 
 def write_summary(run: Run, reason: str) -> RunSummary:
     """Build the summary and write summary.json (a write failure is logged, not raised)."""
-    goodput = None
-    if run.hooks.goodput is not None:
-        try:
-            goodput = run.hooks.goodput()
-        except Exception as exc:  # the summary is written whatever the metrics state
-            log.warning("goodput_unavailable", error=str(exc))
+    goodput = run.listeners.first("goodput")  # a failing listener is logged: no goodput
     now = run.now()
     led = run.ledger
     state = run.lifecycle.state

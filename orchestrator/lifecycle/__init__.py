@@ -4,7 +4,8 @@ Why a table: every failure path (a notice mid-compile, a kill during a save, a b
 while waiting) must land somewhere defined; the table is walked exhaustively by a test, so an
 unplanned path is a loud error instead of a silent hang. Every transition is logged with the time
 spent in the previous state and appended to ``RUN_DIR/timeline.jsonl``, which goodput and the run
-report read. Listeners (metrics, console) are plug-ins that can never break the lifecycle.
+report read. The lifecycle notifies no one: the controller hands each transition it applied to
+its listeners (``orchestrator.controller.listener``), which can never break the lifecycle.
 """
 
 from __future__ import annotations
@@ -114,7 +115,7 @@ OPTIONAL_PAYLOAD: dict[RunState, type] = {
 
 
 # ---------------------------------------------------------------------------------------------
-# Transitions, errors, listeners
+# Transitions and errors
 
 
 class LifecycleError(OrchestratorError):
@@ -168,13 +169,6 @@ class Transition:
         }
 
 
-class LifecycleListener:
-    """Plug-in interface with no-op defaults (metrics, console, report sinks subclass it)."""
-
-    def on_transition(self, transition: Transition) -> None:
-        """Called after each transition, outside the lifecycle's lock; exceptions are logged."""
-
-
 Clock = Callable[[], float]
 
 
@@ -195,7 +189,6 @@ class Lifecycle:
 
     run_dir: Path | str | None = None
     clock: Clock = time.time
-    listeners: Sequence[LifecycleListener] = ()
     incarnation: int = 0
     step: int = 0
     start_reason: str = "run started"
@@ -274,7 +267,6 @@ class Lifecycle:
             duration_s=round(record.prev_duration_s, 3), reason=reason, step=step,
             incarnation=incarnation, hosts=hosts, slices=list(record.slices),
         )
-        self._notify(record)
         return record
 
     # -- internals -----------------------------------------------------------------------------
@@ -291,16 +283,6 @@ class Lifecycle:
                 fh.flush()
         except OSError as exc:  # the timeline is evidence, not a reason to stop training
             log.error("timeline_write_failed", path=str(self._path), error=str(exc))
-
-    def _notify(self, record: Transition) -> None:
-        for listener in self.listeners:
-            try:
-                listener.on_transition(record)
-            except Exception as exc:  # a sink must never break the lifecycle
-                log.exception(
-                    "listener_failed", listener=type(listener).__name__, error=repr(exc),
-                    state=record.state.value,
-                )
 
     def _next_seq_on_disk(self) -> int:
         """First seq for this incarnation: one past the last line an earlier driver wrote."""

@@ -1,7 +1,9 @@
 """Per-step metrics, goodput and MFU; sinks to the console, JSONL, Ray and Cloud Monitoring.
 
-The driver builds sinks with ``build_sinks`` and feeds a ``MetricsPipeline``; everything else
-(goodput, MFU, the report) is pure arithmetic over the records.
+Every sink is a ``RunListener`` (``orchestrator.controller.listener``); the driver builds them
+with ``build_sinks`` and hands the run one ``MetricsPipeline``, itself a listener, that feeds
+each on its own thread. Everything else (goodput, MFU, the report) is pure arithmetic over the
+records.
 """
 
 from orchestrator.metrics.config import CloudMonitoringConfig, MetricsConfig
@@ -10,8 +12,7 @@ from orchestrator.metrics.identity import ResourceIdentity
 from orchestrator.metrics.pipeline import MetricsPipeline, build_sinks, identity_for
 from orchestrator.metrics.records import StepRecord
 from orchestrator.metrics.rundir import load_run
-from orchestrator.metrics.sink import MetricSink
 
-__all__ = ["CloudMonitoringConfig", "GoodputReport", "MetricSink", "MetricsConfig",
+__all__ = ["CloudMonitoringConfig", "GoodputReport", "MetricsConfig",
            "MetricsPipeline", "ResourceIdentity", "StepRecord", "build_sinks", "compute_goodput",
            "identity_for", "load_run"]

@@ -5,12 +5,15 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
+from orchestrator.controller.listener import RunListener
 from orchestrator.metrics.goodput import compute_goodput
 from orchestrator.metrics.ledger import StepLedger
 from orchestrator.metrics.records import EvalRecord, StepRecord
-from orchestrator.metrics.sink import MetricSink
+
+if TYPE_CHECKING:
+    from orchestrator.lifecycle import Transition
 
 
 def format_progress(rec: StepRecord, *, goodput: float | None) -> str:
@@ -22,7 +25,7 @@ def format_progress(rec: StepRecord, *, goodput: float | None) -> str:
             f"goodput {good} | inc {rec.incarnation} slices {rec.slices}")
 
 
-class ConsoleSink(MetricSink):
+class ConsoleSink(RunListener):
     """Prints every ``every`` steps; goodput comes from the transitions seen so far.
 
     Goodput over a long history costs ~20 ms, so it is recomputed at most every
@@ -41,13 +44,13 @@ class ConsoleSink(MetricSink):
         self._goodput_every_s = goodput_every_s
         self._cached: tuple[float, float] | None = None  # (computed at, value)
 
-    def on_transition(self, t: dict[str, Any]) -> None:
-        self._timeline.append(t)
+    def on_transition(self, t: Transition) -> None:
+        self._timeline.append(t.to_json())
         self._cached = None
-        state = t.get("state")
-        print(f"state {t.get('prev')} -> {state} ({t.get('reason', '')}) "
-              f"inc {t.get('incarnation')} slices {len(t.get('slices') or ())} "
-              f"hosts {t.get('hosts')} step {t.get('step')}", file=self._stream, flush=True)
+        prev = t.prev.value if t.prev is not None else None
+        print(f"state {prev} -> {t.state.value} ({t.reason}) "
+              f"inc {t.incarnation} slices {len(t.slices)} "
+              f"hosts {t.hosts} step {t.step}", file=self._stream, flush=True)
 
     def on_step(self, rec: StepRecord) -> None:
         self._steps.add(rec)

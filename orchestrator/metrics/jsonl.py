@@ -14,11 +14,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
+from orchestrator.controller.listener import RunListener
 from orchestrator.metrics.records import EvalRecord, StepRecord
-from orchestrator.metrics.sink import MetricSink
 
 
-class JsonlSink(MetricSink):
+class JsonlSink(RunListener):
     """Buffered appends to one JSONL file."""
 
     name = "jsonl"

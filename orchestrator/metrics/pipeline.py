@@ -14,14 +14,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from orchestrator.controller.listener import RunListener
 from orchestrator.metrics.config import MetricsConfig
 from orchestrator.metrics.identity import ResourceIdentity
 from orchestrator.metrics.records import EvalRecord, StepRecord
-from orchestrator.metrics.sink import MetricSink
+
+if TYPE_CHECKING:
+    from orchestrator.lifecycle import Transition
 
 log = structlog.get_logger(__name__)
 
@@ -45,7 +48,7 @@ class _Flush:
 class _SinkWorker:
     """One sink, its queue and its thread."""
 
-    def __init__(self, sink: MetricSink, queue_size: int) -> None:
+    def __init__(self, sink: RunListener, queue_size: int) -> None:
         self.sink = sink
         self.name = getattr(sink, "name", type(sink).__name__)
         self.queue: queue.Queue[Any] = queue.Queue(maxsize=queue_size)
@@ -95,10 +98,11 @@ class _SinkWorker:
             return False
 
 
-class MetricsPipeline:
-    """Non-blocking fan-out of step records, transitions and events to sinks."""
+class MetricsPipeline(RunListener):
+    """Non-blocking fan-out of step records, transitions, events and evals to sinks: one
+    listener of the run, whose sinks are listeners too (each on its own thread)."""
 
-    def __init__(self, sinks: list[MetricSink], *, queue_size: int = 10_000) -> None:
+    def __init__(self, sinks: list[RunListener], *, queue_size: int = 10_000) -> None:
         if queue_size < 1:
             raise ValueError("queue_size must be >= 1")
         self._workers = [_SinkWorker(s, getattr(s, "queue_size", None) or queue_size)
@@ -108,8 +112,8 @@ class MetricsPipeline:
     def on_step(self, rec: StepRecord) -> None:
         self._offer(("on_step", rec))
 
-    def on_transition(self, t: dict[str, Any]) -> None:
-        self._offer(("on_transition", dict(t)))
+    def on_transition(self, t: Transition) -> None:
+        self._offer(("on_transition", t))  # frozen: safe to share between sink threads
 
     def on_event(self, e: dict[str, Any]) -> None:
         self._offer(("on_event", dict(e)))
@@ -171,13 +175,13 @@ class MetricsPipeline:
 
 def build_sinks(cfg: MetricsConfig, *, run_dir: Path, identity: ResourceIdentity,
                 clock: Callable[[], float] = time.time,
-                client_factory: Callable[[str | None], Any] | None = None) -> list[MetricSink]:
+                client_factory: Callable[[str | None], Any] | None = None) -> list[RunListener]:
     """The sinks the config turns on. ``client_factory`` is the Cloud Monitoring seam."""
     from orchestrator.metrics.console import ConsoleSink
     from orchestrator.metrics.jsonl import JsonlSink
     from orchestrator.metrics.raymetrics import RayMetricsSink
 
-    sinks: list[MetricSink] = []
+    sinks: list[RunListener] = []
     if cfg.console_every_steps > 0:
         sinks.append(ConsoleSink(every=cfg.console_every_steps, clock=clock))
     if cfg.jsonl:

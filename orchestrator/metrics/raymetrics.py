@@ -6,12 +6,15 @@ and offline report runs never start or connect to a cluster.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from orchestrator.controller.listener import RunListener
 from orchestrator.metrics.records import StepRecord
-from orchestrator.metrics.sink import MetricSink
+
+if TYPE_CHECKING:
+    from orchestrator.lifecycle import Transition
 
 log = structlog.get_logger(__name__)
 
@@ -26,7 +29,7 @@ _GAUGES = {
 }
 
 
-class RayMetricsSink(MetricSink):
+class RayMetricsSink(RunListener):
     """Gauges per step and a counter of restarts by cause, tagged with the job name."""
 
     name = "ray_metrics"
@@ -66,14 +69,14 @@ class RayMetricsSink(MetricSink):
         for key, value in values.items():
             self._gauges[key].set(value, tags=tags)
 
-    def on_transition(self, t: dict[str, Any]) -> None:
+    def on_transition(self, t: Transition) -> None:
         if not self._ready():
             return
         from orchestrator.metrics.causes import restart_cause
 
-        prev, state = str(t.get("prev")), str(t.get("state"))
+        prev = t.prev.value if t.prev is not None else "None"
         self._state.set(0.0, tags={"job": self._job, "state": prev})
-        self._state.set(1.0, tags={"job": self._job, "state": state})
-        cause = restart_cause(t)
+        self._state.set(1.0, tags={"job": self._job, "state": t.state.value})
+        cause = restart_cause(t.to_json())
         if cause is not None:
             self._restarts.inc(1.0, tags={"job": self._job, "cause": cause})

@@ -136,7 +136,7 @@ class EvalRecord:
     ``perplexity`` is derived from it. ``split`` names the data evaluated ("eval", "val",
     "test": a metric prefix, so lower-case letters, digits and ``_``); ``metrics`` holds any
     further named scalars the task reports (accuracy, ...). Sinks receive it through
-    ``MetricSink.on_eval``.
+    ``RunListener.on_eval``.
     """
 
     step: int

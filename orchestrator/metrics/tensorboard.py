@@ -35,15 +35,18 @@ import math
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from orchestrator.controller.listener import RunListener
 from orchestrator.metrics.causes import restart_cause
 from orchestrator.metrics.goodput import compute_goodput
 from orchestrator.metrics.ledger import StepLedger
 from orchestrator.metrics.records import EvalRecord, StepRecord
-from orchestrator.metrics.sink import MetricSink
+
+if TYPE_CHECKING:
+    from orchestrator.lifecycle import Transition
 
 log = structlog.get_logger(__name__)
 
@@ -55,7 +58,7 @@ STATES = ("PLANNING", "FORMING", "RESTORING", "COMPILING", "RUNNING", "HANDING_O
 _STATE_LEGEND = "state number: " + ", ".join(f"{i} {s}" for i, s in enumerate(STATES))
 
 
-class TensorBoardSink(MetricSink):
+class TensorBoardSink(RunListener):
     """Step metrics, goodput, lifecycle transitions, events and evals as TensorBoard events."""
 
     name = "tensorboard"
@@ -78,7 +81,7 @@ class TensorBoardSink(MetricSink):
         self._goodput_at: float | None = None
         self._event_x = 0
 
-    # -- MetricSink -----------------------------------------------------------------------
+    # -- RunListener ----------------------------------------------------------------------
     def on_step(self, rec: StepRecord) -> None:
         self._steps.add(rec)
         values = {
@@ -92,7 +95,8 @@ class TensorBoardSink(MetricSink):
         values.update(self._goodput())
         self._write(rec.step, rec.wall_time, scalars=values)
 
-    def on_transition(self, t: dict[str, Any]) -> None:
+    def on_transition(self, transition: Transition) -> None:
+        t = transition.to_json()
         self._timeline.append(t)
         self._goodput_at = None  # recompute at the next step
         state = str(t.get("state"))

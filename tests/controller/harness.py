@@ -4,11 +4,14 @@ virtual clock, cluster and worker group."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.config import load_config
 from orchestrator.controller import Controller, RunSummary
+from orchestrator.controller.config import Policies
+from orchestrator.controller.listener import RunListener
 from orchestrator.events.intake import EventIntake
 from tests.controller.fakes import FakeClock, FakeCluster, FakeFleet
 
@@ -64,7 +67,9 @@ class Sim:
 
 
 def make(tmp_path: Path, *overrides: str, slices=("s0",), spare=(), commit_after: int = 0,
-         step_s: float = 0.1) -> Sim:
+         step_s: float = 0.1, policies: Policies | None = None,
+         listeners: Sequence[RunListener] | None = None) -> Sim:
+    """``policies`` / ``listeners``: passed to the Controller (None: from the config)."""
     cfg = load_config(None, [*BASE, *overrides])
     clock = FakeClock()
     cluster = FakeCluster(slices=(*slices, *spare))
@@ -73,5 +78,6 @@ def make(tmp_path: Path, *overrides: str, slices=("s0",), spare=(), commit_after
     intake = EventIntake(cfg.events, run_dir=run_dir, job=cfg.run.name, clock=clock.now)
     intake.start()
     ctl = Controller(cfg, run_dir=run_dir, cluster=cluster, make_group=fleet, clock=clock,
-                     intake=intake, poll_interval_s=0.05)
+                     intake=intake, policies=policies, listeners=listeners,
+                     poll_interval_s=0.05)
     return Sim(ctl, clock, cluster, fleet, intake, run_dir)

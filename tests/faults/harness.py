@@ -25,8 +25,9 @@ import ray
 import structlog
 
 from orchestrator.config import RunConfig, load_config
-from orchestrator.controller import Controller, Hooks, RunSummary
+from orchestrator.controller import Controller, RunListener, RunSummary
 from orchestrator.controller.config import ChaosFaultConfig
+from orchestrator.controller.wiring import from_config
 from orchestrator.raygroup.cluster_view import RayClusterView
 from orchestrator.raygroup.factory import ray_group_factory
 from orchestrator.raygroup.group import RayWorkerGroup
@@ -140,24 +141,28 @@ def started_cluster(**kwargs: Any) -> Iterator[RunningCluster]:
 
 def run_controller(cfg: RunConfig, *, actions: Sequence[Action] = (), intake: Any = None,
                    collect_params: bool = False, timeout_s: float = 400.0,
-                   release_ram: bool = True, plugins: Sequence[Any] | None = None) -> RunResult:
+                   release_ram: bool = True,
+                   listeners: Sequence[RunListener] | None = None) -> RunResult:
     """Run to a terminal state; fire each of ``actions`` once when its step is reached.
     ``release_ram`` False leaves the RAM tier's holders up, as a driver that died would.
-    ``plugins``: the controller's (``RunPlugin``s, run in its thread; default: the config's
-    chaos)."""
+    ``listeners``: the controller's (``RunListener``s, run in its thread; default: the
+    config's, i.e. its chaos); the harness adds one that gathers the final parameters."""
     box: dict[str, Any] = {}
 
-    def on_final(group: Any) -> None:
-        if collect_params:
-            box["params"] = flatten(group.final_params())
+    class FinalParams(RunListener):
+        def on_final_group(self, group: Any) -> None:
+            if collect_params:
+                box["params"] = flatten(group.final_params())
 
     cluster = RayClusterView()
     pids: list[int] = []
     group_cls = type("RecordingGroup", (RecordingGroup,), {"pids": pids})
     ram = RamTier.for_config(cfg)
     groups = ray_group_factory(cfg, cluster, group_cls=group_cls, ram=ram)
+    if listeners is None:
+        listeners = from_config(cfg).listeners
     ctl = Controller(cfg, run_dir=Path(cfg.run.run_dir), cluster=cluster, make_group=groups,
-                     intake=intake, hooks=Hooks(on_final_group=on_final), plugins=plugins)
+                     intake=intake, listeners=[*listeners, FinalParams()])
     todo = sorted(actions, key=lambda a: a.step)
     box_out: dict[str, Any] = {}
 

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
+from orchestrator.lifecycle import RunState, Transition
+from orchestrator.lifecycle import payloads as payload_types
 from orchestrator.metrics.records import StepRecord
+from policies.causes import StopCause
 
 T0 = 1000.0
 S01 = ["s0", "s1"]
@@ -17,6 +22,25 @@ def transition(seq: int, state: str, prev: str | None, at: float, *, inc: int = 
             "reason": reason or f"to {state.lower()}", "incarnation": inc,
             "slices": list(slices or []), "hosts": 2 * len(slices or []), "step": step,
             "payload": payload}
+
+
+def typed(row: Mapping[str, Any]) -> Transition:
+    """A timeline line as the typed ``Transition`` the controller hands its listeners (the
+    payload rebuilt from its ``type``: causes as ``StopCause``, lists as tuples)."""
+    payload = None
+    if row.get("payload"):
+        data = dict(row["payload"])
+        cls = getattr(payload_types, data.pop("type"))
+        names = {f.name for f in dataclasses.fields(cls)}
+        kwargs = {k: (StopCause(v) if k == "cause" and v is not None
+                      else tuple(v) if isinstance(v, list) else v)
+                  for k, v in data.items() if k in names}
+        payload = cls(**kwargs)
+    return Transition(seq=row["seq"], state=RunState(row["state"]),
+                      prev=RunState(row["prev"]) if row.get("prev") else None, at=row["at"],
+                      prev_duration_s=row.get("prev_duration_s", 0.0), reason=row["reason"],
+                      incarnation=row["incarnation"], slices=tuple(row["slices"]),
+                      hosts=row["hosts"], step=row["step"], payload=payload)
 
 
 def step_record(step: int, wall: float, *, inc: int, slices: int, step_time: float = 0.5,
@@ -59,3 +83,8 @@ def preempt_shrink_grow_run() -> tuple[list[dict[str, Any]], list[StepRecord], f
     steps += [step_record(k, t + 115 + 0.5 * (k - 50), inc=1, slices=1) for k in range(51, 81)]
     steps += [step_record(k, t + 145 + 0.5 * (k - 80), inc=2, slices=2) for k in range(81, 101)]
     return tl, steps, t + 160
+
+
+def tr(seq: int, state: str, prev: str | None, at: float, **kw: Any) -> Transition:
+    """``typed(transition(...))``: what a sink's ``on_transition`` receives."""
+    return typed(transition(seq, state, prev, at, **kw))

@@ -16,7 +16,7 @@ from orchestrator.metrics.cloud.writer import Point, TimeSeriesWriter
 from orchestrator.metrics.config import CloudMonitoringConfig
 from orchestrator.metrics.identity import ResourceIdentity
 from orchestrator.metrics.pipeline import MetricsPipeline
-from tests.metrics.synthetic import step_record, transition
+from tests.metrics.synthetic import step_record, tr
 
 PREFIX = "custom.googleapis.com/tpu_orchestrator"
 IDENTITY = ResourceIdentity(project_id="proj", location="us-central2-b", namespace="tpu-orch",
@@ -34,7 +34,7 @@ def start_run(sink, clock) -> None:
     t = clock()
     for i, (state, prev) in enumerate([("PLANNING", None), ("FORMING", "PLANNING"),
                                        ("COMPILING", "FORMING"), ("RUNNING", "COMPILING")]):
-        sink.on_transition(transition(i, state, prev, t + i * 0.001, slices=["s0", "s1"]))
+        sink.on_transition(tr(i, state, prev, t + i * 0.001, slices=["s0", "s1"]))
 
 
 def run_steps(sink, clock, first: int, n: int, *, dt: float = 0.01, inc: int = 0) -> list:
@@ -53,9 +53,9 @@ def test_long_fast_run_lands_every_metric_with_no_rejected_point(metric_service,
     start_run(sink, clock)
     t0 = clock()
     recs = run_steps(sink, clock, 1, 10_000)
-    sink.on_transition(transition(4, "FORMING", "RUNNING", clock(), inc=1, slices=["s0"],
+    sink.on_transition(tr(4, "FORMING", "RUNNING", clock(), inc=1, slices=["s0"],
                                   reason="preempted: host 3"))
-    sink.on_transition(transition(5, "COMPILING", "RESTORING", clock(), inc=1, slices=["s0"],
+    sink.on_transition(tr(5, "COMPILING", "RESTORING", clock(), inc=1, slices=["s0"],
                                   payload={"type": "Compiling", "tier": "ram",
                                            "restored_step": 9_999, "restore_s": 0.03,
                                            "nbytes": 1000}))
@@ -196,7 +196,7 @@ def test_ticker_exports_while_no_steps_arrive(metric_service, clock):
     sink = CloudMonitoringSink(cfg, identity=IDENTITY, client=make_client(metric_service.address),
                                clock=clock, sleep=clock.sleep, tick_s=0.02)
     try:
-        sink.on_transition(transition(0, "WAITING_FOR_CAPACITY", None, clock(), slices=[]))
+        sink.on_transition(tr(0, "WAITING_FOR_CAPACITY", None, clock(), slices=[]))
         clock.advance(11.0)
         for _ in range(500):
             if metric_service.state.points(f"{PREFIX}/badput"):

@@ -9,19 +9,19 @@ import threading
 import pytest
 from structlog.testing import capture_logs
 
+from orchestrator.controller.listener import RunListener
 from orchestrator.metrics.config import MetricsConfig
 from orchestrator.metrics.console import ConsoleSink, format_progress
 from orchestrator.metrics.jsonl import JsonlSink
 from orchestrator.metrics.pipeline import MetricsPipeline, build_sinks, identity_for
 from orchestrator.metrics.raymetrics import RayMetricsSink
 from orchestrator.metrics.records import BadStepRecord, StepRecord
-from orchestrator.metrics.sink import MetricSink
 from orchestrator.shared import configtools
 from orchestrator.shared.errors import ConfigError
-from tests.metrics.synthetic import T0, step_record, transition
+from tests.metrics.synthetic import T0, step_record, tr
 
 
-class Recorder(MetricSink):
+class Recorder(RunListener):
     name = "recorder"
 
     def __init__(self) -> None:
@@ -34,7 +34,7 @@ class Recorder(MetricSink):
         self.steps.append(rec.step)
 
     def on_transition(self, t):
-        self.transitions.append(t["state"])
+        self.transitions.append(t.state.value)
 
     def on_event(self, e):
         self.events.append(e)
@@ -43,7 +43,7 @@ class Recorder(MetricSink):
         self.closed = True
 
 
-class Stuck(MetricSink):
+class Stuck(RunListener):
     """Blocks on its first record until released: a sink whose backend hangs."""
 
     name = "stuck"
@@ -58,7 +58,7 @@ class Stuck(MetricSink):
         self.release.wait(30)
 
 
-class Broken(MetricSink):
+class Broken(RunListener):
     name = "broken"
 
     def on_step(self, rec):
@@ -73,7 +73,7 @@ def test_every_sink_gets_every_record_in_order():
     """Steps, transitions and events reach each sink in the order they were sent."""
     a, b = Recorder(), Recorder()
     pipe = MetricsPipeline([a, b], queue_size=1000)
-    pipe.on_transition(transition(0, "RUNNING", None, T0))
+    pipe.on_transition(tr(0, "RUNNING", None, T0))
     for r in recs(50):
         pipe.on_step(r)
     pipe.on_event({"kind": "preemption_notice"})
@@ -171,8 +171,8 @@ def test_console_shows_mfu_with_its_source_and_goodput():
     """The progress line carries step, loss, step time, tokens/s, MFU + peak source, goodput."""
     out = io.StringIO()
     sink = ConsoleSink(every=5, stream=out, clock=lambda: T0 + 10)
-    sink.on_transition(transition(0, "COMPILING", None, T0, slices=["s0"]))
-    sink.on_transition(transition(1, "RUNNING", "COMPILING", T0 + 5, slices=["s0"]))
+    sink.on_transition(tr(0, "COMPILING", None, T0, slices=["s0"]))
+    sink.on_transition(tr(1, "RUNNING", "COMPILING", T0 + 5, slices=["s0"]))
     for r in recs(10):
         sink.on_step(r)
     lines = out.getvalue().splitlines()
@@ -190,7 +190,7 @@ def test_ray_sink_is_harmless_without_ray():
     assert not ray.is_initialized()
     sink = RayMetricsSink(job="j")
     sink.on_step(recs(1)[0])
-    sink.on_transition(transition(1, "FORMING", "RUNNING", T0, reason="preempted"))
+    sink.on_transition(tr(1, "FORMING", "RUNNING", T0, reason="preempted"))
     assert not ray.is_initialized()
 
 
@@ -263,10 +263,10 @@ def test_ray_sink_publishes_with_a_local_ray():
     try:
         sink = RayMetricsSink(job="j")
         pipe = MetricsPipeline([sink])
-        pipe.on_transition(transition(0, "RUNNING", None, T0, slices=["s0"]))
+        pipe.on_transition(tr(0, "RUNNING", None, T0, slices=["s0"]))
         for r in recs(3):
             pipe.on_step(r)
-        pipe.on_transition(transition(1, "FORMING", "RUNNING", T0 + 5, inc=1, reason="preempted"))
+        pipe.on_transition(tr(1, "FORMING", "RUNNING", T0 + 5, inc=1, reason="preempted"))
         pipe.close(timeout=30)
         assert pipe.stats()["ray_metrics"] == {"delivered": 5, "dropped": 0, "errors": 0,
                                                "queued": 0}
@@ -280,8 +280,8 @@ def test_console_goodput_is_cached_briefly_then_refreshed():
     now = [T0 + 10.0]
     out = io.StringIO()
     sink = ConsoleSink(every=1, stream=out, clock=lambda: now[0], goodput_every_s=2.0)
-    sink.on_transition(transition(0, "COMPILING", None, T0, slices=["s0"]))
-    sink.on_transition(transition(1, "RUNNING", "COMPILING", T0 + 5, slices=["s0"]))
+    sink.on_transition(tr(0, "COMPILING", None, T0, slices=["s0"]))
+    sink.on_transition(tr(1, "RUNNING", "COMPILING", T0 + 5, slices=["s0"]))
     sink.on_step(recs(1)[0])  # 5 of 10 s productive
     now[0] = T0 + 11.0
     sink.on_step(recs(2)[1])  # cached: still 50%

@@ -15,7 +15,7 @@ from orchestrator.metrics.pipeline import MetricsPipeline, build_sinks, identity
 from orchestrator.metrics.records import BadStepRecord, EvalRecord
 from orchestrator.metrics.tensorboard import STATES, TensorBoardSink
 from orchestrator.shared import configtools
-from tests.metrics.synthetic import T0, preempt_shrink_grow_run, step_record, transition
+from tests.metrics.synthetic import T0, preempt_shrink_grow_run, step_record, tr, typed
 from tests.metrics.tfevents import read_dir, series, visible
 
 
@@ -31,7 +31,10 @@ def feed_run(logdir, now):
     pipe = MetricsPipeline([sink])
     items = [(t["at"], 0, "t", t) for t in timeline] + [(r.wall_time, 1, "s", r) for r in steps]
     for _, _, kind, item in sorted(items, key=lambda x: (x[0], x[1])):
-        (pipe.on_transition if kind == "t" else pipe.on_step)(item)
+        if kind == "t":
+            pipe.on_transition(typed(item))
+        else:
+            pipe.on_step(item)
     pipe.close(timeout=30)
     assert pipe.stats()["tensorboard"]["errors"] == 0
     return timeline, steps
@@ -126,7 +129,7 @@ def test_a_sink_that_cannot_write_logs_once_and_never_raises(tmp_path):
     with capture_logs() as logs:
         for k in range(1, 4):
             sink.on_step(step_record(k, T0 + k, inc=0, slices=1))
-        sink.on_transition(transition(0, "PLANNING", None, T0))
+        sink.on_transition(tr(0, "PLANNING", None, T0))
         sink.flush()
         sink.close()
     failed = [e for e in logs if e["event"] == "metrics.tensorboard_disabled"]

@@ -57,7 +57,8 @@ from orchestrator.autoresume.config import (
 from orchestrator.autoresume.service import AutoresumeService
 from orchestrator.config import RunConfig, load_config
 from orchestrator.controller.config import ChaosFaultConfig
-from orchestrator.controller.plugins import ChaosPlugin, RunPlugin
+from orchestrator.controller.listener import RunListener
+from orchestrator.controller.plugins import ChaosPlugin
 from orchestrator.raygroup.cluster_view import RayClusterView
 from orchestrator.shared import layout as ckpt_layout
 from policies.autoresume import JobStatus, Submission, restart_of
@@ -377,7 +378,7 @@ def test_killed_driver_autoresumed_past_a_corrupt_checkpoint_keeps_the_sample_or
 # ---- shrink 2 -> 1 slices, grow back (runs last: it changes the cluster) ---------------------
 
 
-class HoldForSlice(RunPlugin):
+class HoldForSlice(RunListener):
     """Holds the one-slice group before its chunk from step ``at`` until the test's thread has
     added a slice (Ray adds nodes from the main thread only), so the run grows back whatever
     this machine's speed; the group has trained on one slice by then."""
@@ -414,7 +415,7 @@ def test_shrink_to_one_slice_and_grow_back_keep_the_sample_order(cluster, data_d
                      chaos=[ChaosFaultConfig(at_step=5, host=1, kind="preempt",
                                              deadline_s=60)])
     hit = run_controller(cfg, actions=[Action(step=0, name="add_slice", fn=add_slice)],
-                         plugins=[ChaosPlugin(cfg.controller.build_policies().chaos), hold],
+                         listeners=[ChaosPlugin(cfg.controller.build_policies().chaos), hold],
                          collect_params=True)
     print_recovery("text-lm-shrink-grow", hit)
     s = hit.summary

@@ -11,10 +11,11 @@ import math
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from orchestrator.controller.listener import RunListener
 from orchestrator.metrics.causes import restart_cause, restore_tier
 from orchestrator.metrics.cloud.aggregate import WindowAggregator
 from orchestrator.metrics.cloud.descriptors import BY_NAME, METRICS, descriptor, metric_type
@@ -24,12 +25,14 @@ from orchestrator.metrics.goodput import CAUSES, compute_goodput
 from orchestrator.metrics.identity import ResourceIdentity
 from orchestrator.metrics.ledger import StepLedger
 from orchestrator.metrics.records import StepRecord
-from orchestrator.metrics.sink import MetricSink
+
+if TYPE_CHECKING:
+    from orchestrator.lifecycle import Transition
 
 log = structlog.get_logger(__name__)
 
 
-class CloudMonitoringSink(MetricSink):
+class CloudMonitoringSink(RunListener):
     """One point per series per ``window_s``: step aggregates, goodput, badput, restarts."""
 
     name = "cloud_monitoring"
@@ -69,14 +72,15 @@ class CloudMonitoringSink(MetricSink):
                                             daemon=True)
             self._ticker.start()
 
-    # -- MetricSink -----------------------------------------------------------------------
+    # -- RunListener ----------------------------------------------------------------------
     def on_step(self, rec: StepRecord) -> None:
         with self._lock:
             self._window.add(rec)
             self._ledger.add(rec)
             self._maybe_export()
 
-    def on_transition(self, t: dict[str, Any]) -> None:
+    def on_transition(self, transition: Transition) -> None:
+        t = transition.to_json()
         with self._lock:
             self._timeline.append(t)
             cause = restart_cause(t)
