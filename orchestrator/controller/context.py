@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -18,12 +18,17 @@ from orchestrator.config import RunConfig
 from orchestrator.controller.config import ControllerConfig, Policies
 from orchestrator.controller.ledger import RecoveryLedger
 from orchestrator.controller.listener import Listeners
-from orchestrator.controller.seam import Clock, ClusterView, GroupFactory, WorkerGroup
+from orchestrator.controller.seam import Clock, ClusterView, GroupFactory, Intake, WorkerGroup
 from orchestrator.lifecycle import Lifecycle, Payload, RunState
 from orchestrator.shared.hosts import HostRef
 from orchestrator.shared.plan import MeshPlan
 from policies.causes import StopCause
 from policies.resize import BatchPlan
+
+if TYPE_CHECKING:
+    from orchestrator.controller.reactions import Reactions
+    from orchestrator.events.model import Event
+    from policies.reaction import Reaction
 
 log = structlog.get_logger("orchestrator.controller")
 
@@ -73,9 +78,9 @@ class Pending:
     regrow: bool = False  # re-form on more slices (not a restart)
     announced: bool = True
     noticed_at: float | None = None
-    event: Any = None
-    events: tuple[Any, ...] = ()  # every event merged into this drain: each gets its outcome
-    reaction: Any = None  # the merged policies.reaction.Reaction behind an event-driven drain
+    event: Event | None = None
+    events: tuple[Event, ...] = ()  # every event merged into this drain: each gets its outcome
+    reaction: Reaction | None = None  # the merged reaction behind an event-driven drain
     handover_started: float | None = None  # when HANDING_OVER began
     handover_until: float | None = None  # HANDING_OVER: drain by then even if not warm
     handover: str = ""  # how the handover ended: "ready" or "not ready: ..." (empty: none)
@@ -95,7 +100,7 @@ class Run:
     lifecycle: Lifecycle
     ledger: RecoveryLedger
     placement: Placement
-    intake: Any = None
+    intake: Intake | None = None
     listeners: Listeners = field(default_factory=Listeners)
     """Everything that observes or extends the run (``controller.listener``)."""
     group: WorkerGroup | None = None
@@ -106,7 +111,7 @@ class Run:
     peak: tuple[float, str] | None = None
     started_at: float = 0.0
     poll_interval_s: float = 0.1
-    reactions: Any = None  # controller.reactions.Reactions, set by the Controller
+    reactions: Reactions = field(init=False, repr=False)  # the Controller builds it on this run
     stop_request: Callable[[], Any] | None = None
     """The embedding driver's stop signal (``orchestrator.driver.signals.StopSignals.request``):
     a ``StopRequest`` once SIGTERM came, read at every poll; the handler itself does nothing."""

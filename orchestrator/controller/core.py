@@ -20,7 +20,7 @@ from orchestrator.controller.context import Next, Placement, Run, log
 from orchestrator.controller.ledger import RecoveryLedger
 from orchestrator.controller.listener import Listeners, RunListener
 from orchestrator.controller.reactions import Reactions
-from orchestrator.controller.seam import Clock, ClusterView, GroupFactory, SystemClock
+from orchestrator.controller.seam import Clock, ClusterView, GroupFactory, Intake, SystemClock
 from orchestrator.controller.summary import RunSummary, write_summary
 from orchestrator.controller.wiring import from_config
 from orchestrator.lifecycle import Failed, Lifecycle, RunState
@@ -53,7 +53,8 @@ class Controller:
     plug-in: pass ``[*from_config(cfg).listeners, yours]`` to add to them)."""
 
     def __init__(self, cfg: RunConfig, *, run_dir: Path | str, cluster: ClusterView,
-                 make_group: GroupFactory, clock: Clock | None = None, intake: Any = None,
+                 make_group: GroupFactory, clock: Clock | None = None,
+                 intake: Intake | None = None,
                  policies: Policies | None = None,
                  listeners: Sequence[RunListener] | None = None,
                  poll_interval_s: float = 0.1,

@@ -34,8 +34,7 @@ def forming(run: Run) -> Next:
     log.info("group_formed", hosts=formed.hosts, metadata_watchers=formed.metadata_watchers,
              processes=formed.processes)
     run.ledger.formed(formed.processes)
-    if formed.instance_ids and run.intake is not None and hasattr(run.intake,
-                                                                  "set_instance_ids"):
+    if formed.instance_ids and run.intake is not None:
         run.intake.set_instance_ids(formed.instance_ids)
     write_topology(run, formed)
     return Next(S.RESTORING, f"group of {p.plan.num_processes} hosts formed",

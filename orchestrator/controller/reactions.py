@@ -11,7 +11,7 @@ stay out too (``EventIntake.replay_kept_out``). Every decision is recorded as it
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.controller import stopping
 from orchestrator.controller.context import Pending, Run, log
@@ -21,6 +21,9 @@ from policies.causes import StopCause
 from policies.health import HealthReport
 from policies.reaction import Reaction, ReactionKind, merge
 
+if TYPE_CHECKING:
+    from orchestrator.events.model import Event
+
 _HOSTS_TTL_S = 1.0
 
 
@@ -29,7 +32,7 @@ class Reactions:
         self.run = run
         self.health_reports: list[HealthReport] = []
         self.last_health_drain_at: float | None = None
-        self._deferred: list[Any] = []  # noted "not yet" (e.g. no step time): decided again
+        self._deferred: list[Event] = []  # noted "not yet" (e.g. no step time): decided again
         self._hosts: tuple[float, list[HostRef]] | None = None
         self._merged: tuple[Any, list[HostRef]] | None = None  # (plan, cluster + mesh hosts)
         self._last_hosts: frozenset[str] = frozenset()  # an earlier driver's mesh (replay)
@@ -42,12 +45,11 @@ class Reactions:
         keeps its hosts out of the mesh about to be planned; keep out the hosts it drained for
         notices still pending."""
         run = self.run
-        replay = getattr(run.intake, "replay_unhandled", None)
-        if replay is None:
+        if run.intake is None:
             return
         try:
-            kept = dict(getattr(run.intake, "replay_kept_out", lambda _now: {})(run.now()))
-            events = list(replay(run.now()))
+            kept = run.intake.replay_kept_out(run.now())
+            events = run.intake.replay_unhandled(run.now())
         except Exception as exc:  # the log is evidence; a bad one must not stop the run
             log.error("event_replay_failed", error=str(exc))
             return
@@ -56,14 +58,13 @@ class Reactions:
             log.info("hosts_kept_out_by_earlier_driver", hosts=sorted(kept))
         if events:
             log.info("events_replayed", count=len(events),
-                     ids=[getattr(e, "id", "?") for e in events])
+                     ids=[e.id for e in events])
             self._last_hosts = _topology_hosts(run)
         for ev in events:
             try:
                 self.handle(ev, in_mesh=False)
             except Exception as exc:
-                log.exception("event_handling_failed", event_id=getattr(ev, "id", "?"),
-                              error=repr(exc))
+                log.exception("event_handling_failed", event_id=ev.id, error=repr(exc))
                 self.record(ev, "error", reason=repr(exc)[:300])
 
     def poll(self, *, in_mesh: bool) -> None:
@@ -71,7 +72,7 @@ class Reactions:
         run = self.run
         stopping.take_signal(run)
         self.collect_notices()
-        events: list[Any] = []
+        events: list[Event] = []
         if in_mesh and self._deferred and run.ledger.median_step_s() is not None:
             events, self._deferred = events + self._deferred, []
         if run.intake is not None:
@@ -88,8 +89,7 @@ class Reactions:
             try:
                 self.handle(ev, in_mesh=in_mesh)
             except Exception as exc:
-                log.exception("event_handling_failed", event_id=getattr(ev, "id", "?"),
-                              error=repr(exc))
+                log.exception("event_handling_failed", event_id=ev.id, error=repr(exc))
                 self.record(ev, "error", reason=repr(exc)[:300])
 
     def collect_notices(self) -> None:
@@ -135,7 +135,7 @@ class Reactions:
 
     # ---- deciding -------------------------------------------------------------------------
 
-    def handle(self, ev: Any, *, in_mesh: bool) -> None:
+    def handle(self, ev: Event, *, in_mesh: bool) -> None:
         from orchestrator.events.observation import RunFacts, build_observation, health_reports_for
         from orchestrator.events.targeting import resolve_targets
 
@@ -144,8 +144,8 @@ class Reactions:
         plan = run.plan
         mesh = frozenset(h.node_id for h in plan.hosts) if (plan and in_mesh) else frozenset()
         targeting = resolve_targets(ev, self._known_hosts(),
-                                    id_to_name=getattr(run.intake, "id_to_name", None),
-                                    cluster=getattr(run.cfg.events, "cluster", None))
+                                    id_to_name=run.intake.id_to_name if run.intake else None,
+                                    cluster=run.cfg.events.cluster)
         self.health_reports += health_reports_for(ev, targeting, now=now)
         led = run.ledger
         reaction = run.policies.reaction.decide(build_observation(ev, targeting, RunFacts(
@@ -157,7 +157,7 @@ class Reactions:
             last_health_drain_at=self.last_health_drain_at), now=now))
         self.apply(reaction, ev, in_mesh=in_mesh)
 
-    def apply(self, reaction: Reaction, ev: Any, *, in_mesh: bool) -> None:
+    def apply(self, reaction: Reaction, ev: Event, *, in_mesh: bool) -> None:
         run = self.run
         p = run.placement
         p.cordoned |= set(reaction.cordon)
@@ -186,7 +186,7 @@ class Reactions:
             self.last_health_drain_at = run.now()
         self.record(ev, reaction.kind.value, outcome=False, **details)  # settled by the drain
 
-    def _set_pending(self, r: Reaction, ev: Any) -> None:
+    def _set_pending(self, r: Reaction, ev: Event) -> None:
         run = self.run
         prev = run.pending
         at_step = r.at_step if r.kind is ReactionKind.DRAIN_AT_STEP else None
@@ -195,7 +195,7 @@ class Reactions:
             at_step = run.ledger.step + max(1, int((r.not_before - run.now()) / st))
         run.pending = Pending(
             cause=r.cause or StopCause.OPERATOR, reason=r.reason,
-            event_id=prev.event_id if prev and prev.event_id else getattr(ev, "id", ""),
+            event_id=prev.event_id if prev and prev.event_id else ev.id,
             deadline=r.deadline, at_step=at_step, doomed=r.doomed,
             stop=r.kind is ReactionKind.STOP or bool(prev and prev.stop),
             noticed_at=prev.noticed_at if prev and prev.noticed_at else run.now(),
@@ -240,12 +240,15 @@ class Reactions:
 
     # ---- recording ------------------------------------------------------------------------
 
-    def record(self, event: Any, action: str, *, outcome: bool = True, **details: Any) -> None:
-        """What the controller did about an event: in events.jsonl and the log; never raises.
-        ``outcome`` False: a decision whose effect is still to come (see ``settle``)."""
-        log.info("event_action", event_id=getattr(event, "id", event), action=action,
+    def record(self, event: Event | str | None, action: str, *, outcome: bool = True,
+               **details: Any) -> None:
+        """What the controller did about an event (or a drain's id when it had none): in
+        events.jsonl and the log; never raises. ``outcome`` False: a decision whose effect is
+        still to come (see ``settle``)."""
+        plain = event is None or isinstance(event, str)
+        log.info("event_action", event_id=event if plain else event.id, action=action,
                  outcome=outcome, **details)
-        if self.run.intake is None or event is None or isinstance(event, str):
+        if self.run.intake is None or plain:
             return
         try:
             self.run.intake.record_action(event, action, outcome=outcome, **details)

@@ -17,14 +17,17 @@ controller takes the path it takes when the capability declines.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from orchestrator.config import RunConfig
 from orchestrator.shared.hosts import HostRef
 from orchestrator.shared.plan import MeshPlan
 from policies.causes import FailureKind
+
+if TYPE_CHECKING:
+    from orchestrator.events.model import Event
 
 # ---- typed statuses ---------------------------------------------------------------------------
 
@@ -284,6 +287,34 @@ class ClusterView(Protocol):
     def platform(self) -> str: ...
 
     def unreachable(self, node_ids: Collection[str]) -> set[str]: ...
+
+
+class Intake(Protocol):
+    """The event intake as the controller uses it (``orchestrator.events.intake.EventIntake``):
+    clean events in, what was done about each one out (``RUN_DIR/events.jsonl``)."""
+
+    id_to_name: Mapping[str, str]
+    """GCE instance id -> name, for events that name a host only by its id."""
+
+    def poll(self, hosts: Sequence[HostRef], incarnation: int) -> list[Event]:
+        """Accepted events since the last poll (recorded first); ``hosts``: every host a
+        notice may name (the mesh and the spares)."""
+
+    def submit(self, payload: dict, *, source: str) -> None:
+        """A payload from inside the driver (metadata queue, chaos); never raises."""
+
+    def record_action(self, event: Event, action: str, *, outcome: bool = True,
+                      **details: Any) -> None:
+        """What the controller did about ``event``; ``outcome`` False: not settled yet."""
+
+    def replay_unhandled(self, now: float) -> list[Event]:
+        """Events an earlier driver accepted but never settled, not expired at ``now``."""
+
+    def replay_kept_out(self, now: float) -> dict[str, float]:
+        """Node ids earlier drivers kept out for notices not expired at ``now`` -> expiry."""
+
+    def set_instance_ids(self, id_to_name: Mapping[str, str]) -> None:
+        """The id -> name map the hosts read from their metadata servers."""
 
 
 class Clock(Protocol):
