@@ -26,6 +26,7 @@ from orchestrator.lifecycle import (
     IllegalTransition,
     Lifecycle,
     LifecycleError,
+    Planning,
     Releasing,
     Restoring,
     RunState,
@@ -55,6 +56,7 @@ class FakeClock:
 
 def payload_for(state: RunState):
     return {
+        S.PLANNING: Planning(cause=StopCause.HOST_LOST),
         S.FAILED: Failed(reason="budget exhausted", cause=StopCause.HOST_LOST),
         S.WAITING_FOR_CAPACITY: WaitingForCapacity(deadline=2000.0, needed_slices=1),
         S.HANDING_OVER: HandingOver(event_id="ev-1", hosts=("vm-2",), until=1020.0),
@@ -345,3 +347,32 @@ def test_random_walks_keep_invariants(moves):
         assert b.prev_duration_s == pytest.approx(b.at - a.at)
     assert sum(lc.durations(now=clock.t).values()) == pytest.approx(
         (clock.t if not lc.terminal else lc.timeline[-1].at) - lc.timeline[0].at)
+
+
+def test_planning_carries_the_restart_cause_typed():
+    """Every PLANNING after the first line names why: the stop cause of a re-form, ``grow``,
+    or nothing (no restart); sinks read ``Transition.restart_cause``, never the reason."""
+    lc = Lifecycle(clock=FakeClock())
+    assert lc.timeline[0].payload is None and lc.timeline[0].restart_cause is None
+    path = [S.FORMING, S.RESTORING, S.COMPILING, S.RUNNING, S.RELEASING]
+    for state in path:
+        go(lc, state)
+    with pytest.raises(LifecycleError, match="needs a Planning payload"):
+        go(lc, S.PLANNING, payload=None)
+    t = go(lc, S.PLANNING, payload=Planning(cause=StopCause.SPOT_PREEMPTION),
+           reason="re-forming after spot_preemption: host 10.0.0.7 lost at 12:01")
+    assert t.restart_cause == "spot_preemption"
+    assert t.to_json()["payload"] == {"type": "Planning", "cause": "spot_preemption",
+                                      "grow": False}
+    assert Planning(grow=True).restart_cause == "grow" and Planning().restart_cause is None
+
+
+def test_a_restore_tier_is_read_from_the_compiling_payload():
+    lc = Lifecycle(clock=FakeClock())
+    for state in (S.FORMING, S.RESTORING):
+        go(lc, state)
+    ram = go(lc, S.COMPILING, payload=Compiling(tier="ram", restored_step=7))
+    assert ram.restore_tier == "ram"
+    assert Transition(seq=0, state=S.COMPILING, prev=S.RESTORING, at=0.0, prev_duration_s=0.0,
+                      reason="", incarnation=0, slices=(), hosts=0, step=0,
+                      payload=Compiling(tier="seed", restored_step=None)).restore_tier is None

@@ -19,7 +19,7 @@ from orchestrator.controller.seam import (
     Hung,
     describe,
 )
-from orchestrator.lifecycle import Backoff, Failed, Releasing, RunState
+from orchestrator.lifecycle import Backoff, Failed, Planning, Releasing, RunState
 from policies.causes import FailureKind, StopCause, StopObservation
 from policies.restart_budget import GiveUp, RestartObservation, RestartRecord
 
@@ -104,7 +104,7 @@ def releasing(run: Run) -> Next:
         run.pending = pending
         return stopping.stop_requested(run)
     if pending.regrow:
-        return Next(S.PLANNING, "re-forming on more slices")
+        return Next(S.PLANNING, "re-forming on more slices", Planning(grow=True))
     now = run.now()
     decision = run.policies.budget.decide(RestartObservation(
         cause=pending.cause, now=now, history=tuple(run.ledger.restarts),
@@ -117,21 +117,25 @@ def releasing(run: Run) -> Next:
     lossless = announced and isinstance(payload, Releasing) and not payload.lost_steps
     run.ledger.restarts.append(RestartRecord(cause=pending.cause, at=now, announced=lossless))
     if decision.delay_s <= 0:
-        return Next(S.PLANNING, f"re-forming after {pending.cause.value}: {pending.reason}")
+        return Next(S.PLANNING, f"re-forming after {pending.cause.value}: {pending.reason}",
+                    Planning(cause=pending.cause))
     return Next(S.BACKOFF, f"backing off {decision.delay_s:.1f}s after {pending.cause.value}",
                 Backoff(until=decision.until, cause=pending.cause, attempt=decision.attempt))
 
 
 def backoff(run: Run) -> Next:
     payload = run.lifecycle.payload
-    until = payload.until if isinstance(payload, Backoff) else run.now()
+    backoff_of = payload if isinstance(payload, Backoff) else None
+    until = backoff_of.until if backoff_of else run.now()
     while run.now() < until:
         run.reactions.poll(in_mesh=False)
         stop = stopping.stop_requested(run)
         if stop is not None:
             return stop
         run.clock.sleep(min(0.2, max(0.0, until - run.now())))
-    return Next(S.PLANNING, "backoff over")
+    # the re-form the backoff delayed starts now: it carries the cause the budget counted
+    return Next(S.PLANNING, "backoff over",
+                Planning(cause=backoff_of.cause if backoff_of else None))
 
 
 def _record_losses(run: Run, status: Failure) -> None:

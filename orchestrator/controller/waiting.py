@@ -7,7 +7,7 @@ from __future__ import annotations
 from orchestrator.controller import stopping
 from orchestrator.controller.context import Next, Run
 from orchestrator.controller.planning import complete_slices, usable_hosts
-from orchestrator.lifecycle import RunState, WaitingForCapacity
+from orchestrator.lifecycle import Planning, RunState, WaitingForCapacity
 
 S = RunState
 
@@ -23,6 +23,6 @@ def waiting(run: Run) -> Next:
         if stop is not None:
             return stop
         if len(complete_slices(usable_hosts(run), p.hosts_per_slice or 1)) >= p.target_slices:
-            return Next(S.PLANNING, "capacity returned")
+            return Next(S.PLANNING, "capacity returned", Planning())  # no new restart
         run.clock.sleep(0.5)
-    return Next(S.PLANNING, "wait bound reached")
+    return Next(S.PLANNING, "wait bound reached", Planning())

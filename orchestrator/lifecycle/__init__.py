@@ -28,6 +28,7 @@ from orchestrator.lifecycle.payloads import (
     Draining,
     Failed,
     HandingOver,
+    Planning,
     Releasing,
     Restoring,
     WaitingForCapacity,
@@ -95,11 +96,12 @@ TRANSITIONS: dict[RunState, frozenset[RunState]] = {
 
 
 # The typed payloads live in ``orchestrator.lifecycle.payloads``; every one is named here.
-Payload = (Failed | WaitingForCapacity | HandingOver | Draining | Backoff | Checkpointing
-           | Releasing | Restoring | Compiling)
+Payload = (Planning | Failed | WaitingForCapacity | HandingOver | Draining | Backoff
+           | Checkpointing | Releasing | Restoring | Compiling)
 
 # States whose payload must be given, and states whose payload may be given.
 REQUIRED_PAYLOAD: dict[RunState, type] = {
+    S.PLANNING: Planning,  # every PLANNING but the run's first line, written at creation
     S.FAILED: Failed,
     S.WAITING_FOR_CAPACITY: WaitingForCapacity,
     S.HANDING_OVER: HandingOver,
@@ -148,6 +150,19 @@ class Transition:
     hosts: int
     step: int
     payload: Payload | None = None
+
+    @property
+    def restart_cause(self) -> str | None:
+        """The cause label when this transition starts a re-form (``Planning`` payload),
+        else None: what every sink counts restarts by."""
+        return self.payload.restart_cause if isinstance(self.payload, Planning) else None
+
+    @property
+    def restore_tier(self) -> str | None:
+        """The tier a restore read (ram, copy, durable) when this transition ends one, else
+        None (a fresh start from the seed is not a restore)."""
+        p = self.payload
+        return p.tier if isinstance(p, Compiling) and p.tier and p.tier != "seed" else None
 
     def to_json(self) -> dict[str, Any]:
         """The shape fixed in docs/CONTRACTS.md, plus ``payload`` (null or an object)."""

@@ -17,6 +17,24 @@ class Failed:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Planning:
+    """Why a mesh is planned again. ``cause``: the stop behind this re-form (what its restart
+    budget counted); ``grow``: a re-form onto more slices; neither: planning goes on (capacity
+    came back, a wait ended) and this is no restart. Sinks read the cause here, never from the
+    reason (a sentence for people)."""
+
+    cause: StopCause | None = None
+    grow: bool = False
+
+    @property
+    def restart_cause(self) -> str | None:
+        """The re-form's bounded label (a ``StopCause`` value, or ``grow``); None: no re-form."""
+        if self.grow:
+            return "grow"
+        return self.cause.value if self.cause is not None else None
+
+
+@dataclass(frozen=True, kw_only=True)
 class WaitingForCapacity:
     deadline: float
     needed_slices: int

@@ -48,9 +48,10 @@ class ConsoleSink(RunListener):
         self._timeline.append(t.to_json())
         self._cached = None
         prev = t.prev.value if t.prev is not None else None
+        cause = f" re-form cause {t.restart_cause}" if t.restart_cause else ""
         print(f"state {prev} -> {t.state.value} ({t.reason}) "
               f"inc {t.incarnation} slices {len(t.slices)} "
-              f"hosts {t.hosts} step {t.step}", file=self._stream, flush=True)
+              f"hosts {t.hosts} step {t.step}{cause}", file=self._stream, flush=True)
 
     def on_step(self, rec: StepRecord) -> None:
         self._steps.add(rec)

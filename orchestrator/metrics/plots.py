@@ -4,6 +4,8 @@ and shrink/grow marked, and the badput breakdown (matplotlib, Agg backend: no di
 from __future__ import annotations
 
 import io
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,7 +15,6 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
-from orchestrator.metrics.causes import restart_cause
 from orchestrator.metrics.goodput import CAUSES, lost_step_records
 from orchestrator.metrics.rundir import RunData, event_label, event_time
 
@@ -43,7 +44,7 @@ def markers(data: RunData, limit: int = 60) -> list[Marker]:
         t, state = float(row["at"]), row["state"]
         if state == "DRAINING":
             out.append(Marker(t=t, label=f"drain ({row.get('reason', '')})", color="#e6550d"))
-        cause = restart_cause(row)
+        cause = restart_cause_of_line(row)
         if cause is not None:
             out.append(Marker(t=t, label=f"re-form ({cause})", color="#756bb1"))
         if state == "WAITING_FOR_CAPACITY":
@@ -66,6 +67,34 @@ def markers(data: RunData, limit: int = 60) -> list[Marker]:
             out.append(Marker(t=t, label=event_label(row), color="#c51b8a"))
     out.sort(key=lambda m: m.t)
     return out[:limit]
+
+
+def restart_cause_of_line(row: Mapping[str, Any]) -> str | None:
+    """The re-form cause of a timeline.jsonl line: its ``Planning`` payload's (a StopCause
+    value, or ``grow``), as live sinks read ``Transition.restart_cause``."""
+    payload = row.get("payload") or {}
+    if payload.get("type") == "Planning":
+        return "grow" if payload.get("grow") else payload.get("cause")
+    return _legacy_restart_cause(row) if not payload else None
+
+
+# ---- LEGACY: timeline files written before issue 27 -----------------------------------------
+# Their PLANNING lines carry no payload: the cause was only in the reason text ("re-forming
+# after spot_preemption: ..."), and a re-form was PLANNING from any state or FORMING from
+# anything but PLANNING. Only reading such files needs this; no new line has that shape.
+_WORD = re.compile(r"[a-z0-9_]+")
+_AFTER = re.compile(r"\bafter ([a-z0-9_]+)")
+
+
+def _legacy_restart_cause(row: Mapping[str, Any]) -> str | None:
+    state, prev = row.get("state"), row.get("prev")
+    if not ((state == "PLANNING" and prev is not None)
+            or (state == "FORMING" and prev not in (None, "PLANNING"))):
+        return None
+    text = str(row.get("reason") or "").strip().lower().replace("-", "_")
+    after, word = _AFTER.search(text), _WORD.match(text)
+    label = after.group(1) if after else word.group(0) if word else "unknown"
+    return label[:64]
 
 
 def _mark(ax: Any, ms: list[Marker], t0: float) -> None:

@@ -72,11 +72,9 @@ class RayMetricsSink(RunListener):
     def on_transition(self, t: Transition) -> None:
         if not self._ready():
             return
-        from orchestrator.metrics.causes import restart_cause
-
         prev = t.prev.value if t.prev is not None else "None"
         self._state.set(0.0, tags={"job": self._job, "state": prev})
         self._state.set(1.0, tags={"job": self._job, "state": t.state.value})
-        cause = restart_cause(t.to_json())
+        cause = t.restart_cause  # the typed Planning payload's
         if cause is not None:
             self._restarts.inc(1.0, tags={"job": self._job, "cause": cause})

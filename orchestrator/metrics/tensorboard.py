@@ -40,7 +40,6 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from orchestrator.controller.listener import RunListener
-from orchestrator.metrics.causes import restart_cause
 from orchestrator.metrics.goodput import compute_goodput
 from orchestrator.metrics.ledger import StepLedger
 from orchestrator.metrics.records import EvalRecord, StepRecord
@@ -107,7 +106,7 @@ class TensorBoardSink(RunListener):
                     scalars={k: v for k, v in scalars.items() if isinstance(v, int | float)},
                     described={"lifecycle/state": (STATES.index(state) if state in STATES
                                                    else -1, _STATE_LEGEND)},
-                    texts={"lifecycle/transitions": transition_text(t)})
+                    texts={"lifecycle/transitions": transition_text(transition)})
 
     def on_event(self, e: dict[str, Any]) -> None:
         wall = _wall(e.get("at") or e.get("received_at"), self._clock)
@@ -197,13 +196,14 @@ class TensorBoardSink(RunListener):
             return None
 
 
-def transition_text(t: Mapping[str, Any]) -> str:
-    """``RUNNING → DRAINING: reason`` and the incarnation, step, slices and hosts (markdown)."""
-    slices = list(t.get("slices") or ())
-    text = (f"**{t.get('prev') or 'start'} → {t.get('state')}**: {t.get('reason') or ''}  \n"
-            f"incarnation {t.get('incarnation')}, step {t.get('step')}, "
-            f"{len(slices)} slice(s) {', '.join(map(str, slices))}, {t.get('hosts')} host(s)")
-    cause = restart_cause(t)
+def transition_text(t: Transition) -> str:
+    """``RUNNING → DRAINING: reason`` and the incarnation, step, slices and hosts (markdown),
+    with the re-form's cause from the typed payload."""
+    prev = t.prev.value if t.prev is not None else "start"
+    text = (f"**{prev} → {t.state.value}**: {t.reason}  \n"
+            f"incarnation {t.incarnation}, step {t.step}, "
+            f"{len(t.slices)} slice(s) {', '.join(t.slices)}, {t.hosts} host(s)")
+    cause = t.restart_cause
     if cause is not None:
         text += f"  \nre-form, cause: {cause}"
     return text

@@ -53,9 +53,12 @@ def test_long_fast_run_lands_every_metric_with_no_rejected_point(metric_service,
     start_run(sink, clock)
     t0 = clock()
     recs = run_steps(sink, clock, 1, 10_000)
-    sink.on_transition(tr(4, "FORMING", "RUNNING", clock(), inc=1, slices=["s0"],
-                                  reason="preempted: host 3"))
-    sink.on_transition(tr(5, "COMPILING", "RESTORING", clock(), inc=1, slices=["s0"],
+    sink.on_transition(tr(4, "RELEASING", "RUNNING", clock(), slices=["s0", "s1"],
+                          reason="host_lost: host 3 died"))
+    sink.on_transition(tr(5, "PLANNING", "RELEASING", clock(), slices=["s0", "s1"],
+                          reason="re-forming after spot_preemption: the reason is for people",
+                          payload={"type": "Planning", "cause": "host_lost", "grow": False}))
+    sink.on_transition(tr(6, "COMPILING", "RESTORING", clock(), inc=1, slices=["s0"],
                                   payload={"type": "Compiling", "tier": "ram",
                                            "restored_step": 9_999, "restore_s": 0.03,
                                            "nbytes": 1000}))
@@ -81,7 +84,7 @@ def test_long_fast_run_lands_every_metric_with_no_rejected_point(metric_service,
     assert step_time0.value == pytest.approx(0.01)
     assert state.points(f"{PREFIX}/tokens_per_second")[0].value == pytest.approx(512 / 0.01)
     restarts = state.points(f"{PREFIX}/restarts")
-    assert [(p.metric_labels["cause"], p.value) for p in restarts] == [("preempted", 1)]
+    assert [(p.metric_labels["cause"], p.value) for p in restarts] == [("host_lost", 1)]
     causes = {p.metric_labels["cause"] for p in state.points(f"{PREFIX}/badput")}
     assert {"startup", "compile", "lost_steps", "idle"} <= causes
     slices = {(p.metric_labels["slice"], p.metric_labels["window"])

@@ -157,19 +157,27 @@ def test_ledger_error_is_at_most_one_span_for_an_old_rollback():
     assert merged.productive_s + sum(merged.badput_s.values()) == pytest.approx(merged.wall_s)
 
 
+PLANNING_AFTER = {"state": "PLANNING", "prev": "RELEASING",
+                  "reason": "re-forming after spot_preemption: preemption_notice for ['abc']"}
+
+
 @pytest.mark.parametrize(("t", "cause"), [
-    ({"state": "FORMING", "prev": "WAITING_FOR_CAPACITY", "reason": "preempted: host 1"},
-     "preempted"),
-    ({"state": "PLANNING", "prev": "RELEASING",
-      "reason": "re-forming after spot_preemption: preemption_notice for ['abc']"},
-     "spot_preemption"),
+    ({**PLANNING_AFTER, "payload": {"type": "Planning", "cause": "host_lost", "grow": False}},
+     "host_lost"),  # the payload, not the reason
+    ({**PLANNING_AFTER, "payload": {"type": "Planning", "cause": None, "grow": True}}, "grow"),
+    ({"state": "PLANNING", "prev": "WAITING_FOR_CAPACITY", "reason": "capacity returned",
+      "payload": {"type": "Planning", "cause": None, "grow": False}}, None),
     ({"state": "FORMING", "prev": "PLANNING", "reason": "1 healthy slices"}, None),
     ({"state": "PLANNING", "prev": None, "reason": "run started"}, None),
-    ({"state": "FORMING", "prev": "BACKOFF", "reason": "!!!"}, "unknown"),
     ({"state": "RUNNING", "prev": "COMPILING", "reason": "step compiled"}, None),
+    # LEGACY: files written before issue 27 (no Planning payload): the reason's word
+    ({**PLANNING_AFTER, "payload": None}, "spot_preemption"),
+    ({"state": "FORMING", "prev": "WAITING_FOR_CAPACITY", "reason": "preempted: host 1"},
+     "preempted"),
+    ({"state": "FORMING", "prev": "BACKOFF", "reason": "!!!"}, "unknown"),
 ])
-def test_restart_cause_is_a_bounded_label(t, cause):
-    """Re-forms (PLANNING from a state, FORMING not from PLANNING) get a short cause word."""
-    from orchestrator.metrics.causes import restart_cause
+def test_a_timeline_line_gives_its_restart_cause(t, cause):
+    """The report reads the typed payload; old files' lines fall back to the reason text."""
+    from orchestrator.metrics.plots import restart_cause_of_line
 
-    assert restart_cause(t) == cause
+    assert restart_cause_of_line(t) == cause

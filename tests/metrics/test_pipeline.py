@@ -190,7 +190,8 @@ def test_ray_sink_is_harmless_without_ray():
     assert not ray.is_initialized()
     sink = RayMetricsSink(job="j")
     sink.on_step(recs(1)[0])
-    sink.on_transition(tr(1, "FORMING", "RUNNING", T0, reason="preempted"))
+    sink.on_transition(tr(1, "PLANNING", "RELEASING", T0, reason="re-forming after timeout",
+                          payload={"type": "Planning", "cause": "timeout"}))
     assert not ray.is_initialized()
 
 
@@ -266,7 +267,8 @@ def test_ray_sink_publishes_with_a_local_ray():
         pipe.on_transition(tr(0, "RUNNING", None, T0, slices=["s0"]))
         for r in recs(3):
             pipe.on_step(r)
-        pipe.on_transition(tr(1, "FORMING", "RUNNING", T0 + 5, inc=1, reason="preempted"))
+        pipe.on_transition(tr(1, "PLANNING", "RELEASING", T0 + 5, inc=1, reason="re-forming",
+                              payload={"type": "Planning", "cause": "spot_preemption"}))
         pipe.close(timeout=30)
         assert pipe.stats()["ray_metrics"] == {"delivered": 5, "dropped": 0, "errors": 0,
                                                "queued": 0}
@@ -290,3 +292,14 @@ def test_console_goodput_is_cached_briefly_then_refreshed():
     goodputs = [x.split("goodput ")[1].split(" |")[0].strip()
                 for x in out.getvalue().splitlines() if x.startswith("step ")]
     assert goodputs == ["50.0%", "50.0%", "66.7%"]
+
+
+def test_console_names_a_re_form_by_its_typed_cause():
+    out = io.StringIO()
+    sink = ConsoleSink(stream=out, clock=lambda: T0)
+    sink.on_transition(tr(2, "PLANNING", "BACKOFF", T0, reason="backoff over",
+                          payload={"type": "Planning", "cause": "host_lost"}))
+    sink.on_transition(tr(3, "PLANNING", "WAITING_FOR_CAPACITY", T0, reason="capacity returned",
+                          payload={"type": "Planning"}))
+    first, second = out.getvalue().splitlines()
+    assert first.endswith("re-form cause host_lost") and "re-form" not in second

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from orchestrator.controller.listener import RunListener
-from orchestrator.metrics.causes import restart_cause, restore_tier
 from orchestrator.metrics.cloud.aggregate import WindowAggregator
 from orchestrator.metrics.cloud.descriptors import BY_NAME, METRICS, descriptor, metric_type
 from orchestrator.metrics.cloud.writer import MIN_POINT_SPACING_S, Point, TimeSeriesWriter
@@ -83,13 +82,13 @@ class CloudMonitoringSink(RunListener):
         t = transition.to_json()
         with self._lock:
             self._timeline.append(t)
-            cause = restart_cause(t)
+            cause = transition.restart_cause  # the typed payload's, never the reason text
             if cause is not None:
                 self._restarts[cause] = self._restarts.get(cause, 0) + 1
-            tier = restore_tier(t)
+            tier = transition.restore_tier
             if tier is not None:
                 self._restores[tier] = self._restores.get(tier, 0) + 1
-                self._restore_s[tier] = float((t.get("payload") or {}).get("restore_s") or 0.0)
+                self._restore_s[tier] = float(getattr(transition.payload, "restore_s", 0.0))
             self._maybe_export()
 
     def flush(self) -> None:
