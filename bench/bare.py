@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from bench import procs
+from orchestrator.shared.host_env import free_port
 
 
 def run_bare(*, processes: int, devices: int, steps: int, overrides: list[str], workdir: Path,
@@ -15,7 +16,7 @@ def run_bare(*, processes: int, devices: int, steps: int, overrides: list[str], 
     """Run the loop once; returns process 0's JSON (per-step records) plus wall seconds."""
     workdir.mkdir(parents=True, exist_ok=True)
     out = workdir / "bare.json"
-    coordinator = f"127.0.0.1:{procs.free_port()}"
+    coordinator = f"127.0.0.1:{free_port('127.0.0.1')}"
     env = procs.child_env({"OMP_NUM_THREADS": "1"})  # what Ray gives a num_cpus=0 actor
     t0 = time.time()
     with tempfile.TemporaryDirectory(dir=workdir, prefix="ckpt-") as ckpt:

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from orchestrator.events.config import EventsConfig, PubSubConfig
 from orchestrator.events.emulator import emulator_process
-from orchestrator.events.eventlog import read_jsonl
+from orchestrator.events.eventlog import read_log
 from orchestrator.events.intake import EventIntake
 from orchestrator.events.model import Event, EventKind, Target
 from orchestrator.events.pubsub_source import make_publisher, make_subscriber
@@ -75,11 +75,11 @@ def _setup(host: str, tag: str) -> PubSubConfig:
 def _wait_recorded(run_dir: Path, n: int, timeout: float) -> list[dict]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        records = [r for r in read_jsonl(run_dir / "events.jsonl") if r.get("event")]
+        records = [r for r in read_log(run_dir / "events.jsonl") if r.get("event")]
         if len(records) >= n:
             return records
         time.sleep(0.05)
-    return [r for r in read_jsonl(run_dir / "events.jsonl") if r.get("event")]
+    return [r for r in read_log(run_dir / "events.jsonl") if r.get("event")]
 
 
 def bench_latency(host: str, n: int) -> dict:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench import procs
+from orchestrator.shared import files
 
 
 @dataclass
@@ -36,15 +37,7 @@ class RunDir:
 
 def read_jsonl(path: Path) -> list[dict]:
     """Complete lines of a JSONL file (a torn last line of a live run is skipped)."""
-    out: list[dict] = []
-    if not path.exists():
-        return out
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue
-    return out
+    return list(files.read_jsonl(path))
 
 
 def log_path(run_dir: Path) -> Path:

@@ -41,6 +41,7 @@ import yaml
 from orchestrator.metrics.rundir import load_run
 from orchestrator.shared import configtools
 from orchestrator.shared.errors import OrchestratorError
+from orchestrator.shared.files import read_jsonl
 from orchestrator.sim.config import SimConfig
 from orchestrator.sim.runner import simulate
 
@@ -48,15 +49,7 @@ TARGET_POINTS = 0.05
 
 
 def _lines(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # a torn last line of a killed driver
-    return out
+    return list(read_jsonl(path))  # a torn last line of a killed driver is skipped
 
 
 def _median(xs: list[float], default: float) -> float:

@@ -38,6 +38,7 @@ from orchestrator.shared.errors import (
     OrchestratorError,
     TopologyError,
 )
+from orchestrator.shared.files import atomic_write_json
 
 log = structlog.get_logger("orchestrator.main")
 
@@ -181,9 +182,7 @@ class Driver:
             "started_at": time.time(),
             "ray_job_submission_id": _submission_id(),
         }
-        tmp = meta_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(meta, indent=2))
-        tmp.replace(meta_path)
+        atomic_write_json(meta_path, meta, indent=2)
         (self.run_dir / "config.yaml").write_text(
             yaml.safe_dump(configtools.to_dict(self.cfg), sort_keys=False))
         structlog.contextvars.bind_contextvars(run_id=meta["run_id"], job=self.cfg.run.name)

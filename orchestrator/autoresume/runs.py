@@ -19,7 +19,6 @@ Two rules keep other writers of the runs area from steering a run (:func:`check_
 
 from __future__ import annotations
 
-import contextlib
 import glob
 import json
 import os
@@ -29,6 +28,7 @@ from typing import Any
 
 import structlog
 
+from orchestrator.shared.files import read_jsonl
 from policies.autoresume import Heartbeat
 
 log = structlog.get_logger(__name__)
@@ -187,19 +187,12 @@ def hold_reason(run_dir: str) -> str | None:
 
 def last_heartbeat(run_dir: str, *, tail_bytes: int = 16384) -> Heartbeat | None:
     """Last step record in RUN_DIR/metrics.jsonl (step, wall_time), if any; None when unknown."""
-    path = os.path.join(run_dir, "metrics.jsonl")
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            size = fh.tell()
-            fh.seek(max(0, size - tail_bytes))
-            lines = fh.read().decode("utf-8", errors="replace").splitlines()
+    try:  # a torn line (a driver killed mid-write) is skipped
+        records = list(read_jsonl(os.path.join(run_dir, "metrics.jsonl"), tail_bytes=tail_bytes))
     except OSError:
         return None
-    for line in reversed(lines):
-        with contextlib.suppress(ValueError, TypeError, KeyError):
-            rec = json.loads(line)
-            step, at = rec["step"], rec["wall_time"]
-            if isinstance(step, int) and isinstance(at, (int, float)):
-                return Heartbeat(step=step, at=float(at))
+    for rec in reversed(records):
+        step, at = rec.get("step"), rec.get("wall_time")
+        if isinstance(step, int) and isinstance(at, (int, float)):
+            return Heartbeat(step=step, at=float(at))
     return None

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import dataclass, replace
 from typing import Any
 
+from orchestrator.shared.files import append_jsonl, atomic_write_json, jsonl_line, read_jsonl
 from policies.autoresume import RunHistory
 
 MAX_REMEMBERED_INCIDENTS = 1000  # per run; old ids fall off (incidents auto-close in hours)
@@ -93,12 +93,7 @@ class StateStore:
         data = {"runs": {k: _history_to_json(v, self._order.get(k, {}))
                          for k, v in self.runs.items()},
                 "pending": {k: vars(v) for k, v in self.pending.items()}}
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(self.path), prefix=".state-")
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, indent=1, sort_keys=True)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, self.path)
+        atomic_write_json(self.path, data, fsync=True, mode=0o600, indent=1, sort_keys=True)
 
     def add_pending(self, key: str, pending: Pending) -> str | None:
         """Schedule ``pending`` under ``key`` and save; or, when the caps are reached, leave the
@@ -140,15 +135,14 @@ class JsonlLog:
         self.keep = keep
 
     def write(self, record: dict[str, Any]) -> None:
-        line = json.dumps(record, sort_keys=True, default=str) + "\n"
+        line = jsonl_line(record, sort_keys=True, default=str)
         try:
             size = os.path.getsize(self.path)
         except OSError:
             size = 0
         if size and size + len(line.encode("utf-8")) > self.max_bytes:
             self._rotate()
-        with open(self.path, "a", encoding="utf-8") as fh:
-            fh.write(line)
+        append_jsonl(self.path, line)
 
     def _rotate(self) -> None:
         for n in range(self.keep, 0, -1):
@@ -164,12 +158,5 @@ class JsonlLog:
         return [p for p in (*rotated, self.path) if os.path.exists(p)]
 
     def read(self) -> list[dict[str, Any]]:
-        """Every record still kept, oldest first."""
-        out: list[dict[str, Any]] = []
-        for path in self.files():
-            try:
-                with open(path, encoding="utf-8") as fh:
-                    out.extend(json.loads(line) for line in fh if line.strip())
-            except FileNotFoundError:
-                continue
-        return out
+        """Every record still kept, oldest first; ValueError on a line that is not one."""
+        return [r for path in self.files() for r in read_jsonl(path, strict=True)]

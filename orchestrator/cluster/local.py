@@ -15,7 +15,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import stat
 import subprocess
 import sys
@@ -29,7 +28,9 @@ from typing import Any
 
 from orchestrator.cluster.nodes import Shape, head_args, host_args, host_labels
 from orchestrator.raygroup.topology import INSTANCE_LABEL, LOOPBACK
+from orchestrator.shared import host_env
 from orchestrator.shared.errors import OrchestratorError
+from orchestrator.shared.files import atomic_write_json
 
 STARTED = "Ray runtime started."
 READY_TIMEOUT_S = 120.0
@@ -68,15 +69,11 @@ def default_state_dir() -> Path:
 
 
 def free_port(preferred: int = 0) -> int:
-    """``preferred`` if it is free on loopback, else any free port."""
-    for port in ((preferred, 0) if preferred else (0,)):
-        with socket.socket() as s:
-            try:
-                s.bind((LOOPBACK, port))
-            except OSError:
-                continue
-            return s.getsockname()[1]
-    raise LocalClusterError("no free port on 127.0.0.1")
+    """``preferred`` if it is free on loopback, else any free port (``host_env.free_port``)."""
+    try:
+        return host_env.free_port(LOOPBACK, preferred=preferred)
+    except OSError:
+        raise LocalClusterError("no free port on 127.0.0.1") from None
 
 
 def load_state(state_dir: Path) -> ClusterState | None:
@@ -91,9 +88,7 @@ def load_state(state_dir: Path) -> ClusterState | None:
 
 
 def _save(state_dir: Path, state: ClusterState) -> None:
-    tmp = state_dir / f".{STATE_FILE}.tmp"
-    tmp.write_text(json.dumps(asdict(state), indent=1))
-    tmp.replace(state_dir / STATE_FILE)
+    atomic_write_json(state_dir / STATE_FILE, asdict(state), indent=1)
 
 
 def _node_env(state: ClusterState) -> dict[str, str]:

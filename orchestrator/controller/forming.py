@@ -13,6 +13,7 @@ from orchestrator.controller.context import Next, Run, log
 from orchestrator.controller.seam import Formed, GroupFailed, GroupSpec
 from orchestrator.lifecycle import Compiling, Restoring, RunState
 from orchestrator.lifecycle.payloads import data_resumed_text
+from orchestrator.shared.files import atomic_write_text, read_jsonl
 
 S = RunState
 
@@ -113,12 +114,10 @@ def write_topology(run: Run, formed: Formed) -> None:
             "incarnation": run.ledger.incarnation, "id_to_name": formed.instance_ids,
             "hosts": [dict(vars(h)) for h in plan.hosts]}  # flat fields: no asdict recursion
     try:
-        tmp = run.run_dir / "topology.json.tmp"
         # one host per line: readable, and compact JSON keeps the C encoder (4,096 hosts)
         body = ",\n  ".join(json.dumps(h) for h in data.pop("hosts"))
         head = json.dumps(data)[:-1]
-        tmp.write_text(f'{head}, "hosts": [\n  {body}\n]}}\n')
-        tmp.replace(run.run_dir / "topology.json")
+        atomic_write_text(run.run_dir / "topology.json", f'{head}, "hosts": [\n  {body}\n]}}\n')
     except OSError as exc:
         log.error("topology_write_failed", error=str(exc))
 
@@ -131,22 +130,12 @@ def last_recorded_step(run: Run) -> int | None:
     writes no metrics.jsonl (``metrics.jsonl`` off) or it cannot be read."""
     if not getattr(run.cfg.metrics, "jsonl", True):
         return None
-    try:
-        with open(run.run_dir / "metrics.jsonl", "rb") as fh:
-            size = fh.seek(0, 2)
-            fh.seek(max(0, size - _TAIL_BYTES))
-            lines = fh.read().decode("utf-8", "replace").splitlines()
-    except FileNotFoundError:
-        return 0
+    best = 0  # also when there is no file yet
+    try:  # a half-written line (a driver killed mid-write) is skipped
+        for record in read_jsonl(run.run_dir / "metrics.jsonl", tail_bytes=_TAIL_BYTES):
+            if isinstance(step := record.get("step"), int):
+                best = max(best, step)
     except OSError as exc:
         log.warning("metrics_jsonl_unreadable", error=str(exc))
         return None
-    best = 0
-    for line in lines[1:] if size > _TAIL_BYTES else lines:  # the first may be cut
-        try:
-            step = json.loads(line).get("step")
-        except (ValueError, AttributeError):
-            continue  # a half-written line
-        if isinstance(step, int):
-            best = max(best, step)
     return best

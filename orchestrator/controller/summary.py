@@ -9,13 +9,13 @@ metrics.jsonl (a driver that died before writing them): a gap, not silence."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import statistics
 from dataclasses import dataclass
 
 from orchestrator.controller.context import Run, log
 from orchestrator.lifecycle import RunState
 from orchestrator.lifecycle.payloads import data_resumed_text
+from orchestrator.shared.files import atomic_write_json
 
 EXIT_OK, EXIT_FAILED = 0, 1
 EXIT_SIGTERM = 143  # 128 + SIGTERM: orchestrator.driver.signals.EXIT_SIGTERM (no import: Ray-free)
@@ -128,9 +128,8 @@ def write_summary(run: Run, reason: str) -> RunSummary:
         metrics_gaps=[list(g) for g in led.metrics_gaps], last_eval=led.last_eval)
     try:
         run.run_dir.mkdir(parents=True, exist_ok=True)
-        tmp = run.run_dir / "summary.json.tmp"
-        tmp.write_text(json.dumps(summary.to_json(), indent=2, default=str))
-        tmp.replace(run.run_dir / "summary.json")
+        atomic_write_json(run.run_dir / "summary.json", summary.to_json(), indent=2,
+                          default=str)
     except OSError as exc:
         log.error("summary_write_failed", error=str(exc))
     return summary

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from orchestrator.events.config import PubSubConfig
-from orchestrator.events.eventlog import read_jsonl
+from orchestrator.events.eventlog import read_log
 from orchestrator.events.inbox import write_inbox
 from orchestrator.events.intake import DEAD_LETTERS_FILE, EVENTS_FILE, PUBSUB_INFO_FILE
 from orchestrator.events.model import (
@@ -169,8 +169,8 @@ def publish(args: argparse.Namespace) -> dict:
 
 def status(args: argparse.Namespace) -> dict:
     run_dir = Path(args.run_dir)
-    return {"events": read_jsonl(run_dir / EVENTS_FILE, limit=args.n),
-            "dead_letters": read_jsonl(run_dir / DEAD_LETTERS_FILE, limit=args.n)}
+    return {"events": read_log(run_dir / EVENTS_FILE, limit=args.n),
+            "dead_letters": read_log(run_dir / DEAD_LETTERS_FILE, limit=args.n)}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -10,13 +10,14 @@ also folds in the ids of the last lines of events.jsonl: a crash between the two
 from __future__ import annotations
 
 import json
-import os
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable
 from pathlib import Path
 
 import structlog
+
+from orchestrator.shared.files import atomic_write_json
 
 log = structlog.get_logger(__name__)
 
@@ -82,6 +83,4 @@ class DedupeWindow:
             payload = {"version": FORMAT_VERSION, "capacity": self.capacity,
                        "ids": list(self._ids)}
             self._dirty = False
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(payload, separators=(",", ":")), encoding="utf-8")
-        os.replace(tmp, self.path)
+        atomic_write_json(self.path, payload, separators=(",", ":"))

@@ -22,6 +22,8 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+from orchestrator.shared.host_env import free_port
+
 READY_TIMEOUT_S = 60.0
 
 
@@ -29,17 +31,11 @@ def gcloud_available() -> bool:
     return shutil.which("gcloud") is not None
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class EmulatorProcess:
     """One emulator process group on a fixed loopback port (start/stop/restart)."""
 
     def __init__(self, port: int | None = None, *, data_dir: Path | None = None) -> None:
-        self.port = port or free_port()
+        self.port = port or free_port("127.0.0.1")
         self.host_port = f"127.0.0.1:{self.port}"
         self._own_dir = data_dir is None
         self.data_dir = data_dir or Path(tempfile.mkdtemp(prefix="pubsub-emu-"))

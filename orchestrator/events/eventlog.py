@@ -14,9 +14,10 @@ import hashlib
 import json
 import os
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from orchestrator.shared.files import jsonl_line, read_jsonl
 
 MAX_RAW_CHARS = 64 * 1024
 TAIL_BYTES = 4 * 1024 * 1024
@@ -41,9 +42,8 @@ class JsonlWriter:
     def write(self, record: dict[str, Any]) -> int:
         with self._lock:
             self._seq += 1
-            line = json.dumps({"seq": self._seq, **record}, default=_json_default,
-                              ensure_ascii=True, separators=(",", ":"))
-            self._fh.write(line + "\n")
+            self._fh.write(jsonl_line({"seq": self._seq, **record}, default=_json_default,
+                                      ensure_ascii=True, separators=(",", ":")))
             self._fh.flush()
             if self._fsync:
                 os.fsync(self._fh.fileno())
@@ -95,12 +95,8 @@ def recent_event_ids(path: Path) -> list[str]:
     """Ids of events *accepted* in the tail of events.jsonl (to rebuild the dedupe window): a
     stale or irrelevant verdict is not remembered, so the same id may be judged again later."""
     ids: list[str] = []
-    for line in _tail_lines(path):
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if not isinstance(record, dict) or record.get("decision") != "accepted":
+    for record in read_jsonl(path, tail_bytes=TAIL_BYTES):
+        if record.get("decision") != "accepted":
             continue
         event = record.get("event")
         if isinstance(event, dict) and isinstance(event.get("id"), str):
@@ -108,45 +104,17 @@ def recent_event_ids(path: Path) -> list[str]:
     return ids
 
 
-def read_jsonl(path: Path, *, limit: int | None = None) -> list[dict[str, Any]]:
-    """Parsed lines (the last ``limit`` if given); unreadable lines are skipped."""
-    if not path.exists():
-        return []
-    out = []
-    for line in _tail_lines(path):
-        try:
-            value = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(value, dict):
-            out.append(value)
+def read_log(path: Path, *, limit: int | None = None) -> list[dict[str, Any]]:
+    """The records in the log's tail (``TAIL_BYTES``; the last ``limit`` if given); lines that
+    are not records (a torn last line) are skipped."""
+    out = list(read_jsonl(path, tail_bytes=TAIL_BYTES))
     return out[-limit:] if limit else out
 
 
 def _last_seq(path: Path) -> int:
-    last = 0
-    for line in _tail_lines(path):
-        try:
-            seq = json.loads(line).get("seq")
-        except (ValueError, AttributeError):
-            continue
-        if isinstance(seq, int):
-            last = max(last, seq)
-    return last
-
-
-def _tail_lines(path: Path) -> Iterator[str]:
-    if not path.exists():
-        return
-    size = path.stat().st_size
-    with open(path, "rb") as fh:
-        if size > TAIL_BYTES:
-            fh.seek(size - TAIL_BYTES)
-            fh.readline()  # drop the partial first line
-        for raw in fh:
-            line = raw.decode("utf-8", "replace").strip()
-            if line:
-                yield line
+    seqs = [r["seq"] for r in read_jsonl(path, tail_bytes=TAIL_BYTES)
+            if isinstance(r.get("seq"), int)]
+    return max(seqs, default=0)
 
 
 def _json_default(value: Any) -> Any:

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import structlog
 
+from orchestrator.shared.files import atomic_write_bytes
+
 log = structlog.get_logger(__name__)
 
 INBOX_DIR = "inbox"
@@ -42,13 +44,8 @@ def write_inbox(run_dir: Path, payload: bytes) -> Path:
     inbox = inbox_path(run_dir)
     inbox.mkdir(mode=0o755, parents=True, exist_ok=True)
     name = f"{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.json"
-    tmp = inbox / f".{name}.tmp"
-    with open(tmp, "wb") as fh:
-        fh.write(payload)
-        fh.flush()
-        os.fsync(fh.fileno())
     final = inbox / name
-    os.replace(tmp, final)
+    atomic_write_bytes(final, payload, fsync=True)
     return final
 
 

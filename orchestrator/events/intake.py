@@ -29,7 +29,7 @@ from orchestrator.events.dedupe import DedupeWindow
 from orchestrator.events.eventlog import (
     JsonlWriter,
     raw_for_record,
-    read_jsonl,
+    read_log,
     recent_event_ids,
 )
 from orchestrator.events.inbox import PUBLISH_FIX, InboxWatcher
@@ -319,7 +319,7 @@ class EventIntake:
         for, not expired (a maintenance window: its end), oldest first; returned again by
         every driver until one records an outcome (``replay.py``). Never raises."""
         try:
-            records = read_jsonl(self.run_dir / EVENTS_FILE)
+            records = read_log(self.run_dir / EVENTS_FILE)
             return unhandled_events(records, upto_seq=self._start_seq if self._started else None,
                                     now=now, grace_s=self.cfg.stale_grace_s)
         except Exception:
@@ -330,7 +330,7 @@ class EventIntake:
         """Node ids earlier drivers drained or kept out for notices not expired at ``now``:
         ``{node_id: expiry}`` (``replay.kept_out``). Never raises."""
         try:
-            return kept_out(read_jsonl(self.run_dir / EVENTS_FILE), now=now,
+            return kept_out(read_log(self.run_dir / EVENTS_FILE), now=now,
                             grace_s=self.cfg.stale_grace_s)
         except Exception:
             log.exception("event_replay_failed", run_dir=str(self.run_dir))

@@ -16,6 +16,7 @@ from typing import Any
 from orchestrator.metrics.goodput import TERMINAL_STATES, GoodputReport, compute_goodput
 from orchestrator.metrics.ledger import StepLedger
 from orchestrator.metrics.records import BadStepRecord, StepRecord
+from orchestrator.shared.files import read_jsonl
 
 
 @dataclass
@@ -29,24 +30,9 @@ class Skipped:
 
 
 def iter_jsonl(path: Path, skipped: Skipped) -> Iterator[dict[str, Any]]:
-    """JSON objects of ``path`` one by one; a missing file is empty."""
-    try:
-        fh = open(path, encoding="utf-8", errors="replace")  # noqa: SIM115
-    except FileNotFoundError:
-        return
-    with fh:
-        for line in fh:
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                skipped.add(path.name)
-                continue
-            if isinstance(row, dict):
-                yield row
-            else:
-                skipped.add(path.name)
+    """JSON objects of ``path`` one by one; a missing file is empty; each other line (a torn
+    one) counts in ``skipped``."""
+    yield from read_jsonl(path, on_skip=lambda: skipped.add(path.name))
 
 
 def _read_json(path: Path) -> dict[str, Any]:

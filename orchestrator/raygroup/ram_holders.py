@@ -14,7 +14,6 @@ holders and check the copies an earlier one left; a run directory started afresh
 from __future__ import annotations
 
 import hashlib
-import os
 import secrets
 from collections.abc import Collection, Sequence
 from pathlib import Path
@@ -26,6 +25,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from orchestrator.controller.seam import Restored
 from orchestrator.shared import layout as ckpt_layout
+from orchestrator.shared.files import atomic_write_text
 from orchestrator.shared.plan import MeshPlan
 from orchestrator.shared.sections import RamTierConfig
 from policies.ram_tier import ReplicaEntry, TierChoice, choose_tier, peers
@@ -57,11 +57,7 @@ def run_secret(run_dir: Path, *, fresh: bool = False) -> tuple[str, bool]:
             return token, False
     token = secrets.token_hex(32)
     run_dir.mkdir(parents=True, exist_ok=True)
-    tmp = run_dir / f".{SECRET_FILE}.{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(token + "\n")
-    tmp.replace(path)
+    atomic_write_text(path, token + "\n", mode=0o600)
     return token, True
 
 

@@ -22,6 +22,7 @@ from orchestrator.metrics.goodput import CAUSES
 from orchestrator.metrics.plots import figure_png, markers
 from orchestrator.metrics.rundir import RunData, event_label, event_time, load_run
 from orchestrator.shared.errors import OrchestratorError
+from orchestrator.shared.files import atomic_write_bytes
 
 
 @dataclass(frozen=True)
@@ -136,15 +137,9 @@ def build_report(run_dir: Path, *, clock: Callable[[], float] = time.time,
             fix="point at a run directory the driver has written to (wait for the first step)")
     png = figure_png(data)
     files = ReportFiles(html=run_dir / "report.html", png=run_dir / "report.png")
-    _atomic_write(files.png, png)
-    _atomic_write(files.html, render_html(data, png).encode("utf-8"))
+    atomic_write_bytes(files.png, png)
+    atomic_write_bytes(files.html, render_html(data, png).encode("utf-8"))
     return files
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    tmp.replace(path)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -33,10 +33,20 @@ def device_env(*, platform: str, devices_per_host: int, extra: dict[str, str] | 
     return env
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
+def free_port(host: str = "", *, preferred: int = 0) -> int:
+    """A TCP port free on ``host`` now: "" (every interface) for what other hosts reach (a JAX
+    coordinator), "127.0.0.1" for loopback-only services; ``preferred`` when it is free. The one
+    copy for the driver, the hosts, the tests and the bench. OSError when none is free."""
+    for port in (preferred, 0) if preferred else (0,):
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                if port == 0:
+                    raise
+                continue
+            return int(s.getsockname()[1])
+    raise AssertionError("unreachable: port 0 either binds or raises")
 
 
 def key_path(env: Mapping[str, str] | None = None) -> str:

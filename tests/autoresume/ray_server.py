@@ -36,10 +36,9 @@ from typing import IO
 
 import psutil
 
-from orchestrator.cluster.local import ClusterState, _node_env
+from orchestrator.cluster.local import ClusterState, _node_env, free_port
 from orchestrator.cluster.nodes import host_labels, host_resources
 from orchestrator.raygroup.topology import INSTANCE_LABEL
-from tests.support.pubsub_emulator import free_port
 
 READY_TIMEOUT_S = 90.0
 START_ATTEMPTS = 3

@@ -25,12 +25,11 @@ import pytest
 from orchestrator.events.emulator import (
     EmulatorProcess,
     emulator_process,
-    free_port,
     gcloud_available,
     pubsub_emulator,
 )
 
-__all__ = ["EmulatorProcess", "emulator_fixture", "emulator_process", "free_port",
+__all__ = ["EmulatorProcess", "emulator_fixture", "emulator_process",
            "gcloud_available", "pubsub_emulator", "unique_name"]
 
 

@@ -13,12 +13,13 @@ mesh-independent (``workers.ram.replica``): a step saved on one mesh restores in
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from orchestrator.shared.files import atomic_write_json
 
 COMPLETE = "COMPLETE"
 
@@ -58,9 +59,7 @@ def _complete_if_whole(step_dir: Path, sources: int) -> bool:
         return False
     if not all((step_dir / f"source-{i}").is_dir() for i in range(sources)):
         return False
-    tmp = step_dir / f".{COMPLETE}.{os.getpid()}"
-    tmp.write_text(json.dumps({"sources": sources}))
-    tmp.replace(step_dir / COMPLETE)
+    atomic_write_json(step_dir / COMPLETE, {"sources": sources})
     return True
 
 

@@ -15,15 +15,14 @@ is never logged. Standard library only.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import hmac
 import os
 import secrets
 import stat
-import uuid
 from pathlib import Path
 
+from orchestrator.shared.files import atomic_write_text
 from orchestrator.shared.host_env import ENV_KEY
 
 MIN_KEY_BYTES = 32
@@ -95,20 +94,9 @@ def _create_key(path: Path) -> None:
     """Write a fresh key to ``path`` atomically: a private temp file linked into place, so two
     processes racing here agree on one key and no reader ever sees half of one."""
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    try:
-        os.write(fd, (secrets.token_hex(MIN_KEY_BYTES) + "\n").encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    try:
-        os.link(tmp, path)  # fails when another process won the race: its key stands
-    except FileExistsError:
-        pass
-    finally:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+    # linked, not renamed: when another process won the race, its key stands
+    atomic_write_text(path, secrets.token_hex(MIN_KEY_BYTES) + "\n", fsync=True, mode=0o600,
+                      overwrite=False)
 
 
 def sign(key: bytes, *parts: bytes) -> bytes:

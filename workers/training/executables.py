@@ -32,12 +32,12 @@ import logging
 import os
 import pickle
 import time
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from orchestrator.shared.files import atomic_write_bytes
 from orchestrator.shared.host_env import key_path
 from workers.training.exec_auth import (
     MAC_HEX,
@@ -249,7 +249,6 @@ class ExecutableStore:
         not be written (logged: the run goes on compiling next time)."""
         t0 = time.perf_counter()
         path = self.path(key)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
         if (problem := store_problem(self.root)) is not None:
             log.warning("executable %s not stored: %s", path.name, problem)
             return None
@@ -262,17 +261,10 @@ class ExecutableStore:
             header = {"key": dict(key), "digest": key_digest(key), "meta": dict(meta or {}),
                       "written_at": time.time()}
             self.root.mkdir(mode=0o755, parents=True, exist_ok=True)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-            with os.fdopen(fd, "wb") as f:
-                f.write(encode(signing_key, header, body))
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
+            atomic_write_bytes(path, encode(signing_key, header, body), fsync=True, mode=0o644)
         except Exception as exc:  # no key, a full disk, an unserialisable executable: go on
             log.warning("executable %s not stored (%s: %s); the next group compiles it",
                         path.name, type(exc).__name__, exc)
-            with contextlib.suppress(OSError):
-                tmp.unlink()
             return None
         self._prune(key)
         return time.perf_counter() - t0

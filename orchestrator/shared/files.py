@@ -1,0 +1,127 @@
+"""Files that a crash must not leave half-written, and JSON-lines files that a crash may tear.
+
+One implementation each, for the driver, the hosts, the tools and the bench:
+
+- ``atomic_write_bytes/text/json``: write a private temp file beside the target, then rename it
+  over the target (or link it, to create only when absent), so a reader sees the old file or the
+  new one, never a part. ``fsync`` where the caller needs the content durable before it goes
+  on (it acknowledges something, or others rely on the file); the temp file is removed if
+  anything fails. ``mode`` is the new file's permission bits (before the umask), set at creation
+  so a secret is never readable by others, not even briefly.
+- ``read_jsonl``: the JSON objects of a JSON-lines file; a line a crash cut short (the last one
+  of a live or killed writer, or the first one of a tail read) is skipped, unless ``strict``.
+- ``jsonl_line`` / ``append_jsonl``: one object per line, appended whole.
+
+Standard library only (``orchestrator.shared`` is neutral ground, tests/test_import_direction.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+
+def atomic_write_bytes(path: str | Path, data: bytes, *, fsync: bool = False,
+                       mode: int = 0o666, overwrite: bool = True) -> bool:
+    """Put ``data`` at ``path`` in one step. ``overwrite`` False: only if ``path`` does not
+    exist yet (two racing writers agree on the first one's file); returns False when it did.
+    Raises OSError as the filesystem does; no temp file is left behind."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+    placed = False
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            if fsync:
+                fh.flush()
+                os.fsync(fh.fileno())
+        if overwrite:
+            os.replace(tmp, path)
+            placed = True
+            return True
+        try:
+            os.link(tmp, path)  # fails when the file exists: the one there stands
+        except FileExistsError:
+            return False
+        return True
+    finally:
+        if not placed:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+
+def atomic_write_text(path: str | Path, text: str, *, fsync: bool = False, mode: int = 0o666,
+                      overwrite: bool = True) -> bool:
+    """``atomic_write_bytes`` of ``text`` in UTF-8."""
+    return atomic_write_bytes(path, text.encode("utf-8"), fsync=fsync, mode=mode,
+                              overwrite=overwrite)
+
+
+def atomic_write_json(path: str | Path, value: Any, *, fsync: bool = False, mode: int = 0o666,
+                      **dumps: Any) -> bool:
+    """``atomic_write_text`` of ``json.dumps(value, **dumps)`` (indent, sort_keys, default...)."""
+    return atomic_write_text(path, json.dumps(value, **dumps), fsync=fsync, mode=mode)
+
+
+def read_jsonl(path: str | Path, *, tail_bytes: int | None = None, strict: bool = False,
+               on_skip: Callable[[], None] | None = None) -> Iterator[dict[str, Any]]:
+    """The JSON objects of ``path``, in order; nothing if it does not exist (other OSErrors
+    propagate). ``tail_bytes``: only the last that many bytes, less a first line they cut.
+    A line that is not a JSON object (a torn write, garbage) is skipped and ``on_skip`` called;
+    ``strict``: ValueError naming the line instead. Bytes that are not UTF-8 are replaced."""
+    try:
+        fh = open(path, "rb")  # noqa: SIM115 - closed below; a generator holds it
+    except FileNotFoundError:
+        return
+    with fh:
+        if tail_bytes is not None:
+            size = fh.seek(0, os.SEEK_END)
+            if size > tail_bytes:
+                fh.seek(size - tail_bytes - 1)
+                if fh.read(1) != b"\n":
+                    fh.readline()  # the cut first line
+            else:
+                fh.seek(0)
+        for n, raw in enumerate(fh, start=1):
+            line = raw.decode("utf-8", "replace").strip()
+            if not line:
+                continue
+            try:
+                value = json.loads(line)
+            except ValueError:
+                value = None
+            if isinstance(value, dict):
+                yield value
+                continue
+            if strict:
+                raise ValueError(f"{path}: line {n} is not a JSON object: {line[:80]!r}")
+            if on_skip is not None:
+                on_skip()
+
+
+def jsonl_line(record: Mapping[str, Any], **dumps: Any) -> str:
+    """``record`` as one JSON-lines line (newline included); ``dumps`` as for ``json.dumps``
+    (no ``indent``: a line holds one object)."""
+    if dumps.get("indent") is not None:
+        raise ValueError("a JSON-lines record cannot be indented")
+    return json.dumps(record, **dumps) + "\n"
+
+
+def append_jsonl(path: str | Path, record: Mapping[str, Any] | str, *, fsync: bool = False,
+                 **dumps: Any) -> int:
+    """Append one record (or a line from ``jsonl_line``) to ``path`` in one write; returns the
+    bytes written. ``fsync``: durable before returning."""
+    line = record if isinstance(record, str) else jsonl_line(record, **dumps)
+    data = line.encode("utf-8")
+    with open(path, "ab") as fh:
+        fh.write(data)
+        if fsync:
+            fh.flush()
+            os.fsync(fh.fileno())
+    return len(data)
