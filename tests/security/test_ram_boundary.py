@@ -20,7 +20,7 @@ import pytest
 
 from orchestrator.raygroup.ram_holders import SECRET_FILE, run_secret
 from tests.workers.ram_testing import TOKEN, copy_header, damage, holder, put
-from workers.host.ram import RamTierMethods
+from workers.host.ram import RamTier
 from workers.ram import copy_store, replicator
 from workers.ram import wire as ram_wire
 from workers.ram.holder import RamHolder
@@ -298,21 +298,14 @@ class _Trainer:
         self.step = step
 
 
-class _Host(RamTierMethods):
-    def __init__(self) -> None:
-        self.trainer = _Trainer()
-
-    def _need_trainer(self, what: str) -> _Trainer:
-        return self.trainer
-
-
 def test_a_forged_copy_is_refused_by_the_restoring_host_before_any_byte_is_used():
     h = holder()
     put(h, "node-a", 1, b"honest state")
     forged = {**h.get(TOKEN, incarnation=1, step=1, source=0), "data": b"forged state"}
     foreign = copy_header(1, b"another run's", token="another-run")
     foreign = {**foreign, "data": b"another run's"}
-    host = _Host()
+    trainer = _Trainer()
+    host = RamTier(trainer=lambda what: trainer)
     for bad in (forged, foreign):
         out = host.restore_copies(1, {"node-a": bad}, TOKEN)
         assert out["ok"] is False and "fails its authentication" in out["reason"], out
@@ -323,11 +316,11 @@ def test_a_forged_copy_is_refused_by_the_restoring_host_before_any_byte_is_used(
     assert [c["intact"] for c in h.inventory()] == [False]
     assert host.restore_copies(1, {"node-a": h.get(TOKEN, incarnation=1, step=1, source=0)},
                                TOKEN)["ok"] is False
-    assert host.trainer.used == [], "a refused copy's bytes reached the trainer"
+    assert trainer.used == [], "a refused copy's bytes reached the trainer"
     put(h, "node-a", 3, b"honest state")
     assert host.restore_copies(3, {"node-a": h.get(TOKEN, incarnation=1, step=3, source=0)},
                                TOKEN)["ok"] is True
-    assert host.trainer.used == [[({"leaves": [], "pieces": []}, b"honest state")]]
+    assert trainer.used == [[({"leaves": [], "pieces": []}, b"honest state")]]
 
 
 # ---- all of it at once, beside an honest host ------------------------------------------------

@@ -86,7 +86,7 @@ def test_a_notice_the_sink_keeps_refusing_is_logged_as_lost(caplog):
             raise ConnectionError("the queue actor is dead")
 
     sink = Gone()
-    caplog.set_level(logging.ERROR, logger="workers.host.actor")
+    caplog.set_level(logging.ERROR, logger="workers.host.notices")
     with fake_metadata_server() as (endpoint, server):
         try:
             assert actor.start_metadata_watcher(_settings(endpoint), sink)
@@ -102,9 +102,9 @@ def test_a_notice_the_sink_keeps_refusing_is_logged_as_lost(caplog):
 def test_a_queue_that_hangs_does_not_stop_the_watcher(monkeypatch):
     """Ray's queue waits for its actor without a timeout: a put that hangs is abandoned after
     the bound and retried; the notice lands once the queue answers again."""
-    import workers.host.actor as host_module
+    import workers.host.notices as notices_module
 
-    monkeypatch.setattr(host_module, "_SINK_CALL_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(notices_module, "_SINK_CALL_TIMEOUT_S", 0.2)
     actor = _actor()
     never = threading.Event()
 

@@ -18,6 +18,10 @@ class _Trainer:
         self.step = step
         self.go = threading.Event()
         self.ckpt = SimpleNamespace(committed_step=lambda: None)
+        self.data_resumed = None
+
+    def restore(self, skip_steps: list[int]) -> SimpleNamespace:
+        return SimpleNamespace(step=self.step, skipped=[])
 
     def train_step(self) -> SimpleNamespace:
         self.go.wait(30)
@@ -32,7 +36,7 @@ class _Trainer:
 def _host(step: int) -> tuple[HostActor, _Trainer]:
     actor = HostActor(None, {})
     actor.trainer = trainer = _Trainer(step)
-    actor._step = step
+    assert actor.restore()["step"] == step  # the host's mirrored step, as a restore sets it
     return actor, trainer
 
 

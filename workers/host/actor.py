@@ -1,53 +1,48 @@
 """The host actor: one per TPU host, pinned to its Ray node, owning that host's JAX process.
 
+A shell over components, each owning what it creates: ``JaxRuntime`` (the distributed group
+this process is in, ``warm``), ``StepLoop`` (chunks of steps, ``steps``) with ``Position``
+(``where``), ``RamTier`` (``ram``), ``CompileAhead`` (``ahead``), ``Notices`` (the metadata
+watcher, ``notices``) and ``Chaos`` (injected faults). The actor holds the host's identity
+(``spec``, ``host``) and its trainer, and hands each component only what it needs.
+
 JAX is imported only after ``__init__`` has set the device environment (XLA_FLAGS, platform,
 MEGASCALE_*), because XLA reads it once at backend start. The actor is threaded
 (``max_concurrency`` >= 4) so that ``request_stop``, ``current_step``, diagnostics and event
-polling answer while a chunk of steps runs. It is built from a ``HostSpec`` (what this host
-needs); the driver decides the save steps and chunk bounds, the host reports what committed.
+polling answer while a chunk of steps runs. The driver decides the save steps and chunk
+bounds, the host reports what committed.
 """
 
 from __future__ import annotations
 
 import faulthandler
-import gc
 import logging
 import os
-import signal
 import socket
-import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.shared import layout as ckpt_layout
 from orchestrator.shared.errors import OrchestratorError
-from orchestrator.shared.host_env import HOST_INIT_SHARE, free_port
+from orchestrator.shared.host_env import free_port
 from orchestrator.shared.hostspec import HostSpec
-from workers.host.ahead import AheadMethods
-from workers.host.metadata_watcher import put_bounded
-from workers.host.ram import RamTierMethods
-from workers.host.stops import StopBoard
-from workers.host.warm import RELEASE_BARRIER_S, WarmMethods, apply_env
-from workers.host.where import WhereMethods
+from workers.host.ahead import AHEAD_JOIN_S, CompileAhead
+from workers.host.chaos import Chaos
+from workers.host.notices import Notices
+from workers.host.ram import RamTier
+from workers.host.steps import StepLoop
+from workers.host.warm import JaxRuntime, apply_env, free_device_objects, warm_imports
+from workers.host.where import Position, stacks
+
+if TYPE_CHECKING:
+    from orchestrator.shared.hosts import HostRef
+    from workers.training.trainer import Trainer
 
 log = logging.getLogger(__name__)
 
-_SINK_TRIES = 6  # a refused notice is retried after 0.1, 0.2, 0.4, 0.8, 1.6 s (3.1 s in all)
-_SINK_CALL_TIMEOUT_S = 2.0
 
-
-def _crash_later(after_s: float) -> None:
-    """Chaos: SIGSEGV to this process ``after_s`` from now, as a native crash would end it
-    (no cleanup, no flush); SIGKILL if a fault handler kept it alive."""
-    time.sleep(after_s)
-    log.warning("chaos: SIGSEGV to this host process (pid %d)", os.getpid())
-    os.kill(os.getpid(), signal.SIGSEGV)
-    time.sleep(5.0)
-    os.kill(os.getpid(), signal.SIGKILL)
-
-
-class HostActor(RamTierMethods, WarmMethods, AheadMethods, WhereMethods):
+class HostActor:
     """One host's share of the run. Methods are the driver's only handle on JAX.
 
     Constructed as ``HostActor(spec, env)``: the spec is everything this host needs.
@@ -63,21 +58,23 @@ class HostActor(RamTierMethods, WarmMethods, AheadMethods, WhereMethods):
         if spec is not None and not isinstance(spec, HostSpec):
             raise TypeError(f"HostActor needs a HostSpec, got {type(spec).__name__}: build one "
                             "with HostSpec.for_host(cfg, plan, host, checkpoint_dir=...)")
-        self.spec: Any = spec
-        self.host: Any = spec.host if spec is not None else None
-        self.trainer: Any = None
-        self._fault: dict | None = None
-        self._lock = threading.Lock()
-        self._ahead: threading.Thread | None = None
-        self._leaving = False
-        self.ahead_results: list[dict] = []
-        self._watcher: Any = None
-        self._sink: Any = None
-        self._stops = StopBoard()
-        self._step, self._in_step = 0, False
-        """The host-mirrored step (and whether the next one runs), readable from any thread."""
-        self._replicator: Any = None
-        self._persist: dict | None = None
+        self.spec: HostSpec | None = spec
+        self.host: HostRef | None = spec.host if spec is not None else None
+        self.trainer: Trainer | None = None
+        """Built by ``build``, dropped by ``quiesce``; ``_need_trainer`` for the calls that
+        need one."""
+        self._runtime = JaxRuntime()
+        self._chaos = Chaos()
+        self._position = Position()
+        self._ram = RamTier(trainer=self._need_trainer)
+        self._steps = StepLoop(self._position, chaos=self._chaos, copies=self._ram)
+        self._ahead = CompileAhead()
+        self._notices = Notices()
+
+    def _need_trainer(self, what: str) -> Trainer:
+        if self.trainer is None:
+            raise RuntimeError(f"{what} needs the step built: call build() first")
+        return self.trainer
 
     # ---- identity and wiring ------------------------------------------------------------
 
@@ -87,40 +84,19 @@ class HostActor(RamTierMethods, WarmMethods, AheadMethods, WhereMethods):
                 "hostname": socket.gethostname()}
 
     def joining(self) -> bool:  # reached JAX's init (answers while it blocks)
-        return getattr(self, "_joining", False)
+        return self._runtime.joining
 
     def coordinator_address(self) -> str:
         return f"{self.host.node_ip}:{free_port()}"
 
     def initialize(self, coordinator: str, num_processes: int, process_id: int) -> dict:
-        """Join the JAX group within ``HOST_INIT_SHARE`` of ``init_timeout_s``
-        (``orchestrator.raygroup.runtime``)."""
-        import jax
-
-        import workers.training.trainer  # noqa: F401  (the step's imports, before the freeze)
-
-        # What exists now (Ray, the imports) lives as long as the process: leave it out of the
-        # collections ``quiesce`` needs (0.27 s of a switch otherwise). No backend exists yet,
-        # so none of its objects is frozen: ``release`` can still free them.
-        gc.freeze()
-        self._maybe_init_fault()
-        # a peer's death then fails our collectives instead of aborting this process (the
-        # default), so ``release`` can keep it for the next group
-        jax.config.update("jax_enable_recoverability", bool(self.spec.survive_peers))
-        self._joining = True
-        jax.distributed.initialize(
-            coordinator_address=coordinator, num_processes=num_processes, process_id=process_id,
-            initialization_timeout=max(1, int(HOST_INIT_SHARE * self.spec.init_timeout_s)),
-            heartbeat_timeout_seconds=max(2, int(self.spec.heartbeat_s)),
-            # ``release`` shuts the runtime down with a barrier: bounded, never JAX's 300 s
-            shutdown_timeout_seconds=RELEASE_BARRIER_S)
-        return {"process_index": jax.process_index(), "local_devices": jax.local_device_count(),
-                "global_devices": jax.device_count(), "platform": jax.devices()[0].platform}
-
-    def _need_trainer(self, what: str) -> Any:
-        if self.trainer is None:
-            raise RuntimeError(f"{what} needs the step built: call build() first")
-        return self.trainer
+        """Join the JAX group (``JaxRuntime.join``); a ``hang_init`` fault strikes first."""
+        self._runtime.prepare()
+        self._chaos.at_init()
+        spec = self.spec
+        return self._runtime.join(coordinator, num_processes, process_id,
+                                  survive_peers=spec.survive_peers,
+                                  init_timeout_s=spec.init_timeout_s, heartbeat_s=spec.heartbeat_s)
 
     # ---- building the step --------------------------------------------------------------
 
@@ -146,11 +122,12 @@ class HostActor(RamTierMethods, WarmMethods, AheadMethods, WhereMethods):
         with that step in ``skip_steps``.
         """
         t0 = time.perf_counter()
-        out = self._need_trainer("restore").restore(list(skip_steps))
-        self._step = self.trainer.step
-        return {"restored_step": out.step, "step": self._step,
+        tr = self._need_trainer("restore")
+        out = tr.restore(list(skip_steps))
+        self._position.step = tr.step
+        return {"restored_step": out.step, "step": self._position.step,
                 "restore_s": time.perf_counter() - t0, "skipped": out.skipped,
-                "data": self.trainer.data_resumed}
+                "data": tr.data_resumed}
 
     def compile(self) -> dict:
         """Load the step from RUN_DIR/executables when its key matches, else compile (and
@@ -191,17 +168,7 @@ class HostActor(RamTierMethods, WarmMethods, AheadMethods, WhereMethods):
         (never join the next distributed init: a host that does not come up). ``crash`` is not
         armed but started: this process dies by SIGSEGV ``after_s`` from now, whatever it is
         doing then (a spot host crashing inside its notice window)."""
-        if fault and fault["kind"] == "crash":
-            threading.Thread(target=_crash_later, args=(float(fault.get("after_s", 1.0)),),
-                             name="chaos-crash", daemon=True).start()
-            return
-        self._fault = fault
-
-    def _maybe_init_fault(self) -> None:
-        f = self._fault
-        if f and f["kind"] == "hang_init":
-            self._fault = None
-            time.sleep(f.get("seconds", 3600))
+        self._chaos.inject(fault)
 
     def run_steps(self, until_step: int, *, chunk: int | None = None,
                   save_steps: list[int] | tuple[int, ...] = (), report: bool = False) -> dict:
@@ -215,57 +182,8 @@ class HostActor(RamTierMethods, WarmMethods, AheadMethods, WhereMethods):
         and which is committed on disk (never one only started). Host 0 (``report``) returns
         per-step records.
         """
-        tr = self._need_trainer("run_steps")
-        saves = set(save_steps)
-        if chunk is not None:
-            self._stops.begin(chunk)
-        records: list[dict] = []
-        blocking = 0.0
-        stopped = False
-        try:
-            while tr.step < until_step:
-                at = self._stops.stop_at(chunk) if chunk is not None else None
-                if at is not None and tr.step >= at:
-                    stopped = True
-                    break
-                self._maybe_fault(tr.step)
-                self._in_step = True  # whereabouts: this host entered step tr.step + 1
-                out = tr.train_step()
-                self._step, self._in_step = out.step, False
-                saved, saved_s, ram_s = False, 0.0, 0.0
-                if out.step in saves and self._can_persist():
-                    ram_s = self._replicator.after_step(out.step, tr.state,
-                                                        persist=self._persist,
-                                                        data=tr.data_record)
-                    saved, saved_s = True, ram_s
-                    blocking += saved_s
-                elif out.step in saves:
-                    so = tr.save()
-                    saved, saved_s = so.started, so.blocking_s
-                    blocking += saved_s
-                    self._maybe_save_fault(out.step)
-                elif self._replicator is not None:
-                    ram_s = self._replicator.after_step(out.step, tr.state,
-                                                        data=tr.data_record)
-                wall = time.time()
-                # the eval is a collective: every host runs it at the same steps (a pure
-                # function of the step, never of a stop request only some have seen yet)
-                every = getattr(tr, "eval_every", 0)
-                ev = tr.evaluate() if every and out.step % every == 0 else None
-                if report:
-                    records.append({"step": out.step, "loss": out.loss,
-                                    "grad_norm": out.grad_norm, "step_time_s": out.step_time_s,
-                                    "lr": out.lr, "checkpoint_blocking_s": saved_s,
-                                    "ram_copy_s": ram_s, "saved": saved,
-                                    "saved_from_ram": saved and ram_s > 0,
-                                    "metrics": out.extra, "wall_time": wall})
-                    if ev is not None:
-                        records[-1]["eval"] = ev.as_record(tr.task.tokens_per_example)
-        finally:
-            if chunk is not None:
-                self._stops.end(chunk)
-        return {"step": tr.step, "records": records, "committed_step": self._committed(),
-                "stopped_early": stopped, "checkpoint_blocking_s": blocking}
+        return self._steps.run(self._need_trainer("run_steps"), until_step, chunk=chunk,
+                               save_steps=save_steps, report=report)
 
     def request_stop(self, chunk: int, at_step: int) -> int:
         """Stop ``chunk``'s run_steps once this host's step reaches ``at_step`` (checked between
@@ -277,35 +195,11 @@ class HostActor(RamTierMethods, WarmMethods, AheadMethods, WhereMethods):
         (the driver uses their max + 2, ``raygroup.group.STOP_MARGIN_STEPS``: max + 1 races with a
         host finishing its step meanwhile), and compare the ``step`` each run_steps returns.
         """
-        if not self._stops.request(chunk, at_step):
-            log.info("stale stop request for chunk %d ignored", chunk)
-        return self._step
+        return self._steps.request_stop(chunk, at_step)
 
     def current_step(self) -> int:
         """The host-mirrored step (thread-safe, no device sync)."""
-        return self._step
-
-    def _maybe_fault(self, step: int) -> None:
-        f = self._fault
-        if not f or f["kind"] not in ("kill", "hang", "error") or step < f["at_step"]:
-            return
-        self._fault = None
-        if f["kind"] == "kill":
-            # Deterministic injection: earlier async saves are allowed to commit first, so the
-            # restore point does not depend on how fast this machine writes (``kill_in_save``
-            # covers the kill that lands while a save is in flight).
-            if self.trainer is not None:
-                self.trainer.ckpt.wait()
-            os.kill(os.getpid(), signal.SIGKILL)  # kill -9: no cleanup, no flush
-        if f["kind"] == "hang":
-            time.sleep(f.get("seconds", 3600))
-        if f["kind"] == "error":
-            raise RuntimeError(f"injected application error at step {step}")
-
-    def _maybe_save_fault(self, step: int) -> None:
-        f = self._fault
-        if f and f["kind"] == "kill_in_save" and step >= f["at_step"]:
-            os.kill(os.getpid(), signal.SIGKILL)  # the async save is still being written
+        return self._position.step
 
     def save(self, wait: bool = True) -> dict:
         """Save the current step (a no-op if it is already saved); ``wait`` until committed."""
@@ -326,6 +220,74 @@ class HostActor(RamTierMethods, WarmMethods, AheadMethods, WhereMethods):
         owners = [[[d.process_index for d in row] for row in plane] for plane in mesh.devices]
         return {"axes": dict(mesh.shape), "process_of_device": owners}
 
+    # ---- the RAM tier (``RamTier``) -----------------------------------------------------
+
+    def attach_ram(self, holders: list[tuple[str, tuple[str, int]]], *, token: str,
+                   incarnation: int, every: int, keep: int, max_host_bytes: int,
+                   durable_from_ram: bool = False, ab_block_steps: int = 0) -> None:
+        """Copy this host's shards to ``holders`` ((name, wire address): own node's, peer's)
+        every ``every`` steps; ``durable_from_ram``: a save step's copy is saved durably by
+        this node's holder instead of an Orbax save from the devices here."""
+        self._ram.attach(holders, token=token, incarnation=incarnation, every=every, keep=keep,
+                         max_host_bytes=max_host_bytes, checkpoint_dir=self.spec.checkpoint_dir,
+                         writer=self.host.node_id, source=self.host.index,
+                         sources=self.spec.plan.num_processes,
+                         durable_from_ram=durable_from_ram, ab_block_steps=ab_block_steps)
+
+    def restore_from_ram(self, step: int, incarnation: int,
+                         holders: dict[int, tuple[str, Any]], token: str) -> dict:
+        """Rebuild the state of ``step`` from every source's RAM copy (``holders``: source ->
+        (name, holder)), into this mesh; ``token``: the run's secret (the holders hand copies
+        only to it, and every copy is authenticated with it before use). Never raises for a
+        bad or missing copy: ``ok`` False and ``reason`` tell the driver to use the durable
+        tier instead (no collective ran, so the group can still restore from Orbax in
+        place)."""
+        return self._restored(self._ram.restore_from_ram(step, incarnation, holders, token))
+
+    def restore_copies(self, step: int, copies: dict[str, dict], token: str, *,
+                       started: float | None = None, tier: str = "ram") -> dict:
+        """``restore_from_ram`` once the copies are here (label -> ``RamHolder.get``)."""
+        return self._restored(self._ram.restore_copies(step, copies, token, started=started,
+                                                       tier=tier))
+
+    def restore_from_disk_copy(self, step: int, token: str) -> dict:
+        """``restore_from_ram`` from the copies the holders saved durably (copy_store)."""
+        where = self.spec.checkpoint_dir if self.spec is not None else None
+        return self._restored(self._ram.restore_from_disk_copy(step, token, where))
+
+    def _restored(self, out: dict) -> dict:
+        if out["ok"]:
+            self._position.step = out["step"]
+        return out
+
+    def ram_stats(self) -> dict | None:
+        return self._ram.stats()
+
+    def copy_now(self, persist: bool = False) -> dict:
+        """Copy the current step to the holders and wait until they have it (a notice too
+        short for a durable save); ``ok`` False with the reason when this host cannot.
+        ``persist`` (with ``durable_from_ram``): this node's holder also saves it durably, after
+        this returns."""
+        return self._ram.copy_now(persist)
+
+    # ---- compile ahead (``CompileAhead``) -----------------------------------------------
+
+    def compile_ahead(self, spec: HostSpec) -> bool:
+        """Start compiling ``spec``'s step in the background at the lowest CPU priority.
+        ``spec`` is this process's host in a mesh over the first ``spec.plan.num_processes``
+        processes of this runtime. False when a compile ahead is running already, ``spec``
+        cannot be compiled here, no step is built or ``quiesce`` began."""
+        return self._ahead.start(spec, beside_trainer=self.trainer is not None)
+
+    def ahead_running(self) -> bool:
+        return self._ahead.running()
+
+    def wait_ahead(self, timeout_s: float = AHEAD_JOIN_S) -> list[dict]:
+        """Wait for a compile ahead in flight; what every compile ahead of this process did
+        (``source`` "compiled", "stored" — already — or "failed" with ``reason``). Raises if
+        it is still running after ``timeout_s``."""
+        return self._ahead.wait(timeout_s)
+
     # ---- events and diagnostics ---------------------------------------------------------
 
     def instance_identity(self, settings: dict) -> tuple[str, str] | None:
@@ -341,39 +303,78 @@ class HostActor(RamTierMethods, WarmMethods, AheadMethods, WhereMethods):
         ``sink`` (a driver-owned ``ray.util.queue.Queue``) receives every notice at once, so a
         notice survives this host dying before the driver's next poll.
         """
-        try:
-            from workers.host.metadata_watcher import start_watcher
-        except ImportError:
-            return False
-        with self._lock:
-            self._sink = sink
-            if self._watcher is None:
-                self._watcher = start_watcher(settings, host=self.host, sink=self._on_event)
-        return self._watcher is not None
+        return self._notices.start(settings, sink, self.host)
 
-    def _on_event(self, event: dict) -> None:
-        """Hand a notice to the driver's queue (on the watcher's thread). A queue that refuses
-        it (full, its actor restarting) or does not answer is retried with backoff for ~3 s;
-        after that the notice is logged as lost, by id, at ERROR: nothing on this host would
-        ever read it."""
-        delay, last = 0.1, None
-        for attempt in range(_SINK_TRIES):
-            try:
-                put_bounded(self._sink, event, _SINK_CALL_TIMEOUT_S)
-                return
-            except Exception as exc:
-                last = exc
-                if attempt + 1 < _SINK_TRIES:
-                    time.sleep(delay)
-                    delay *= 2
-        log.error("metadata notice %s (%s) lost: the driver's queue refused it %d times "
-                  "(%s: %s)", event.get("id"), event.get("kind"), _SINK_TRIES,
-                  type(last).__name__, last)
+    def whereabouts(self) -> dict:
+        """``{"step", "entered", "calls"}`` (``Position.whereabouts``): answered on another
+        thread while a long call runs, never waiting for it."""
+        return self._position.whereabouts()
+
+    def stacks(self) -> str:
+        """Python stacks of every thread (written to RUN_DIR/diagnostics on a timeout)."""
+        return stacks()
+
+    # ---- leaving: the warm process (``JaxRuntime``) and the end -------------------------
+
+    def warm(self, task: Any = None, train: Any = None, total_steps: int | None = None,
+             seed: int = 0) -> dict:
+        """A standby's imports, paid before a switch needs them (``warm_imports``)."""
+        return warm_imports(task, train, total_steps, seed)
+
+    def quiesce(self, ahead_wait_s: float = AHEAD_JOIN_S) -> dict:
+        """The first half of ``release``, run on every host at once: stop the metadata watcher
+        and the RAM copies, finish pending saves (they may need every host) and drop the
+        trainer. A compile ahead still running is waited for up to ``ahead_wait_s`` (the next
+        group may load it); past that, ``release`` refuses. Idempotent."""
+        t0 = time.perf_counter()
+        self._ahead.leave(ahead_wait_s)  # and no compile ahead starts from now on
+        self._notices.stop()
+        self._ram.detach()
+        if self.trainer is not None:
+            self.trainer.close()
+            self.trainer = None
+            free_device_objects()
+        return {"pid": os.getpid(), "quiesce_s": time.perf_counter() - t0}
+
+    def release(self) -> dict:
+        """Leave this group and keep the process: ``quiesce``, then shut the distributed
+        runtime down and clear JAX's (and Orbax's) backends and caches, so ``rejoin`` can join
+        another group. Process 0 runs the coordination service: release it last. Raises if
+        the runtime cannot be shut down cleanly; the driver then kills this process and
+        starts a fresh one."""
+        t0 = time.perf_counter()
+        # a no-op when the driver quiesced every host first (WarmPool.park waits there for a
+        # compile ahead, within its bound); here a compile still running means refuse
+        self.quiesce(ahead_wait_s=0.0)
+        if self._ahead.running():
+            raise RuntimeError("a compile ahead is still running: leaving the runtime would "
+                               "clear the backend under it (the driver starts a fresh process)")
+        t1 = time.perf_counter()
+        left = self._runtime.leave()
+        self._steps.reset()
+        self._position.reset()
+        self._chaos.clear()
+        return {"pid": os.getpid(), "release_s": time.perf_counter() - t0, "quiesce_s": t1 - t0,
+                **left}
+
+    def rejoin(self, spec: HostSpec, env: dict[str, str]) -> dict:
+        """Take ``spec``'s host in the next group (after ``release``, or as a standby): the
+        same physical host, so the same devices; ``initialize`` follows."""
+        if not isinstance(spec, HostSpec):
+            raise TypeError(f"rejoin needs a HostSpec, got {type(spec).__name__}")
+        if self.trainer is not None:
+            raise RuntimeError("rejoin needs release() first: this process still has a trainer")
+        if self.host is not None and spec.host.node_id != self.host.node_id:
+            raise ValueError(f"this process runs on node {self.host.node_id}, not on "
+                             f"{spec.host.node_id}: a process cannot change hosts")
+        apply_env(env)  # a parked process still has its old mesh's MEGASCALE_* (runtime_env)
+        self.spec, self.host = spec, spec.host
+        self._ahead.rejoin()
+        return {"pid": os.getpid()}
 
     def shutdown(self) -> None:
         """Finish pending saves so a drained host leaves complete checkpoints behind."""
-        if self._watcher is not None:
-            self._watcher.stop()
+        self._notices.stop()
         if self.trainer is not None:
             try:
                 self.trainer.close()

@@ -1,22 +1,19 @@
-"""The host actor's warm-process methods (a mixin of ``workers.host.actor.HostActor``): a standby's
-imports, and leaving one JAX runtime in process to join the next
-(``orchestrator/raygroup/warm_pool.py`` drives them). Kept apart so the actor's module stays
-about stepping and checkpoints.
+"""A warm process: the JAX runtime a host process joins, leaves in process and joins again
+(``orchestrator/raygroup/warm_pool.py`` drives it), and a standby's imports paid ahead. A new
+group then skips a process start, JAX's imports and a backend's teardown by the OS.
 """
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
-import threading
 import time
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 
-from orchestrator.shared.hostspec import HostSpec
+from orchestrator.shared.host_env import HOST_INIT_SHARE
 from orchestrator.shared.plan import MEGASCALE_KEYS
-from workers.host.ahead import AHEAD_JOIN_S
-from workers.host.stops import StopBoard
 
 log = logging.getLogger(__name__)
 
@@ -43,13 +40,11 @@ def _clear_orbax_caches() -> None:
     signaling_client.get_signaling_client.cache_clear()
 
 
-def _free_device_objects() -> None:
+def free_device_objects() -> None:
     """Arrays and executables must be gone before the backends are cleared (on a TPU the next
     backend cannot open chips an old client still holds). Dropping the trainer frees them by
     reference count; only if some survive (in reference cycles) is a full collection run:
     it walks every object of the process (~0.1 s of a switch here)."""
-    import gc
-
     import jax
     from jax.extend import backend
 
@@ -62,105 +57,78 @@ def _free_device_objects() -> None:
                     len(backend.get_backend().live_executables()))
 
 
-class WarmMethods:
-    """Needs from the actor: ``spec``, ``host``, ``trainer``, ``_lock``, ``_watcher``,
-    ``_replicator``, ``_persist``, ``_stops``, ``_step``, ``_fault``."""
+def warm_imports(task: Any = None, train: Any = None, total_steps: int | None = None,
+                 seed: int = 0) -> dict:
+    """Import what a host needs (JAX, Flax, Optax, Orbax, the step's module) without starting
+    a backend; given the run's ``task`` (a ``TaskRef``), ``train``, ``total_steps`` and
+    ``seed``, also resolve the task and trace the state's shapes (``build`` then skips them
+    inside a switch)."""
+    t0 = time.perf_counter()
+    import jax  # noqa: F401
+    import orbax.checkpoint  # noqa: F401
 
-    spec: Any
-    host: Any
-    trainer: Any
-    _lock: threading.Lock
-    _watcher: Any
-    _replicator: Any
-    _persist: dict | None
-    _stops: StopBoard
-    _step: int
-    _fault: dict | None
-    _leaving: bool
+    import workers.training.trainer  # noqa: F401  (the step's module)
 
-    def warm(self, task: Any = None, train: Any = None, total_steps: int | None = None,
-             seed: int = 0) -> dict:
-        """Import what a host needs (JAX, Flax, Optax, Orbax, the step's module) without
-        starting a backend, so that ``rejoin`` + ``initialize`` pay no imports; given the run's
-        ``task`` (a ``TaskRef``), ``train``, ``total_steps`` and ``seed``, also resolve the
-        task and trace the state's shapes (``build`` then skips them inside a switch)."""
-        t0 = time.perf_counter()
+    if task is not None and train is not None and total_steps is not None:
+        from workers.task.contract import TaskContext
+        from workers.task.resolve import resolve
+
+        ctx = TaskContext(train=train, total_steps=total_steps, seed=seed)
+        resolve(task, ctx).abstract_boxed  # noqa: B018  (cached for build)
+    return {"pid": os.getpid(), "warm_s": time.perf_counter() - t0}
+
+
+class JaxRuntime:
+    """This process's membership of a JAX distributed group: ``prepare`` and ``join`` enter
+    one (``HostActor.initialize``), ``leave`` leaves it in process (``HostActor.release``)."""
+
+    def __init__(self) -> None:
+        self.joining = False
+        """Whether ``join`` reached JAX's init (answers while it blocks there)."""
+
+    @staticmethod
+    def prepare() -> None:
+        """The step's imports, then a freeze: what exists now (Ray, the imports) lives as long
+        as the process, so it is left out of the collections ``quiesce`` needs (0.27 s of a
+        switch otherwise). No backend exists yet, so none of its objects is frozen: ``leave``
+        can still free them."""
         import jax  # noqa: F401
-        import orbax.checkpoint  # noqa: F401
 
-        import workers.training.trainer  # noqa: F401  (the step's module)
+        import workers.training.trainer  # noqa: F401  (the step's imports, before the freeze)
 
-        if task is not None and train is not None and total_steps is not None:
-            from workers.task.contract import TaskContext
-            from workers.task.resolve import resolve
+        gc.freeze()
 
-            ctx = TaskContext(train=train, total_steps=total_steps, seed=seed)
-            resolve(task, ctx).abstract_boxed  # noqa: B018  (cached for build)
-        return {"pid": os.getpid(), "warm_s": time.perf_counter() - t0}
+    def join(self, coordinator: str, num_processes: int, process_id: int, *,
+             survive_peers: bool, init_timeout_s: float, heartbeat_s: float) -> dict:
+        """Join the JAX group within ``HOST_INIT_SHARE`` of ``init_timeout_s``
+        (``orchestrator.raygroup.runtime``)."""
+        import jax
 
-    def quiesce(self, ahead_wait_s: float = AHEAD_JOIN_S) -> dict:
-        """The first half of ``release``, run on every host at once: stop the metadata watcher
-        and the RAM copies, finish pending saves (they may need every host) and drop the
-        trainer. A compile ahead still running is waited for up to ``ahead_wait_s`` (the next
-        group may load it); past that, ``release`` refuses. Idempotent."""
-        t0 = time.perf_counter()
-        with self._lock:
-            self._leaving = True  # no compile ahead starts from now on
-        try:
-            self.wait_ahead(ahead_wait_s)  # type: ignore[attr-defined]  (AheadMethods)
-        except RuntimeError as exc:
-            log.warning("%s: this process will not be reused", exc)
-        with self._lock:
-            if self._watcher is not None:
-                self._watcher.stop()
-                self._watcher = None
-        if self._replicator is not None:
-            self._replicator.close()
-            self._replicator, self._persist = None, None
-        if self.trainer is not None:
-            self.trainer.close()
-            self.trainer = None
-            _free_device_objects()
-        return {"pid": os.getpid(), "quiesce_s": time.perf_counter() - t0}
+        # a peer's death then fails our collectives instead of aborting this process (the
+        # default), so ``release`` can keep it for the next group
+        jax.config.update("jax_enable_recoverability", bool(survive_peers))
+        self.joining = True
+        jax.distributed.initialize(
+            coordinator_address=coordinator, num_processes=num_processes, process_id=process_id,
+            initialization_timeout=max(1, int(HOST_INIT_SHARE * init_timeout_s)),
+            heartbeat_timeout_seconds=max(2, int(heartbeat_s)),
+            # ``release`` shuts the runtime down with a barrier: bounded, never JAX's 300 s
+            shutdown_timeout_seconds=RELEASE_BARRIER_S)
+        return {"process_index": jax.process_index(), "local_devices": jax.local_device_count(),
+                "global_devices": jax.device_count(), "platform": jax.devices()[0].platform}
 
-    def release(self) -> dict:
-        """Leave this group and keep the process: ``quiesce``, then shut the distributed
-        runtime down and clear JAX's (and Orbax's) backends and caches, so ``rejoin`` can join
-        another group. Process 0 runs the coordination service: release it last. Raises if
-        the runtime cannot be shut down cleanly; the driver then kills this process and
-        starts a fresh one."""
-        t0 = time.perf_counter()
-        # a no-op when the driver quiesced every host first (WarmPool.park waits there for a
-        # compile ahead, within its bound); here a compile still running means refuse
-        self.quiesce(ahead_wait_s=0.0)
-        if self.ahead_running():  # type: ignore[attr-defined]  (AheadMethods)
-            raise RuntimeError("a compile ahead is still running: leaving the runtime would "
-                               "clear the backend under it (the driver starts a fresh process)")
+    @staticmethod
+    def leave() -> dict:
+        """Shut the distributed runtime down (a barrier with the other processes) and clear
+        JAX's and Orbax's backends and caches; raises if it cannot. Needs the trainer's
+        arrays gone first (``free_device_objects``)."""
         import jax
         from jax.extend import backend
 
-        t1 = time.perf_counter()
+        t0 = time.perf_counter()
         jax.distributed.shutdown()
-        t2 = time.perf_counter()
+        t1 = time.perf_counter()
         backend.clear_backends()
         jax.clear_caches()
         _clear_orbax_caches()
-        self._stops, self._step, self._fault, self._in_step = StopBoard(), 0, None, False
-        t3 = time.perf_counter()
-        return {"pid": os.getpid(), "release_s": t3 - t0, "quiesce_s": t1 - t0,
-                "shutdown_s": t2 - t1, "clear_s": t3 - t2}
-
-    def rejoin(self, spec: HostSpec, env: dict[str, str]) -> dict:
-        """Take ``spec``'s host in the next group (after ``release``, or as a standby): the
-        same physical host, so the same devices; ``initialize`` follows."""
-        if not isinstance(spec, HostSpec):
-            raise TypeError(f"rejoin needs a HostSpec, got {type(spec).__name__}")
-        if self.trainer is not None:
-            raise RuntimeError("rejoin needs release() first: this process still has a trainer")
-        if self.host is not None and spec.host.node_id != self.host.node_id:
-            raise ValueError(f"this process runs on node {self.host.node_id}, not on "
-                             f"{spec.host.node_id}: a process cannot change hosts")
-        apply_env(env)  # a parked process still has its old mesh's MEGASCALE_* (runtime_env)
-        self.spec, self.host = spec, spec.host
-        self._leaving = False
-        return {"pid": os.getpid()}
+        return {"shutdown_s": t1 - t0, "clear_s": time.perf_counter() - t1}

@@ -53,7 +53,7 @@ class ResolvedTask:
     def abstract_boxed(self) -> Any:
         """The train state's shapes, dtypes and axis metadata, uncomputed (tracing the init
         once per process: a process joining several groups, or a standby told the task,
-        ``WarmMethods.warm``, does it once). Needs no mesh or backend."""
+        ``HostActor.warm``, does it once). Needs no mesh or backend."""
         import jax
 
         from workers.task.state import init_boxed
