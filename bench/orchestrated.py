@@ -45,9 +45,10 @@ def log_path(run_dir: Path) -> Path:
     return run_dir.parent / f"{run_dir.name}.log"
 
 
-def main_cmd(run_dir: Path, overrides: list[str]) -> list[str]:
-    return procs.python_cmd("orchestrator.main", "--log-format", "json",
-                            f"run.run_dir={run_dir}", *overrides)
+def main_cmd(run_dir: Path, overrides: list[str], *, module: str = "orchestrator.main"
+             ) -> list[str]:
+    """The driver's command line; ``module``: a bench wrapper of it (``bench.ab_blocks``)."""
+    return procs.python_cmd(module, "--log-format", "json", f"run.run_dir={run_dir}", *overrides)
 
 
 STARTUP_FAILURE = "timed out during startup"
@@ -68,13 +69,14 @@ def _log_size(log: Path) -> int:
 
 
 def run_main(run_dir: Path, overrides: list[str], *, timeout_s: float,
-             startup_retries: int = 2) -> tuple[int, RunDir]:
+             startup_retries: int = 2, module: str = "orchestrator.main") -> tuple[int, RunDir]:
     """Run the driver to the end; returns its exit code and its run dir (``RunDir.retries``
     counts starts retried because Ray itself failed to start)."""
     retries = 0
     while True:
         offset = _log_size(log_path(run_dir))
-        proc = procs.start(main_cmd(run_dir, overrides), log_path=log_path(run_dir))
+        proc = procs.start(main_cmd(run_dir, overrides, module=module),
+                           log_path=log_path(run_dir))
         try:
             code = proc.wait(timeout=timeout_s)
         except Exception:

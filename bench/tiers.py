@@ -9,7 +9,7 @@ its own emulated cluster of two 1-host slices (2 CPU devices each, the default t
 |---|---|---|---|
 | plain | off | none | none |
 | ram | on, every step | none | none |
-| ram-ab | on in alternate blocks of 10 steps (``checkpoint.ram.ab_block_steps``) | none | none |
+| ram-ab | on in alternate blocks of 10 steps (``bench/ab_blocks.py``) | none | none |
 | orbax | off | Orbax, async, from the devices | none |
 | ram+copy | on, every step | written from the RAM copies by the holders (idle class) | none |
 | kill-orbax | off | Orbax | host 1 kill -9 before step 38 |
@@ -36,20 +36,18 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from bench import machine
+from bench import ab_blocks, machine
 from bench.orchestrated import RunDir, run_main
 from bench.sidebyside import interleave, write_result
 from bench.stats import fmt, ratio, spread
-from policies.ram_tier import copy_due
 
 SAVE_EVERY = 10
 KILL_AT = 37
-AB_BLOCK = 10
+AB_BLOCK = ab_blocks.BLOCK
 SYSTEMS: dict[str, list[str]] = {
     "plain": ["controller.checkpoint_interval.every_steps=100000"],
     "ram": ["controller.checkpoint_interval.every_steps=100000", "checkpoint.ram.enabled=true"],
-    "ram-ab": ["controller.checkpoint_interval.every_steps=100000", "checkpoint.ram.enabled=true",
-               f"checkpoint.ram.ab_block_steps={AB_BLOCK}"],
+    "ram-ab": ["controller.checkpoint_interval.every_steps=100000", "checkpoint.ram.enabled=true"],
     "orbax": [f"controller.checkpoint_interval.every_steps={SAVE_EVERY}"],
     "ram+copy": [f"controller.checkpoint_interval.every_steps={SAVE_EVERY}",
                  "checkpoint.ram.enabled=true"],
@@ -85,7 +83,7 @@ def ab_costs(records: Sequence[dict], *, skip: int, block: int) -> dict[str, lis
         step = int(r["step"])
         if step <= skip or (step - 1) % block == 0:
             continue
-        (on if copy_due(step, every=1, ab_block_steps=block) else off).append(_cost(r))
+        (on if ab_blocks.on_block(step, block) else off).append(_cost(r))
     return {"on": on, "off": off}
 
 
@@ -108,7 +106,8 @@ def measure(system: str, run_dir: Path, *, steps: int, timeout_s: float) -> dict
                  *SYSTEMS[system]]
     before = machine.load_average()
     t0 = time.time()
-    code, rd = run_main(run_dir, overrides, timeout_s=timeout_s)
+    driver = "bench.ab_blocks" if system == "ram-ab" else "orchestrator.main"  # see its doc
+    code, rd = run_main(run_dir, overrides, timeout_s=timeout_s, module=driver)
     return summarize(system, code, rd, wall_s=time.time() - t0, load_before=before,
                      load_after=machine.load_average())
 

@@ -48,13 +48,10 @@ class TierChoice:
     nbytes: int = 0
 
 
-def copy_due(step: int, *, every: int, ab_block_steps: int = 0) -> bool:
-    """Whether ``step``'s state is copied: every ``every`` steps; with ``ab_block_steps`` = n
-    only in the blocks 1..n, 2n+1..3n, ... (the others are the bench's side-by-side baseline,
-    ``bench/tiers.py``)."""
-    if step % every:
-        return False
-    return ab_block_steps <= 0 or ((step - 1) // ab_block_steps) % 2 == 0
+def copy_due(step: int, *, every: int) -> bool:
+    """Whether ``step``'s state is copied: every ``every`` steps. The one decision the hosts'
+    replicators ask (``bench/ab_blocks.py`` wraps it for the bench's side-by-side mode)."""
+    return step % every == 0
 
 
 def peers(slices: Sequence[str]) -> dict[int, int | None]:

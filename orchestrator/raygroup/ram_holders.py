@@ -204,8 +204,7 @@ class RamTier:
         return [a.attach_ram.remote([(n, address[n]) for n, _ in assign[i]], token=self.token,
                                     incarnation=incarnation, every=self.cfg.every,
                                     keep=self.cfg.keep, max_host_bytes=self.cfg.max_host_bytes,
-                                    durable_from_ram=self.cfg.durable_from_ram,
-                                    ab_block_steps=self.cfg.ab_block_steps)
+                                    durable_from_ram=self.cfg.durable_from_ram)
                 for i, a in enumerate(actors)]
 
     def restore_calls(self, actors: Sequence[Any], choice: TierChoice) -> list[Any]:

@@ -111,10 +111,6 @@ class RamTierConfig:
     max_host_bytes: int = 2 * 1024**3
     """A host whose copies would make a holder exceed this stops copying (and says so); its
     restores then come from the durable tier."""
-    ab_block_steps: int = 0
-    """Measurement aid (``bench/tiers.py``), 0 = off: copy only in alternate blocks of this many
-    steps (steps 1..n on, n+1..2n off, ...), so one run compares steps with and without the tier
-    side by side. A host lost in an off block loses up to this many more steps."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.enabled, bool):
@@ -130,10 +126,6 @@ class RamTierConfig:
                               "only complete copy when the next step's starts arriving",
                               "set checkpoint.ram.keep=2 or more")
         positive("checkpoint.ram.max_host_bytes", self.max_host_bytes)
-        if not isinstance(self.ab_block_steps, int) or self.ab_block_steps < 0:
-            raise ConfigError("checkpoint.ram.ab_block_steps",
-                              f"{self.ab_block_steps!r} is not a whole number >= 0",
-                              "leave it at 0 (copy every `every` steps) or set e.g. 10")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,5 +1,6 @@
-"""Which steps the RAM tier copies: every ``every`` steps, or only in alternate blocks (the
-bench's side-by-side mode). Pure: no holders are contacted."""
+"""Which steps the RAM tier copies: every ``every`` steps. Pure: no holders are contacted. (The
+bench's side-by-side mode, copies in alternate blocks only, is bench/ab_blocks.py's wrapper:
+tests/bench/test_ab_blocks.py.)"""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ from orchestrator.shared.errors import ConfigError
 from workers.ram.replicator import Replicator
 
 
-def _replicator(every: int = 1, ab: int = 0) -> Replicator:
+def _replicator(every: int = 1) -> Replicator:
     return Replicator([], token="t", writer="n0", incarnation=1, source=0, sources=2,
-                      every=every, keep=2, max_host_bytes=1 << 20, ab_block_steps=ab)
+                      every=every, keep=2, max_host_bytes=1 << 20)
 
 
 def test_every_step_by_default_and_every_nth_otherwise():
@@ -20,12 +21,9 @@ def test_every_step_by_default_and_every_nth_otherwise():
     assert [s for s in range(1, 9) if _replicator(every=3).periodic_due(s)] == [3, 6]
 
 
-def test_alternate_blocks_copy_in_the_first_block_of_each_pair():
-    due = [s for s in range(1, 31) if _replicator(ab=5).periodic_due(s)]
-    assert due == [*range(1, 6), *range(11, 16), *range(21, 26)]
-
-
-def test_a_negative_block_size_is_refused_with_the_fix():
+def test_the_bench_aid_is_no_setting():
+    """Alternate blocks are the bench's (bench/ab_blocks.py), not a production setting."""
     with pytest.raises(ConfigError) as info:
-        load_config(None, ["checkpoint.ram.ab_block_steps=-1"])
-    assert "checkpoint.ram.ab_block_steps" in str(info.value) and "set e.g. 10" in str(info.value)
+        load_config(None, ["checkpoint.ram.ab_block_steps=10"])
+    assert "checkpoint.ram.ab_block_steps" in str(info.value)
+    assert "unknown setting" in str(info.value)

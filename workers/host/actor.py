@@ -224,7 +224,7 @@ class HostActor:
 
     def attach_ram(self, holders: list[tuple[str, tuple[str, int]]], *, token: str,
                    incarnation: int, every: int, keep: int, max_host_bytes: int,
-                   durable_from_ram: bool = False, ab_block_steps: int = 0) -> None:
+                   durable_from_ram: bool = False) -> None:
         """Copy this host's shards to ``holders`` ((name, wire address): own node's, peer's)
         every ``every`` steps; ``durable_from_ram``: a save step's copy is saved durably by
         this node's holder instead of an Orbax save from the devices here."""
@@ -232,7 +232,7 @@ class HostActor:
                          max_host_bytes=max_host_bytes, checkpoint_dir=self.spec.checkpoint_dir,
                          writer=self.host.node_id, source=self.host.index,
                          sources=self.spec.plan.num_processes,
-                         durable_from_ram=durable_from_ram, ab_block_steps=ab_block_steps)
+                         durable_from_ram=durable_from_ram)
 
     def restore_from_ram(self, step: int, incarnation: int,
                          holders: dict[int, tuple[str, Any]], token: str) -> dict:

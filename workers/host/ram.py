@@ -49,11 +49,11 @@ class RamTier:
     def attach(self, holders: list[tuple[str, tuple[str, int]]], *, token: str,
                incarnation: int, every: int, keep: int, max_host_bytes: int,
                checkpoint_dir: str | Path, writer: str, source: int, sources: int,
-               durable_from_ram: bool = False, ab_block_steps: int = 0) -> None:
+               durable_from_ram: bool = False) -> None:
         """Copy this host's shards (``source`` of ``sources``, written by node ``writer``) to
-        ``holders`` ((name, wire address): own node's, peer's) every ``every`` steps
-        (``ab_block_steps``: only in alternate blocks, a bench aid); ``durable_from_ram``: a
-        save step's copy is saved durably by this node's holder instead of an Orbax save."""
+        ``holders`` ((name, wire address): own node's, peer's) every ``every`` steps;
+        ``durable_from_ram``: a save step's copy is saved durably by this node's holder instead
+        of an Orbax save."""
         from workers.ram import copy_store
         from workers.ram.replicator import Replicator
 
@@ -63,8 +63,7 @@ class RamTier:
                          if durable_from_ram else None)
         self._replicator = Replicator(holders, token=token, writer=writer,
                                       incarnation=incarnation, source=source, sources=sources,
-                                      every=every, keep=keep, max_host_bytes=max_host_bytes,
-                                      ab_block_steps=ab_block_steps)
+                                      every=every, keep=keep, max_host_bytes=max_host_bytes)
 
     def detach(self) -> None:
         """Stop sending (the process leaves its group); a no-op when not attached."""

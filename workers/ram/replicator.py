@@ -83,8 +83,7 @@ class Replicator:
 
     def __init__(self, holders: Sequence[tuple[str, tuple[str, int]]], *, token: str,
                  writer: str, incarnation: int, source: int, sources: int, every: int,
-                 keep: int, max_host_bytes: int, deliver_timeout_s: float = 30.0,
-                 ab_block_steps: int = 0) -> None:
+                 keep: int, max_host_bytes: int, deliver_timeout_s: float = 30.0) -> None:
         self.holders = list(holders)
         self.token = token
         self._copy_key = ram_auth.Keys.from_token(token).copy
@@ -98,7 +97,6 @@ class Replicator:
         self.keep = keep
         self.max_host_bytes = max_host_bytes
         self.deliver_timeout_s = deliver_timeout_s
-        self.ab_block_steps = ab_block_steps
         self.stats = ReplicaStats()
         self._cv = threading.Condition()
         self._queue: list[_Copy] = []
@@ -127,7 +125,7 @@ class Replicator:
             return time.perf_counter() - t0
 
     def periodic_due(self, step: int) -> bool:
-        return copy_due(step, every=self.every, ab_block_steps=self.ab_block_steps)
+        return copy_due(step, every=self.every)
 
     def _queue_copy(self, step: int, state: Any, persist: dict | None, t0: float,
                     data: dict | None = None) -> float:
