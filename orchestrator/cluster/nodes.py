@@ -3,8 +3,9 @@ the ``ray start`` arguments of the head and of each emulated host.
 
 Real TPU VMs carry ``ray.io/tpu-slice-name``, ``ray.io/tpu-worker-id``, ``ray.io/tpu-pod-type``,
 ``ray.io/tpu-topology`` and the resources ``TPU`` (chips) and ``TPU-<pod>-head`` on worker 0
-(FACTS.md). Emulated hosts carry the same, plus ``tpu-orchestrator.dev/emulated=true`` so the
-driver gives each host actor D CPU devices instead of looking for chips. Pure: no processes here.
+(README.md, "Production"). Emulated hosts carry the same, plus
+``tpu-orchestrator.dev/emulated=true`` so the driver gives each host actor D CPU devices instead
+of looking for chips. Pure: no processes here.
 """
 
 from __future__ import annotations

@@ -77,7 +77,7 @@ class StepRecord:
                    ram_copy_s=ram_copy_s, metrics=dict(metrics or {}))
 
     def to_dict(self) -> dict[str, Any]:
-        """Flat field dict (``dataclasses.asdict`` deep-copies and costs ~20x more per step)."""
+        """Flat field dict (``dataclasses.asdict`` deep-copies: far slower, once per step)."""
         return {name: getattr(self, name) for name in _FIELD_NAMES}
 
     @classmethod

@@ -36,7 +36,7 @@ class RayClusterView:
 
     def unreachable(self, node_ids: Collection[str]) -> set[str]:
         """Nodes that are gone even if the GCS has not noticed yet (it marks a vanished node
-        dead only after its health checks fail, ~16 s here): dead, unknown, or their raylet
+        dead only after its health checks fail, seconds later): dead, unknown, or their raylet
         refuses a TCP connection."""
         wanted = set(node_ids)
         nodes = {n["NodeID"]: n for n in ray.nodes() if n["NodeID"] in wanted}

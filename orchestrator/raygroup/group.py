@@ -83,7 +83,7 @@ class RayWorkerGroup:
         self.origins: list[str] = []
         self._warming: list[str] = []
         self._standby_due = False  # after the MFU peak or at the first chunk (or save): their
-        # imports slowed restore, compile and the peak measured after it (40 % low, MFU high)
+        # imports slowed restore, compile and the peak measured after it (bench/RESULTS.md 7)
         self.timeouts = spec.cfg.timeouts
         self.metadata_settings = metadata_settings
         self.queue = notice_queue

@@ -3,8 +3,8 @@
 A sim config describes the *world* (topology, step time, checkpoint and re-form costs, failure
 processes, capacity coming back, a trace to replay); the ``controller`` section is the real
 ``ControllerConfig`` the run would use, so budgets, elasticity, the save policy and the
-deadline policy are the production ones. Defaults for the re-form phases are our own measured
-bench (bench/RESULTS.md, ../shared/FACTS.md): forming ~4 s, restoring ~1-3 s, compiling ~6 s.
+deadline policy are the production ones. Defaults for the re-form phases come from our own
+bench's cold re-forms (bench/RESULTS.md, "Before → after"; bench/HISTORY.md).
 """
 
 from __future__ import annotations
@@ -143,13 +143,13 @@ class CheckpointModel:
 
 @dataclass(frozen=True, kw_only=True)
 class ReformModel:
-    """Seconds per re-form phase (our bench: forming ~4 s, restoring ~1-3 s, compiling ~6 s),
+    """Seconds per re-form phase (defaults: our bench's cold re-forms, see the module doc),
     spread uniformly by ±``jitter``; ``detect_s``: from a host dying to its peers' collective
-    failing (Ray reports a killed actor in < 0.1 s, a dead node after the heartbeat);
+    failing (Ray reports a killed actor at once, a dead node after the heartbeat);
     ``compile_cached_s``: a mesh size compiled before loads its stored executable (null = no
     cache, every group compiles); ``fresh_start_s``: a group with no checkpoint to restore
-    initializes the train state instead (the init program's compile and run: ~5 s cold on
-    our hosts; null = ``restore_base_s``)."""
+    initializes the train state instead (the init program's compile and run, cold; null =
+    ``restore_base_s``)."""
 
     forming_s: float = 4.0
     restore_base_s: float = 1.0

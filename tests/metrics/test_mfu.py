@@ -43,7 +43,8 @@ def test_analytic_flops_rejects_negative_sizes():
 
 
 def test_flops_cross_check_uses_relative_tolerance():
-    """XLA's 393 MFLOP vs analytic 415 MFLOP (FACTS.md) agree; a per-device count does not."""
+    """XLA's 393 MFLOP vs analytic 415 MFLOP (the default model's step) agree; a per-device
+    count does not."""
     assert flops_agree(393e6, 415e6)
     assert not flops_agree(393e6 / 8, 415e6)
     assert not flops_agree(0.0, 415e6)

@@ -2,7 +2,7 @@
 
 The real ``MetricServiceClient`` talks to it over an insecure loopback channel; nothing here
 reaches Google. Rules enforced on CreateTimeSeries (Cloud Monitoring quotas page and the API
-reference; see /work/shared/FACTS.md):
+reference; docs/metrics.md, "Rules kept"):
 
 1. ``name`` is ``projects/<id>``; at most 200 TimeSeries per request (else the whole request
    fails with INVALID_ARGUMENT, nothing stored).

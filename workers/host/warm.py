@@ -44,7 +44,7 @@ def free_device_objects() -> None:
     """Arrays and executables must be gone before the backends are cleared (on a TPU the next
     backend cannot open chips an old client still holds). Dropping the trainer frees them by
     reference count; only if some survive (in reference cycles) is a full collection run:
-    it walks every object of the process (~0.1 s of a switch here)."""
+    it walks every object of the process, a noticeable part of a switch."""
     import jax
     from jax.extend import backend
 
@@ -89,9 +89,9 @@ class JaxRuntime:
     @staticmethod
     def prepare() -> None:
         """The step's imports, then a freeze: what exists now (Ray, the imports) lives as long
-        as the process, so it is left out of the collections ``quiesce`` needs (0.27 s of a
-        switch otherwise). No backend exists yet, so none of its objects is frozen: ``leave``
-        can still free them."""
+        as the process, so it is left out of the collections ``quiesce`` needs (a noticeable
+        part of a switch otherwise). No backend exists yet, so none of its objects is frozen:
+        ``leave`` can still free them."""
         import jax  # noqa: F401
 
         import workers.training.trainer  # noqa: F401  (the step's imports, before the freeze)

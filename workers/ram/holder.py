@@ -116,8 +116,8 @@ class _Durable:
     def _loop(self) -> None:
         os.environ["JAX_PLATFORMS"] = "cpu"  # Orbax imports JAX: never let it take a TPU
         # Linux: per thread, and inherited by the threads Orbax starts from here. The idle class,
-        # not nice 19: at nice 19 the save still took ~20 ms from the step after each save step
-        # (bench figure 6); where the class is unavailable, nice 19.
+        # not nice 19: at nice 19 the save still slowed the step after each save step
+        # (bench/RESULTS.md, section 6); where the class is unavailable, nice 19.
         if not idle_this_thread(what="the durable writer"):
             lower_this_thread(PERSIST_NICE, what="the durable writer")
         import orbax.checkpoint  # noqa: F401  (before the first save needs it)
@@ -227,8 +227,8 @@ class RamHolder:
         (address, port) to connect to. ``token`` must be the holder's, or ``replaces`` must be
         (a new secret: the port stays, connections made with the old one end). ``durable``:
         copies will be saved durably, so the writer imports Orbax now, in the idle class,
-        rather than with the first save (~2 s of CPU holding this process's GIL, while copies
-        arrive: a drain's copy waited for it)."""
+        rather than with the first save (seconds of CPU holding this process's GIL, while
+        copies arrive: a drain's copy waited for it)."""
         with self._lock:
             if replaces is not None and not ram_auth.same_token(token, self._token):
                 self._check(replaces)

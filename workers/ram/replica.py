@@ -63,13 +63,12 @@ class Packer:
 
     def pack(self, state: Any) -> tuple[dict, bytearray]:
         """Copy the shards straight into one buffer: no pytree walk per shard and no second
-        concatenating copy (0.38 ms instead of 0.87 ms per pack of the default model's 1.3 MB
-        over 2 devices here; the step waits for this part)."""
+        concatenating copy (measurably faster per pack; the step waits for this part)."""
         leaves = jax.tree_util.tree_leaves(state)
         if len(leaves) != self._count:
             raise ReplicaMismatch(f"the state has {len(leaves)} arrays, packed {self._count}")
         for i, (leaf, sharding) in enumerate(zip(leaves, self._shardings, strict=True)):
-            if leaf.sharding is not sharding and leaf.sharding != sharding:  # same object: ~5 µs
+            if leaf.sharding is not sharding and leaf.sharding != sharding:  # same object: cheap
                 raise ReplicaMismatch(f"array {i} is sharded {leaf.sharding}, the Packer was made "
                                       f"for {sharding}: make a new Packer for a new mesh")
         data = bytearray(self.nbytes)

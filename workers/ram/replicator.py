@@ -15,8 +15,8 @@ this incarnation and logged: the RAM tier is an optimisation, it never stops tra
 
 The sender thread runs in Linux's idle scheduling class: its HMAC and socket writes (with
 the kernel's loopback work they bring) then fill the gaps the step leaves on the cores instead
-of delaying the step's threads (bench figure 6, RAM tier every step / off: 1.09 at normal
-priority, 1.03 in the idle class; nice 19 did not help). A host whose cores are all busy with other
+of delaying the step's threads (bench/RESULTS.md, section 6: at normal priority, and at nice
+19, the tier slowed the step measurably more). A host whose cores are all busy with other
 work could starve it; a step that waits longer than ``IDLE_LAG_S`` for the previous copy
 therefore moves the sending to a new thread at normal priority (an idle-class thread cannot
 return without privilege), logged once.

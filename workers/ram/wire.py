@@ -1,9 +1,9 @@
 """The RAM tier's wire: a host streams its copies to a holder over one TCP connection.
 
-Measured on the emulated cluster (2 hosts, ~50 ms steps): one Ray actor call per step per host
-to hand a holder its copy made the step ~1.4x slower (task submission, object store and
-scheduling work compete with the step for the two cores); a socket write of the same bytes
-costs a kernel copy. Ray still finds the holders and serves restores (rare); every step's copy
+On the emulated cluster one Ray actor call per step per host to hand a holder its copy made the
+step markedly slower (task submission, object store and scheduling work compete with the step
+for the cores; bench/RESULTS.md, section 6); a socket write of the same bytes costs a kernel
+copy. Ray still finds the holders and serves restores (rare); every step's copy
 goes over this wire.
 
 Frame: ``TPUR`` | header length | data length (network order, 4 + 4 + 8 bytes) | JSON header |
@@ -62,7 +62,7 @@ def recv_frame(sock: socket.socket, *, max_header: int = MAX_HEADER, max_data: i
     """(header, data), refusing (``WireError``) a frame whose lengths pass the bounds before
     reading or allocating its body; ``deadline`` (monotonic) bounds the whole frame. The data
     is the buffer it was received into (a holder keeps it as is: a second copy into ``bytes``
-    cost ~0.3 ms of CPU per copy, beside the step)."""
+    would cost CPU beside the step, on every copy)."""
     magic, header_len, data_len = _HEAD.unpack(recv_exact(sock, _HEAD.size, deadline=deadline))
     if magic != MAGIC:
         raise WireError(f"not a RAM-tier frame (magic {magic!r})")

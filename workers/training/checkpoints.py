@@ -93,7 +93,7 @@ class CheckpointStore:
     def manager(self) -> ocp.CheckpointManager:
         """Made on first use, which is always a save or a restore: every process makes it at
         the same point (its creation synchronises them). A group restored from RAM and saving
-        from RAM never makes one, and none is made inside a switch (~0.1 s)."""
+        from RAM never makes one, and none is made inside a switch (it would lengthen it)."""
         if self._manager is None:
             self._manager = ocp.CheckpointManager(self.directory, options=self._options,
                                                   item_names=("state", "meta", "data"))

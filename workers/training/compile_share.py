@@ -2,8 +2,8 @@
 where every process of a group shares one machine's cores, let one process compile for all.
 
 Every process of a group compiles the same SPMD program. On the CPU emulation all of them run
-on one machine, so two processes compiling at once take twice the CPU of one: a fresh start of 2
-processes spent ~5 s compiling the init and the step where one process alone takes ~3 s. An
+on one machine, so two processes compiling at once take twice the CPU of one, and a fresh start
+of 2 processes compiled the init and the step markedly slower than one process alone. An
 executable one process serialised loads in another process of the same runtime and mesh (checked
 here: bit-identical losses, ``tests/workers/test_executables.py``), so there the group's lowest
 process (the *owner*) compiles and stores, tells the others through the JAX runtime's key-value

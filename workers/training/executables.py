@@ -1,8 +1,8 @@
 """Compiled executables kept in the run directory, so a re-formed or resumed group loads its step
-instead of compiling it (load ~0.1 s against ~2 s of compiling per process here).
+instead of compiling it (bench/RESULTS.md, section 7: COMPILING with the executable loaded).
 
 The persistent compilation cache does not work across processes on CPU (only process 0 writes,
-keys differ per process; ``../shared/FACTS.md``), so a process serialises its compiled
+keys differ per process), so a process serialises its compiled
 executable (``jax.experimental.serialize_executable``) into ``RUN_DIR/executables/``, one file
 per (key, process) — or one for the whole group where its lowest process compiles for all
 (``workers.training.compile_share``; the others load its file). The key is everything that makes an

@@ -247,7 +247,7 @@ class Trainer:
     @property
     def step(self) -> int:
         """The state's step, mirrored on the host: reading the device array each step would
-        add a device→host sync to every step (measured in bench figure 1)."""
+        add a device→host sync to every step (bench/RESULTS.md, section 1)."""
         if self._host_step is None:
             self._host_step = int(jax.device_get(self.state["step"]))
         return self._host_step
@@ -260,7 +260,7 @@ class Trainer:
         batch = self.batch(step)
         self.state, metrics = self._compiled(self.state, batch)
         self._host_step = step + 1
-        # one device->host copy; the LR comes from the jitted step (no eager op: ~0.3 s once)
+        # one device->host copy; the LR comes from the jitted step (an eager op would compile)
         got = jax.device_get(metrics)
         dt = time.perf_counter() - t0
         return StepOutput(step=step + 1, loss=float(got["loss"]),
