@@ -15,6 +15,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
+from orchestrator.metrics.axes import layout_labels, time_unit
 from orchestrator.metrics.goodput import CAUSES, lost_step_records
 from orchestrator.metrics.rundir import RunData, event_label, event_time
 
@@ -97,9 +98,31 @@ def _legacy_restart_cause(row: Mapping[str, Any]) -> str | None:
     return label[:64]
 
 
-def _mark(ax: Any, ms: list[Marker], t0: float) -> None:
+LABEL_PT, LABEL_ROWS = 6, 4  # event labels: font size (points), rows stacked above the strip
+
+
+def _mark(ax: Any, ms: list[Marker], t0: float, unit: float) -> None:
     for m in ms:
-        ax.axvline((m.t - t0) / 60.0, color=m.color, lw=0.8, ls="--", alpha=0.7)
+        ax.axvline((m.t - t0) / unit, color=m.color, lw=0.8, ls="--", alpha=0.7)
+
+
+def _label_events(fig: Figure, ax: Any, ms: list[Marker], t0: float, unit: float) -> None:
+    """Event labels above the state strip, stacked so none overlaps another; those that fit in
+    no row are left out and counted (their dashed lines stay; the events table lists all)."""
+    lo, hi = ax.get_xlim()
+    per_pt = (hi - lo) / max(1.0, ax.get_position().width * fig.get_figwidth() * 72)
+    texts = [m.label[:40] for m in ms]
+    # 0.62 em a character overestimates the font's average width: estimates err to spacing
+    widths = [(len(t) * 0.62 * LABEL_PT + 2) * per_pt for t in texts]
+    lay = layout_labels([(m.t - t0) / unit for m in ms], widths, rows=LABEL_ROWS,
+                        gap=2 * per_pt, lo=lo, hi=hi)
+    for m, text, row, left in zip(ms, texts, lay.rows, lay.lefts, strict=True):
+        if row is not None:
+            ax.annotate(text, (left, 1.0), xytext=(2, 2 + 8 * row), textcoords="offset points",
+                        fontsize=LABEL_PT, color=m.color, annotation_clip=False)
+    if lay.skipped:
+        ax.set_xlabel(f"{ax.get_xlabel()} ({lay.skipped} event label(s) too close to show; "
+                      "all are under 'Marked on the timeline')")
 
 
 def build_figure(data: RunData) -> Figure:
@@ -109,7 +132,8 @@ def build_figure(data: RunData) -> Figure:
     fig, axes = plt.subplots(6, 1, figsize=(12, 17), dpi=80,
                              gridspec_kw={"height_ratios": [3, 2, 2, 2, 1.6, 2.4]})
     ax_loss, ax_mfu, ax_time, ax_good, ax_state, ax_bad = axes
-    xs = [(r.wall_time - t0) / 60.0 for r in data.steps]
+    unit, unit_name = time_unit(max([g.end - t0, *(r.wall_time - t0 for r in data.steps), 0.0]))
+    xs = [(r.wall_time - t0) / unit for r in data.steps]
     incs = sorted({r.incarnation for r in data.steps})
     lost = {id(r) for r in lost_step_records(data.timeline, data.steps)}
     if lost:
@@ -130,9 +154,9 @@ def build_figure(data: RunData) -> Figure:
         ax_loss.legend(loc="upper right", fontsize=8, title="incarnation")
     ax_mfu.set_ylabel(f"MFU % ({peak})")
     ax_time.set_ylabel("step time (ms)")
-    ax_good.plot([(s.t - t0) / 60.0 for s in g.series], [s.cumulative * 100 for s in g.series],
+    ax_good.plot([(s.t - t0) / unit for s in g.series], [s.cumulative * 100 for s in g.series],
                  label="cumulative", color="#31a354")
-    ax_good.plot([(s.t - t0) / 60.0 for s in g.series], [s.rolling * 100 for s in g.series],
+    ax_good.plot([(s.t - t0) / unit for s in g.series], [s.rolling * 100 for s in g.series],
                  label=f"rolling {g.rolling_window_s:g} s", color="#3182bd", alpha=0.8)
     ax_good.set_ylim(-2, 102)
     ax_good.set_ylabel("goodput %")
@@ -143,29 +167,27 @@ def build_figure(data: RunData) -> Figure:
         if iv.duration_s <= 0:
             continue
         color = STATE_COLORS.get(iv.state, "#636363")
-        ax_state.broken_barh([((iv.start - t0) / 60.0, iv.duration_s / 60.0)], (0, 1),
+        ax_state.broken_barh([((iv.start - t0) / unit, iv.duration_s / unit)], (0, 1),
                              color=color, label=iv.state if iv.state not in seen else None)
         seen.add(iv.state)
     ax_state.set_yticks([])
     ax_state.set_ylabel("state")
     ax_slices = ax_state.twinx()
     if g.intervals:
-        ax_slices.step([(iv.start - t0) / 60.0 for iv in g.intervals] + [(g.end - t0) / 60.0],
+        ax_slices.step([(iv.start - t0) / unit for iv in g.intervals] + [(g.end - t0) / unit],
                        [len(iv.slices) for iv in g.intervals] + [len(g.intervals[-1].slices)],
                        where="post", color="black", lw=1.2)
     ax_slices.set_ylabel("slices")
     ax_state.legend(loc="upper center", bbox_to_anchor=(0.5, -0.45), ncol=6, fontsize=7)
-    for i, m in enumerate(ms):
-        ax_state.annotate(m.label[:40], ((m.t - t0) / 60.0, 1.0), xytext=(2, 2 + 8 * (i % 4)),
-                          textcoords="offset points", fontsize=6, color=m.color, rotation=0)
     for ax in (ax_loss, ax_mfu, ax_time, ax_good, ax_state):
-        _mark(ax, ms, t0)
+        _mark(ax, ms, t0, unit)
         ax.grid(alpha=0.3)
-    ax_state.set_xlabel("minutes since the run started")
+    ax_state.set_xlabel(f"{unit_name} since the run started")
     lo = min([0.0, *xs])
-    hi = max([(g.end - t0) / 60.0, *xs, 1e-3])
+    hi = max([(g.end - t0) / unit, *xs, 1e-3])
     for ax in (ax_loss, ax_mfu, ax_time, ax_good, ax_state):
         ax.set_xlim(lo, hi)
+    _label_events(fig, ax_state, ms, t0, unit)
 
     causes = [c for c in CAUSES if g.badput_s.get(c, 0.0) > 0]
     values = [g.badput_s[c] for c in causes]
