@@ -1,4 +1,5 @@
-"""Readable progress lines on the driver's console (stdout by default)."""
+"""Readable progress on the driver's console (stdout by default): progress lines every few steps,
+or at a terminal a live progress bar (``metrics/live.py``); a line per state change either way."""
 
 from __future__ import annotations
 
@@ -14,6 +15,9 @@ from orchestrator.metrics.records import EvalRecord, StepRecord
 
 if TYPE_CHECKING:
     from orchestrator.lifecycle import Transition
+    from orchestrator.metrics.live import LiveProgress
+
+_FINAL = ("SUCCEEDED", "FAILED")
 
 
 def format_progress(rec: StepRecord, *, goodput: float | None) -> str:
@@ -35,7 +39,8 @@ class ConsoleSink(RunListener):
     name = "console"
 
     def __init__(self, *, every: int = 10, stream: TextIO | None = None,
-                 clock: Callable[[], float] = time.time, goodput_every_s: float = 2.0) -> None:
+                 clock: Callable[[], float] = time.time, goodput_every_s: float = 2.0,
+                 live: LiveProgress | None = None) -> None:
         self._every = max(1, every)
         self._stream = stream or sys.stdout
         self._clock = clock
@@ -43,26 +48,42 @@ class ConsoleSink(RunListener):
         self._steps = StepLedger()
         self._goodput_every_s = goodput_every_s
         self._cached: tuple[float, float] | None = None  # (computed at, value)
+        self._live = live  # at a terminal: a bar instead of progress lines
 
     def on_transition(self, t: Transition) -> None:
         self._timeline.append(t.to_json())
         self._cached = None
         prev = t.prev.value if t.prev is not None else None
         cause = f" re-form cause {t.restart_cause}" if t.restart_cause else ""
-        print(f"state {prev} -> {t.state.value} ({t.reason}) "
-              f"inc {t.incarnation} slices {len(t.slices)} "
-              f"hosts {t.hosts} step {t.step}{cause}", file=self._stream, flush=True)
+        self._print(f"state {prev} -> {t.state.value} ({t.reason}) "
+                    f"inc {t.incarnation} slices {len(t.slices)} "
+                    f"hosts {t.hosts} step {t.step}{cause}")
+        if self._live is not None:
+            self._live.update(state=t.state.value)
+            if t.state.value in _FINAL:
+                self._live.close()  # the summary follows on plain lines
 
     def on_step(self, rec: StepRecord) -> None:
         self._steps.add(rec)
-        if rec.step % self._every == 0:
+        if self._live is not None:
+            self._live.update(step=rec.step, loss=rec.loss, mfu=rec.mfu, goodput=self._goodput())
+        elif rec.step % self._every == 0:
             print(format_progress(rec, goodput=self._goodput()), file=self._stream, flush=True)
 
     def on_eval(self, rec: EvalRecord) -> None:
         extra = "".join(f" | {k} {v:.4g}" for k, v in sorted(rec.metrics.items()))
-        print(f"{rec.split} at step {rec.step:>5d} | loss {rec.loss:8.4f} | perplexity "
-              f"{rec.perplexity:10.4g}{extra} | {rec.tokens} tokens in {rec.seconds:.2f} s",
-              file=self._stream, flush=True)
+        self._print(f"{rec.split} at step {rec.step:>5d} | loss {rec.loss:8.4f} | perplexity "
+                    f"{rec.perplexity:10.4g}{extra} | {rec.tokens} tokens in {rec.seconds:.2f} s")
+
+    def close(self) -> None:
+        if self._live is not None:
+            self._live.close()
+
+    def _print(self, text: str) -> None:
+        if self._live is not None:
+            self._live.line(text)
+        else:
+            print(text, file=self._stream, flush=True)
 
     def _goodput(self) -> float | None:
         if not self._timeline:

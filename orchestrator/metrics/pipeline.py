@@ -175,15 +175,22 @@ class MetricsPipeline(RunListener):
 
 def build_sinks(cfg: MetricsConfig, *, run_dir: Path, identity: ResourceIdentity,
                 clock: Callable[[], float] = time.time,
-                client_factory: Callable[[str | None], Any] | None = None) -> list[RunListener]:
-    """The sinks the config turns on. ``client_factory`` is the Cloud Monitoring seam."""
+                client_factory: Callable[[str | None], Any] | None = None,
+                live_total: int | None = None) -> list[RunListener]:
+    """The sinks the config turns on. ``client_factory`` is the Cloud Monitoring seam;
+    ``live_total`` (the run's steps) turns the console's progress lines into a live bar."""
     from orchestrator.metrics.console import ConsoleSink
     from orchestrator.metrics.jsonl import JsonlSink
     from orchestrator.metrics.raymetrics import RayMetricsSink
 
     sinks: list[RunListener] = []
     if cfg.console_every_steps > 0:
-        sinks.append(ConsoleSink(every=cfg.console_every_steps, clock=clock))
+        live = None
+        if live_total is not None:
+            from orchestrator.metrics.live import LiveProgress
+
+            live = LiveProgress(live_total)
+        sinks.append(ConsoleSink(every=cfg.console_every_steps, clock=clock, live=live))
     if cfg.jsonl:
         sinks.append(JsonlSink(Path(run_dir) / "metrics.jsonl"))
     if cfg.ray_metrics:
