@@ -243,6 +243,19 @@ class TimeoutsConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class LogsConfig:
+    """What the driver's terminal shows (issue 32 item 7); changes nothing about the run itself,
+    so it is left out of ``RunConfig.digest``."""
+
+    format: Literal["auto", "json", "console"] = "auto"
+    """auto: a TTY on stdout gets state lines and a live progress bar, anything else (``ray job
+    logs``, Cloud Logging) JSON records and progress lines; ``--log-format`` overrides it."""
+    verbose: bool | None = None
+    """Forward the Ray workers' own output (Gloo, JAX, prints) to the driver. None: only when
+    stdout is not a TTY (as ``ray job logs`` always had it)."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class RunConfig:
     run: RunSection = field(default_factory=RunSection)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
@@ -258,6 +271,7 @@ class RunConfig:
     events: EventsConfig = field(default_factory=EventsConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    logs: LogsConfig = field(default_factory=LogsConfig)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "model", reconcile(self.task, self.model))  # lm: one place
@@ -291,7 +305,9 @@ class RunConfig:
         return configtools.to_dict(self)
 
     def digest(self) -> str:
-        return hashlib.sha256(json.dumps(self.as_dict(), sort_keys=True).encode()).hexdigest()[:16]
+        """Identifies the run's settings; the terminal's (``logs``) are not the run's."""
+        data = {k: v for k, v in self.as_dict().items() if k != "logs"}
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def load_config(path: str | None = None, overrides: list[str] | None = None) -> RunConfig:

@@ -52,8 +52,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         description="Fault-tolerant JAX training on a Ray cluster of TPU hosts (or emulated ones).",
         epilog="Overrides: dotted keys, e.g. model.num_layers=4 mesh.ici.fsdp=2 run.total_steps=50")
     p.add_argument("--config", help="YAML config file (defaults are used for what it omits)")
-    p.add_argument("--log-format", choices=("console", "json"), default=None,
-                   help="console for people (default on a TTY), json for Cloud Logging")
+    p.add_argument("--log-format", choices=("auto", "console", "json"), default=None,
+                   help="console: state lines and a live progress bar; json: JSON records and "
+                        "progress lines (Cloud Logging, ray job logs); auto (default, or "
+                        "logs.format): console when stdout is a TTY")
     p.add_argument("--log-level", default="info")
     p.add_argument("overrides", nargs="*", help="key.sub=value settings")
     return p.parse_args(list(argv))
@@ -76,14 +78,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     # background job inherits SIGINT ignored: the handler resets it)
     signals = StopSignals(in_ray_job=_submission_id() is not None)
     signals.install()
-    json_logs = args.log_format == "json" if args.log_format else not sys.stderr.isatty()
-    logs.configure(json_logs=json_logs, level=args.log_level)
+    tty = sys.stdout.isatty()
+    logs.configure(json_logs=logs.choose_output(args.log_format, tty=tty).json,
+                   level=args.log_level)
     try:
         cfg = load_config(args.config, args.overrides)
     except ConfigError as exc:
         print(explain(exc), file=sys.stderr)
         return EXIT_BAD_INPUT
-    driver = Driver(cfg, argv=list(sys.argv[1:] if argv is None else argv), signals=signals)
+    output = logs.choose_output(args.log_format or cfg.logs.format, tty=tty,
+                                verbose=cfg.logs.verbose)
+    logs.configure(json_logs=output.json, level=args.log_level)
+    driver = Driver(cfg, argv=list(sys.argv[1:] if argv is None else argv), signals=signals,
+                    output=output)
     bad_input = (ConfigError, ClusterUnreachableError, CheckpointError, TopologyError, RunDirBusy,
                  DoesNotFit)
     try:
@@ -103,8 +110,11 @@ class Driver:
     """Builds the run's parts in order and tears every one of them down, whatever happens."""
 
     def __init__(self, cfg: RunConfig, *, argv: list[str],
-                 signals: StopSignals | None = None) -> None:
+                 signals: StopSignals | None = None, output: logs.Output | None = None) -> None:
         self.cfg = cfg
+        # what it prints; not given (tests, tools): what a driver off a TTY always printed
+        self.output = output or logs.choose_output(cfg.logs.format, tty=False,
+                                                   verbose=cfg.logs.verbose)
         self.signals = signals or StopSignals()
         self.argv = argv
         self.run_dir = Path(cfg.run.run_dir).absolute()
@@ -148,6 +158,7 @@ class Driver:
             summary = controller.run()
         finally:
             groups.close()  # warm processes kept between groups
+        self.metrics.flush(timeout=5.0)  # the console's last state line before the summary
         print(summary.as_text(self.run_dir), flush=True)
         if ram is not None and (line := ram.finish(succeeded=summary.state == "SUCCEEDED")):
             print(line, flush=True)
@@ -183,6 +194,7 @@ class Driver:
             "ray_job_submission_id": _submission_id(),
         }
         atomic_write_json(meta_path, meta, indent=2)
+        logs.attach_run_dir(self.run_dir)  # every log record, also those the terminal hid
         (self.run_dir / "config.yaml").write_text(
             yaml.safe_dump(configtools.to_dict(self.cfg), sort_keys=False))
         structlog.contextvars.bind_contextvars(run_id=meta["run_id"], job=self.cfg.run.name)
@@ -200,12 +212,14 @@ class Driver:
             em = c.emulate
             t0 = time.perf_counter()
             addr = self._start_emulated(EmulatedCluster, em)
-            connect_ray(addr, timeout_s=c.connect_timeout_s)
+            connect_ray(addr, timeout_s=c.connect_timeout_s,
+                        init=_ray_init(self.output.worker_logs))
             log.info("emulated_cluster_started", slices=em.slices, spare=em.spare_slices,
                      hosts_per_slice=em.hosts_per_slice, devices_per_host=em.devices_per_host,
                      seconds=round(time.perf_counter() - t0, 2))
         else:
-            connect_ray(address, timeout_s=c.connect_timeout_s)
+            connect_ray(address, timeout_s=c.connect_timeout_s,
+                        init=_ray_init(self.output.worker_logs))
         self._ray_started = ray.is_initialized()
 
     def _start_emulated(self, cluster_cls: Any, em: Any, attempts: int = 2) -> str:
@@ -257,7 +271,8 @@ class Driver:
 
         m = self.cfg.metrics
         identity = identity_for(m, run_name=self.cfg.run.name)
-        sinks = build_sinks(m, run_dir=self.run_dir, identity=identity)
+        live = self.cfg.run.total_steps if self.output.live else None
+        sinks = build_sinks(m, run_dir=self.run_dir, identity=identity, live_total=live)
         return MetricsPipeline(sinks, queue_size=m.queue_size)
 
     def _build_intake(self) -> Any:
@@ -349,6 +364,21 @@ class _Answers(RunListener):
 
     def goodput(self) -> float | None:
         return self.driver._goodput()
+
+
+def _ray_init(worker_logs: bool) -> Any:
+    """``ray.init`` for ``connect_ray``: without worker logs (a terminal, no ``logs.verbose``) the
+    workers' output (Gloo, JAX) and Ray's notes stay in Ray's session logs, off the terminal."""
+    import logging
+
+    import ray
+
+    def init(**kw: Any) -> Any:
+        kw.update(log_to_driver=worker_logs,
+                  logging_level=logging.INFO if worker_logs else logging.ERROR)
+        return ray.init(**kw)
+
+    return init
 
 
 def _job_config() -> dict:

@@ -1,11 +1,45 @@
-"""structlog set-up: JSON lines Cloud Logging understands (``severity``), or readable console."""
+"""structlog set-up: JSON lines Cloud Logging understands (``severity``), or a terminal that
+reads like a tool (issue 32 item 7).
+
+Every record is also kept as a JSON line in RUN_DIR/driver.log.jsonl once the run directory is
+known (``attach_file``), so a terminal showing little loses nothing.
+"""
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
 
 import structlog
+
+LOG_FILE = "driver.log.jsonl"
+_EARLY_MAX = 2000  # records kept before the run directory is known
+
+
+@dataclass(frozen=True)
+class Output:
+    """What the driver prints where: ``json`` records on stderr (else human lines, warnings and
+    up only), a ``live`` progress display, and the workers' own output (``worker_logs``)."""
+
+    json: bool
+    live: bool
+    worker_logs: bool
+
+
+def choose_output(fmt: str | None, *, tty: bool, verbose: bool | None = None) -> Output:
+    """auto: a TTY on stdout decides. Off a TTY (``ray job logs``, Cloud Logging) the output is
+    what it always was: JSON records, progress lines, worker output forwarded."""
+    fmt = fmt or "auto"
+    if fmt not in ("auto", "json", "console"):
+        raise ValueError(f"log format {fmt!r}: use auto, json or console")
+    as_json = fmt == "json" or (fmt == "auto" and not tty)
+    return Output(json=as_json, live=tty and not as_json,
+                  worker_logs=(not tty) if verbose is None else verbose)
 
 
 def _severity(_, method_name: str, event_dict: dict) -> dict:
@@ -14,21 +48,82 @@ def _severity(_, method_name: str, event_dict: dict) -> dict:
     return event_dict
 
 
+class _Tee:
+    """The final renderer and the logger in one: JSON to the run directory's file always, and to
+    stderr either JSON (machines) or a human line for warnings and errors (people)."""
+
+    def __init__(self, *, json_stream: bool) -> None:
+        self.json_stream = json_stream
+        self._human = structlog.dev.ConsoleRenderer(colors=False)
+        self._file: IO[str] | None = None
+        self._early: list[str] = []
+        self._lock = threading.Lock()
+
+    def render(self, _, method_name: str, event_dict: dict) -> tuple[tuple, dict]:
+        human = None
+        if not self.json_stream and method_name not in ("debug", "info"):
+            human = self._human(None, method_name,
+                                {k: v for k, v in event_dict.items() if k != "time"})
+        ev = _severity(None, method_name, dict(event_dict))
+        ev = structlog.processors.format_exc_info(None, method_name, ev)
+        ev["message"] = ev.pop("event", "")
+        return (json.dumps(ev, default=str), human), {}
+
+    def attach_file(self, path: Path) -> None:
+        with self._lock:
+            if self._file is not None:  # another run directory in this process (tests)
+                self._file.close()
+            try:
+                self._file = path.open("a", encoding="utf-8")
+            except OSError:
+                return  # the terminal still has the records that matter
+            self._file.write("".join(line + "\n" for line in self._early))
+            self._file.flush()
+            self._early.clear()
+
+    def msg(self, line: str, human: str | None) -> None:
+        if self.json_stream:
+            print(line, file=sys.stderr, flush=True)  # sys.stderr now: rich may redirect it
+        elif human is not None:
+            print(human, file=sys.stderr, flush=True)
+        with self._lock:
+            if self._file is None:
+                if len(self._early) < _EARLY_MAX:
+                    self._early.append(line)
+                return
+            try:
+                self._file.write(line + "\n")
+                self._file.flush()
+            except (OSError, ValueError):
+                self._file = None
+
+    def __call__(self, *_: Any) -> _Tee:  # structlog's logger_factory
+        return self
+
+    debug = info = warning = warn = error = critical = exception = fatal = msg
+
+
+_tee: _Tee | None = None
+
+
 def configure(*, json_logs: bool, level: str = "info") -> None:
-    """JSON to stderr for machines (Cloud Logging agent, ray job logs); console for humans."""
+    """JSON to stderr for machines (Cloud Logging agent, ray job logs); at a terminal only
+    warnings and errors, as readable lines (the rest is in RUN_DIR/driver.log.jsonl)."""
+    global _tee
     lvl = getattr(logging, level.upper(), logging.INFO)
+    _tee = _Tee(json_stream=json_logs)
     processors = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True, key="time"),
+        _tee.render,
     ]
-    if json_logs:
-        processors += [_severity, structlog.processors.format_exc_info,
-                       structlog.processors.EventRenamer("message"),
-                       structlog.processors.JSONRenderer()]
-    else:
-        processors += [structlog.dev.ConsoleRenderer(colors=False)]
     structlog.configure(processors=processors,
                         wrapper_class=structlog.make_filtering_bound_logger(lvl),
-                        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
-                        cache_logger_on_first_use=False)
+                        logger_factory=_tee, cache_logger_on_first_use=False)
+
+
+def attach_run_dir(run_dir: Path) -> None:
+    """From here every record is also a line of RUN_DIR/driver.log.jsonl (earlier ones too)."""
+    if _tee is not None:
+        _tee.attach_file(Path(run_dir) / LOG_FILE)

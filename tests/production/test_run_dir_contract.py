@@ -15,6 +15,7 @@ from types import SimpleNamespace
 from orchestrator.autoresume.runs import HOLD_FILE
 from orchestrator.config import load_config
 from orchestrator.controller.forming import write_topology
+from orchestrator.driver.logs import LOG_FILE
 from orchestrator.events.explain import TOPOLOGY_FILE, load_topology
 from orchestrator.events.inbox import INBOX_DIR
 from orchestrator.events.intake import (
@@ -50,7 +51,7 @@ def test_every_run_directory_file_has_a_row():
     """The names the code reads and writes in RUN_DIR are all in the table."""
     names = {"config.yaml", "run.json", "checkpoints", "metrics.jsonl", "summary.json",
              TIMELINE_FILE, EVENTS_FILE, DEAD_LETTERS_FILE, DEDUPE_FILE, INBOX_DIR,
-             PUBSUB_INFO_FILE, TOPOLOGY_FILE, HOLD_FILE}
+             PUBSUB_INFO_FILE, TOPOLOGY_FILE, HOLD_FILE, LOG_FILE}
     assert names - set(run_dir_rows()) == set()
 
 
