@@ -30,6 +30,9 @@ module; ``importlib.import_module("...")`` and ``__import__("...")`` with a lite
 
 And a host's process does not load the config tree: importing every ``workers`` module in a
 fresh interpreter leaves no ``orchestrator`` module loaded outside ``shared`` and ``data``.
+
+Other projects' private modules (``PRIVATE``) are imported by their one wrapper module only
+(``tests/test_private_apis.py`` checks what each wrapper uses still exists).
 """
 
 from __future__ import annotations
@@ -56,6 +59,13 @@ DRIVER_MAY_IMPORT: dict[str, str] = {
     "workers.ram.replica": "the export's offline reader of a RAM copy (leaf names, assembly)",
     "workers.ram.auth": "the export verifying a RAM copy's MAC before reading it",
 }
+
+PRIVATE: dict[str, str] = {
+    "ray._private": "orchestrator.raygroup.ray_private",
+    "jax._src": "workers.training.jax_private",
+    "orbax.checkpoint._src": "workers.host.orbax_private",
+}
+"""Private module prefix -> the one module that may import it."""
 
 
 @dataclass(frozen=True)
@@ -159,6 +169,19 @@ def check(root: Path) -> list[Violation]:
 def test_imports_point_the_right_way():
     found = check(ROOT)
     assert not found, "wrong-way imports:\n" + "\n".join(map(str, found))
+
+
+def test_private_modules_only_in_their_wrappers():
+    """``ray._private``, ``jax._src`` and ``orbax.checkpoint._src`` only in their wrapper, so a
+    release that moves one breaks one module, pinned and checked by tests/test_private_apis.py."""
+    found = [f"{path.relative_to(ROOT)}:{line}: imports {imported}: use {wrapper}"
+             for package in PACKAGES for path in sorted((ROOT / package).rglob("*.py"))
+             for line, imported in imports_of(path, ROOT)
+             for prefix, wrapper in PRIVATE.items()
+             if _under(imported, prefix) and _module_name(path, ROOT) != wrapper]
+    assert not found, "private modules imported outside their wrapper:\n" + "\n".join(found)
+    for wrapper in PRIVATE.values():
+        assert _is_module(wrapper, ROOT), f"{wrapper} in PRIVATE is not a module"
 
 
 def test_the_driver_allowlist_is_all_used_and_exists():

@@ -64,11 +64,11 @@ def drain_event(node_id: str, deadline_ms: int, *, job: str | None, now: float,
 
 def draining_nodes() -> dict[str, int]:
     """The default seam: Ray Core's draining nodes, ``{node_id_hex: deadline_ms}`` (0: none).
-    Ray 2.60 has no public API for it (Ray Train reads the same private accessor): one place,
-    pinned by ``tests/events/test_ray_source.py``."""
-    from ray._private.state import state
+    Ray has no public API for it: read through ``orchestrator.raygroup.ray_private``, pinned by
+    ``tests/events/test_ray_source.py`` and ``tests/test_private_apis.py``."""
+    from orchestrator.raygroup import ray_private
 
-    return dict(state.get_draining_nodes())
+    return ray_private.draining_nodes()
 
 
 def ray_nodes() -> list[dict[str, Any]]:

@@ -17,6 +17,7 @@ from typing import Any
 import structlog
 
 from orchestrator.cluster.reaper import Reaper, marking
+from orchestrator.raygroup import ray_private
 from orchestrator.shared.errors import ClusterUnreachableError, ConfigError
 from orchestrator.shared.hosts import HostRef
 
@@ -226,18 +227,11 @@ def _sigterm_hook_off_main_thread() -> Iterator[None]:
     Off it, that one step is skipped: the node keeps its exit hook and its reaper, and the
     process's SIGTERM handling stays as the head node and the driver set it.
     """
-    from ray._private import utils as ray_utils
-
     if threading.current_thread() is threading.main_thread():
         yield
         return
-    with _NODE_START_LOCK:
-        original = ray_utils.set_sigterm_handler
-        ray_utils.set_sigterm_handler = lambda handler: None
-        try:
-            yield
-        finally:
-            ray_utils.set_sigterm_handler = original
+    with _NODE_START_LOCK, ray_private.sigterm_handler_skipped():
+        yield
 
 
 def _pin_ray_to_loopback() -> None:
@@ -247,10 +241,7 @@ def _pin_ray_to_loopback() -> None:
     Ray believes multi-node clusters are disabled (its macOS/Windows mode). Only the emulated
     cluster, which lives on this machine alone, flips that switch; a real cluster never does.
     """
-    from ray._private import ray_constants
-
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    ray_constants.ENABLE_RAY_CLUSTER = False
+    ray_private.disable_multi_node()
 
 
 def connect_ray(address: str | None, *, timeout_s: float,

@@ -33,11 +33,12 @@ def apply_env(env: Mapping[str, str], environ: MutableMapping[str, str] = os.env
 
 def _clear_orbax_caches() -> None:
     """Orbax caches its signaling client, which holds the JAX distributed client of the group
-    just left (its saves would then talk to a coordinator that is gone). Semi-internal: if
-    this moves in another Orbax, release fails and the driver starts a fresh process."""
-    from orbax.checkpoint._src.futures import signaling_client
+    just left (its saves would then talk to a coordinator that is gone). Private to Orbax
+    (``workers.host.orbax_private``): if it moves, release fails and the driver starts a fresh
+    process."""
+    from workers.host.orbax_private import clear_signaling_client_cache
 
-    signaling_client.get_signaling_client.cache_clear()
+    clear_signaling_client_cache()
 
 
 def free_device_objects() -> None:

@@ -71,9 +71,9 @@ class RuntimeWord:
 
     def __init__(self, client: Any = None) -> None:
         if client is None:
-            from jax._src import distributed
+            from workers.training.jax_private import distributed_client
 
-            client = distributed.global_state.client
+            client = distributed_client()
         if client is None:
             raise RuntimeError("no JAX distributed runtime: nothing to share executables over")
         self.client = client
