@@ -32,7 +32,7 @@ def format_progress(rec: StepRecord, *, goodput: float | None) -> str:
 class ConsoleSink(RunListener):
     """Prints every ``every`` steps; goodput comes from the transitions seen so far.
 
-    Goodput over a long history costs ~20 ms, so it is recomputed at most every
+    Goodput over a long history is not free, so it is recomputed at most every
     ``goodput_every_s`` seconds (fast steps would otherwise spend a core on the console).
     """
 
