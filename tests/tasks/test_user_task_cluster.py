@@ -32,7 +32,6 @@ so there the parameters agree to float rounding only).
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import signal
 import subprocess
@@ -44,7 +43,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import psutil
 import pytest
 import yaml
 
@@ -61,7 +59,7 @@ from orchestrator.controller.listener import RunListener
 from orchestrator.controller.plugins import ChaosPlugin
 from orchestrator.raygroup.cluster_view import RayClusterView
 from orchestrator.shared import layout as ckpt_layout
-from policies.autoresume import JobStatus, Submission, restart_of
+from policies.autoresume import JobStatus
 from tests.autoresume.notifications import encode, notification
 from tests.faults.harness import (
     BASE_OVERRIDES,
@@ -73,6 +71,7 @@ from tests.faults.harness import (
 from tests.input.conftest import SEQ_LEN, VOCAB, make_dataset
 from tests.support.ray_cluster import RunningCluster
 from tests.tasks import sample_order
+from tests.tasks.user_task_jobs import LocalJobs, all_gone, host_pids, newest_step, wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -228,82 +227,6 @@ def test_drain_onto_standby_then_kill_9_from_ram_keep_the_sample_order(cluster, 
 # ---- driver SIGKILLed, autoresumed; its newest checkpoint corrupt meanwhile ------------------
 
 
-class LocalJobs:
-    """Ray's job API for the autoresume service, as local processes: ``submit`` runs the
-    entrypoint (with RAY_ADDRESS, as Ray sets it for a job), ``status`` says RUNNING while it
-    lives, SUCCEEDED on exit 0, FAILED otherwise (a SIGKILLed driver's job FAILS)."""
-
-    def __init__(self, address: str, log_dir: Path) -> None:
-        self.address, self.log_dir = address, log_dir
-        self.jobs: dict[str, tuple[subprocess.Popen, float]] = {}
-
-    def submit(self, *, submission_id: str, entrypoint: str, runtime_env: Mapping[str, Any],
-               metadata: Mapping[str, str]) -> None:
-        env = {**os.environ, **(runtime_env.get("env_vars") or {}), "RAY_ADDRESS": self.address,
-               "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-               "PYTHONUNBUFFERED": "1"}
-        log = (self.log_dir / f"{submission_id}.log").open("ab")
-        proc = subprocess.Popen(shlex.split(entrypoint), cwd=REPO, env=env, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-        self.jobs[submission_id] = (proc, time.time())
-
-    def status(self, submission_id: str) -> JobStatus:
-        proc = self.jobs[submission_id][0]
-        code = proc.poll()
-        if code is None:
-            return JobStatus.RUNNING
-        return JobStatus.SUCCEEDED if code == 0 else JobStatus.FAILED
-
-    def run_submissions(self, run_id: str, recorded_ids: tuple[str, ...] = (),
-                        entrypoint: Sequence[str] = ()) -> tuple[Submission, ...]:
-        return tuple(Submission(submission_id=sid, status=self.status(sid), start_time=t0)
-                     for sid, (_, t0) in self.jobs.items()
-                     if sid == run_id or restart_of(run_id, sid) is not None)
-
-    def stop(self, submission_id: str) -> None:
-        self.jobs[submission_id][0].terminate()
-
-    def log(self, submission_id: str) -> str:
-        return (self.log_dir / f"{submission_id}.log").read_text()[-4000:]
-
-
-def _newest_step(run_dir: Path) -> int:
-    path = run_dir / "metrics.jsonl"
-    steps = [0]
-    for line in path.read_text().splitlines() if path.exists() else []:
-        try:
-            steps.append(int(json.loads(line)["step"]))
-        except (ValueError, KeyError):
-            continue
-    return max(steps)
-
-
-def _wait(pred, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not pred():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
-
-
-def _host_pids() -> set[int]:
-    """Pids of the cluster's live host actors, from Ray's actor table (only the driver under
-    test has any: the in-process runs before closed theirs)."""
-    from ray._private import state
-
-    return {int(a["Pid"]) for a in state.actors(actor_state_name="ALIVE").values()
-            if a["ActorClassName"] == "HostActor"}
-
-
-def _gone(pids: set[int]) -> bool:
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                return False
-        except psutil.NoSuchProcess:
-            continue
-    return True
-
-
 def _final_params(run_dir: Path, out: Path) -> dict[str, np.ndarray]:
     """The parameters of the run's step TOTAL, read from its checkpoint on this machine
     (``orchestrator.export``'s reader, in a subprocess)."""
@@ -330,17 +253,17 @@ def test_killed_driver_autoresumed_past_a_corrupt_checkpoint_keeps_the_sample_or
                 metadata={})
     # SIGKILL once step 10 is committed and the run went past it: the driver dies with its
     # hosts mid-run (Ray ends a dead driver's actors); nothing of it tears down in order
-    _wait(lambda: (ckpt_layout.is_committed(run_dir / "checkpoints", 10)
-                   and _newest_step(run_dir) >= 12) or jobs.status(first) != JobStatus.RUNNING,
+    wait_for(lambda: (ckpt_layout.is_committed(run_dir / "checkpoints", 10)
+                   and newest_step(run_dir) >= 12) or jobs.status(first) != JobStatus.RUNNING,
           300, "step 10 committed")
     assert jobs.status(first) == JobStatus.RUNNING, jobs.log(first)
-    hosts = _host_pids()
+    hosts = host_pids()
     assert len(hosts) == 2, hosts
     jobs.jobs[first][0].send_signal(signal.SIGKILL)
     jobs.jobs[first][0].wait(30)
     assert jobs.status(first) == JobStatus.FAILED
     # Ray ends a dead driver's actors: once their processes are gone no save can still commit
-    _wait(lambda: _gone(hosts), 120, "the killed driver's host processes gone")
+    wait_for(lambda: all_gone(hosts), 120, "the killed driver's host processes gone")
     # the newest committed checkpoint: process 1's shard of it truncated
     newest = max(ckpt_layout.committed_steps(run_dir / "checkpoints"))
     shards = sorted((run_dir / "checkpoints" / str(newest) / "state").glob("ocdbt.process_1/d/*"))
@@ -398,7 +321,7 @@ def test_shrink_to_one_slice_and_grow_back_keep_the_sample_order(cluster, data_d
                                                                 plain, tmp_path):
     spare = cluster.slice_names[-1]
     cluster.emulated.remove_host(spare, 0)  # no spare: a notice leaves one slice
-    _wait(lambda: spare not in {h.slice_name for h in RayClusterView().hosts()}, 60,
+    wait_for(lambda: spare not in {h.slice_name for h in RayClusterView().hosts()}, 60,
           "the spare slice gone")
     hold = HoldForSlice(at=10)
     added: list[str] = []
@@ -407,7 +330,7 @@ def test_shrink_to_one_slice_and_grow_back_keep_the_sample_order(cluster, data_d
         if not hold.need.wait(300):
             return
         added.append(cluster.emulated.add_slice(1))
-        _wait(lambda: added[0] in {h.slice_name for h in RayClusterView().hosts()}, 60,
+        wait_for(lambda: added[0] in {h.slice_name for h in RayClusterView().hosts()}, 60,
               "the new slice in the driver's view")
         hold.joined.set()
 
