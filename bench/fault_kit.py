@@ -251,3 +251,22 @@ def summary_line(rd: RunDir) -> str:
     s = rd.summary
     return (f"{s.get('state', 'no summary')} at step {s.get('step')}, restarts "
             f"{s.get('restarts') or 'none'}")
+
+
+SPARE = "cluster.emulate.spare_slices=1"
+TWO_SLICES = ("cluster.emulate.slices=2", "cluster.emulate.hosts_per_slice=1")
+
+
+def chaos(*faults: str) -> str:
+    return "controller.chaos=[" + ", ".join("{" + f + "}" for f in faults) + "]"
+
+
+def recovered(rd: RunDir, code: int, *, cause: str, max_lost: int | None = None,
+               note: str = "") -> Outcome:
+    s, rec = rd.summary, recovery(rd)
+    lost = s.get("lost_steps")
+    ok = (code == 0 and s.get("state") == "SUCCEEDED" and cause in (s.get("restarts") or {})
+          and (max_lost is None or (lost is not None and lost <= max_lost)))
+    return Outcome(ok=ok, outcome=summary_line(rd) + (f"; {note}" if note else ""),
+                   lost_steps=lost, to_first_step_s=rec.get("to_first_step_s"),
+                   detail={"exit_code": code, "recoveries": s.get("recoveries")})

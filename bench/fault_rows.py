@@ -12,27 +12,35 @@ import contextlib
 import importlib.util
 import os
 import signal
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from bench.fault_kit import (
+    SPARE,
+    TWO_SLICES,
     Background,
     Outcome,
+    chaos,
     cli,
-    drivers,
     node_processes,
-    recovery,
-    resumed_first_step,
+    recovered,
     running_slices,
     summary_line,
     transition,
 )
+from bench.fault_process import (
+    decision_drain_kill,
+    disk_full,
+    disk_full_needs,
+    driver_sigkill,
+    final_save_lost,
+    notice_crash,
+    sigterm,
+    stale_megascale,
+    two_drivers,
+)
 from bench.orchestrated import RunDir
-
-SPARE = "cluster.emulate.spare_slices=1"
-TWO_SLICES = ("cluster.emulate.slices=2", "cluster.emulate.hosts_per_slice=1")
 
 
 @dataclass(frozen=True)
@@ -63,36 +71,21 @@ class Row:
         return None if why is None else f"skipped: {why}"
 
 
-def _chaos(*faults: str) -> str:
-    return "controller.chaos=[" + ", ".join("{" + f + "}" for f in faults) + "]"
-
-
-def _recovered(rd: RunDir, code: int, *, cause: str, max_lost: int | None = None,
-               note: str = "") -> Outcome:
-    s, rec = rd.summary, recovery(rd)
-    lost = s.get("lost_steps")
-    ok = (code == 0 and s.get("state") == "SUCCEEDED" and cause in (s.get("restarts") or {})
-          and (max_lost is None or (lost is not None and lost <= max_lost)))
-    return Outcome(ok=ok, outcome=summary_line(rd) + (f"; {note}" if note else ""),
-                   lost_steps=lost, to_first_step_s=rec.get("to_first_step_s"),
-                   detail={"exit_code": code, "recoveries": s.get("recoveries")})
-
-
 def preempt_spare(d: Path, timeout_s: float) -> Outcome:
     # long enough for the handover (training on while the spare warms up) to end in a drain
     code, rd = cli(d / "run", SPARE, "run.total_steps=100",
-                   _chaos("at_step: 10, host: 1, kind: preempt, deadline_s: 60"),
+                   chaos("at_step: 10, host: 1, kind: preempt, deadline_s: 60"),
                    timeout_s=timeout_s)
-    out = _recovered(rd, code, cause="spot_preemption", max_lost=0)
+    out = recovered(rd, code, cause="spot_preemption", max_lost=0)
     out.ok = out.ok and len({tuple(t.get("slices", ())) for t in rd.timeline
                              if t.get("state") == "RUNNING"}) == 2
     return out
 
 
 def preempt_no_spare(d: Path, timeout_s: float) -> Outcome:
-    code, rd = cli(d / "run", *TWO_SLICES, _chaos("at_step: 10, host: 1, kind: preempt, "
+    code, rd = cli(d / "run", *TWO_SLICES, chaos("at_step: 10, host: 1, kind: preempt, "
                                                   "deadline_s: 60"), timeout_s=timeout_s)
-    out = _recovered(rd, code, cause="spot_preemption", max_lost=0,
+    out = recovered(rd, code, cause="spot_preemption", max_lost=0,
                      note=f"slices {running_slices(rd)}")
     out.ok = out.ok and running_slices(rd)[:2] == [2, 1]
     return out
@@ -104,22 +97,22 @@ def shrink_grow(d: Path, timeout_s: float) -> Outcome:
     code, rd = cli(d / "run", *TWO_SLICES, "run.total_steps=500",
                    "controller.checkpoint_interval.every_steps=25",
                    "cluster.emulate.replace_after_s=3",
-                   _chaos("at_step: 10, host: 1, kind: preempt, deadline_s: 5"),
+                   chaos("at_step: 10, host: 1, kind: preempt, deadline_s: 5"),
                    timeout_s=timeout_s)
-    out = _recovered(rd, code, cause="spot_preemption", note=f"slices {running_slices(rd)}")
+    out = recovered(rd, code, cause="spot_preemption", note=f"slices {running_slices(rd)}")
     out.ok = out.ok and running_slices(rd)[:3] == [2, 1, 2]
     return out
 
 
 def kill_9(d: Path, timeout_s: float) -> Outcome:
-    code, rd = cli(d / "run", _chaos("at_step: 7, host: 1, kind: kill"), timeout_s=timeout_s)
-    return _recovered(rd, code, cause="host_lost", max_lost=5)
+    code, rd = cli(d / "run", chaos("at_step: 7, host: 1, kind: kill"), timeout_s=timeout_s)
+    return recovered(rd, code, cause="host_lost", max_lost=5)
 
 
 def kill_in_save(d: Path, timeout_s: float) -> Outcome:
-    code, rd = cli(d / "run", _chaos("at_step: 10, host: 1, kind: kill_in_save"),
+    code, rd = cli(d / "run", chaos("at_step: 10, host: 1, kind: kill_in_save"),
                    timeout_s=timeout_s)
-    return _recovered(rd, code, cause="host_lost", max_lost=5)
+    return recovered(rd, code, cause="host_lost", max_lost=5)
 
 
 def machines_lost(d: Path, timeout_s: float, *, workers: tuple[int, ...]) -> Outcome:
@@ -140,7 +133,7 @@ def machines_lost(d: Path, timeout_s: float, *, workers: tuple[int, ...]) -> Out
     finally:
         bg.end()
     rd = RunDir.read(run)
-    out = _recovered(rd, code, cause="host_lost", max_lost=5,
+    out = recovered(rd, code, cause="host_lost", max_lost=5,
                      note=f"{len(victims)} processes killed; meshes {_meshes(rd)}")
     out.ok = out.ok and bool(victims) and len(_meshes(rd)) == 2
     return out
@@ -165,8 +158,8 @@ def slice_lost(d: Path, timeout_s: float) -> Outcome:
 
 def unhealthy(d: Path, timeout_s: float) -> Outcome:
     code, rd = cli(d / "run", SPARE, "run.total_steps=60", "controller.health.cordon_after=1",
-                   _chaos("at_step: 10, host: 1, kind: unhealthy"), timeout_s=timeout_s)
-    out = _recovered(rd, code, cause="hardware_health", max_lost=0,
+                   chaos("at_step: 10, host: 1, kind: unhealthy"), timeout_s=timeout_s)
+    out = recovered(rd, code, cause="hardware_health", max_lost=0,
                      note=f"meshes {_meshes(rd)}")
     out.ok = out.ok and len(_meshes(rd)) == 2
     return out
@@ -176,11 +169,11 @@ def short_notice(d: Path, timeout_s: float) -> Outcome:
     """A notice whose deadline (50 ms) leaves no time to stop and save: no drain save (the
     deadline policy falls back to the last checkpoint), charged to the preemption."""
     code, rd = cli(d / "run", SPARE, "run.total_steps=60",
-                   _chaos("at_step: 12, host: 1, kind: preempt, deadline_s: 0.05"),
+                   chaos("at_step: 12, host: 1, kind: preempt, deadline_s: 0.05"),
                    timeout_s=timeout_s)
     saved = any((t.get("payload") or {}).get("purpose") == "drain" for t in rd.timeline)
     restored = (rd.summary.get("restores") or [{}])[-1].get("restored_step")
-    out = _recovered(rd, code, cause="spot_preemption", max_lost=5,
+    out = recovered(rd, code, cause="spot_preemption", max_lost=5,
                      note="saved inside the notice" if saved else
                      f"no drain save, restored step {restored}")
     out.ok = out.ok and not saved
@@ -188,12 +181,12 @@ def short_notice(d: Path, timeout_s: float) -> Outcome:
 
 
 def hang_step(d: Path, timeout_s: float) -> Outcome:
-    code, rd = cli(d / "run", "timeouts.step_s=3", _chaos("at_step: 7, host: 1, kind: hang"),
+    code, rd = cli(d / "run", "timeouts.step_s=3", chaos("at_step: 7, host: 1, kind: hang"),
                    timeout_s=timeout_s)
     hung = transition(rd, "RUNNING", "RELEASING") or {}
     reason = str(hung.get("reason", ""))
     named = "on hosts [1] (" in reason
-    out = _recovered(rd, code, cause="timeout",
+    out = recovered(rd, code, cause="timeout",
                      note="hang names host 1 only" if named else f"hang reason: {reason[:120]}")
     out.ok = out.ok and named
     out.detail["reason"] = reason
@@ -202,12 +195,12 @@ def hang_step(d: Path, timeout_s: float) -> Outcome:
 
 def hang_init(d: Path, timeout_s: float) -> Outcome:
     code, rd = cli(d / "run", "timeouts.init_s=10",
-                   _chaos("at_step: 0, host: 1, kind: hang_init"), timeout_s=timeout_s)
+                   chaos("at_step: 0, host: 1, kind: hang_init"), timeout_s=timeout_s)
     hung = transition(rd, "FORMING", "RELEASING") or {}
     bound_s = hung.get("prev_duration_s")
     bound_s = None if bound_s is None else round(float(bound_s), 1)
     named = "on hosts [1]" in str(hung.get("reason", ""))
-    out = _recovered(rd, code, cause="timeout", note=f"FORMING {bound_s} s for init_s=10"
+    out = recovered(rd, code, cause="timeout", note=f"FORMING {bound_s} s for init_s=10"
                      + (", names host 1" if named else ""))
     out.ok = out.ok and named and bound_s is not None and bound_s < 15
     return out
@@ -230,219 +223,6 @@ def corrupt_newest(d: Path, timeout_s: float) -> Outcome:
                    outcome=f"{summary_line(rd)}; restored step "
                            f"{restores[0].get('restored_step')}, skipped {skipped}",
                    to_first_step_s=None, detail={"restores": restores})
-
-
-def driver_sigkill(d: Path, timeout_s: float) -> Outcome:
-    """SIGKILL the driver mid-run, count what outlives it, then run the command again (what
-    autoresume resubmits). Lost steps: the step the driver had seen minus the step restored
-    (the hosts may finish and save a chunk the driver never heard of: then 0)."""
-    run = d / "run"
-    bg = Background.start(run, "run.total_steps=60")
-    try:
-        if not bg.wait_step(12, timeout_s):
-            return Outcome(ok=False, outcome=f"never reached step 12: {bg.log_tail(300)}")
-        reached = bg.step()
-        os.kill(bg.proc.pid, signal.SIGKILL)
-        killed_at = time.time()
-        bg.wait(30)
-        left = bg.leftovers(20.0)
-    finally:
-        bg.end()
-    code, rd = cli(run, "run.total_steps=60", timeout_s=timeout_s)
-    restores = rd.summary.get("restores") or [{}]
-    restored = restores[0].get("restored_step")
-    ok = not left and code == 0 and rd.summary.get("state") == "SUCCEEDED"
-    return Outcome(ok=ok, outcome=f"{len(left)} process(es) outlived the driver by 20 s; "
-                                  f"resumed: {summary_line(rd)} from step {restored}",
-                   lost_steps=max(0, reached - restored) if restored is not None else None,
-                   to_first_step_s=resumed_first_step(rd, killed_at),
-                   detail={"leftovers": left, "reached": reached, "restored": restored})
-
-
-def two_drivers(d: Path, timeout_s: float) -> Outcome:
-    run = d / "run"
-    first = Background.start(run, "run.total_steps=60")
-    try:
-        if not first.wait_step(5, timeout_s):
-            return Outcome(ok=False, outcome=f"first driver never ran: {first.log_tail(300)}")
-        code2, _ = cli(run, "run.total_steps=60", timeout_s=120)
-        code1 = first.wait(timeout_s)
-    finally:
-        first.end()
-    rd = RunDir.read(run)
-    ok = code2 == 2 and code1 == 0 and rd.summary.get("state") == "SUCCEEDED"
-    return Outcome(ok=ok, outcome=f"second driver exit {code2}; first: {summary_line(rd)}",
-                   lost_steps=rd.summary.get("lost_steps"))
-
-
-def sigterm(d: Path, timeout_s: float) -> Outcome:
-    run = d / "run"
-    bg = Background.start(run, "run.total_steps=60")
-    try:
-        if not bg.wait_step(12, timeout_s):
-            return Outcome(ok=False, outcome=f"never reached step 12: {bg.log_tail(300)}")
-        os.kill(bg.proc.pid, signal.SIGTERM)
-        at = time.time()
-        code = bg.wait(120)
-        left = bg.leftovers(20.0)
-    finally:
-        bg.end()
-    stopped = RunDir.read(run).summary
-    code2, rd = cli(run, "run.total_steps=60", timeout_s=timeout_s)
-    ok = (code == 143 and not left and code2 == 0 and rd.summary.get("state") == "SUCCEEDED")
-    return Outcome(ok=ok, outcome=f"stopped: exit {code}, committed step "
-                                  f"{stopped.get('last_committed_step')}, {len(left)} process(es) "
-                                  f"left; resumed: {summary_line(rd)}",
-                   lost_steps=stopped.get("lost_steps"),
-                   to_first_step_s=resumed_first_step(rd, at))
-
-
-def notice_crash(d: Path, timeout_s: float) -> Outcome:
-    """chaos ``crash_in_notice``: a 30 s notice for host 1, its process SIGSEGVed 1 s later
-    while the run trains on (handing over to the spare as it warms up)."""
-    code, rd = cli(d / "run", SPARE, "run.total_steps=100", "controller.warm.handover_max_s=60",
-                   _chaos("at_step: 10, host: 1, kind: crash_in_notice, deadline_s: 30"),
-                   timeout_s=timeout_s)
-    released = next((t for t in rd.timeline if t.get("state") == "RELEASING"), {})
-    cause = (released.get("payload") or {}).get("cause")
-    out = _recovered(rd, code, cause="spot_preemption", max_lost=5,
-                     note=f"died in {released.get('prev')}, charged to {cause}")
-    out.ok = (out.ok and "host_lost" not in (rd.summary.get("restarts") or {})
-              and released.get("prev") in ("RUNNING", "HANDING_OVER")
-              and cause == "spot_preemption"
-              and not any(t.get("state") == "BACKOFF" for t in rd.timeline))
-    return out
-
-
-def final_save_lost(d: Path, timeout_s: float) -> Outcome:
-    """kill -9 of host 1's process ~40 ms after the driver wrote "reached step N: final save"
-    (a spare slice, the budget unused): the run re-forms, restores and saves again."""
-    run, total = d / "run", 30
-    bg = Background.start(run, SPARE, f"run.total_steps={total}")
-    try:
-        first = bg.wait_transition(lambda t: t.get("state") == "RUNNING", timeout_s)
-        pid = bg.host_process(f"{first['slices'][0]}-w1") if first else None
-        if pid is None:
-            return Outcome(ok=False, outcome=f"host 1's process not found: {bg.log_tail(300)}")
-        final = bg.wait_transition(lambda t: t.get("state") == "CHECKPOINTING" and
-                                   "final save" in str(t.get("reason")), timeout_s)
-        if final is None:
-            return Outcome(ok=False, outcome=f"never reached the final save: {bg.log_tail(300)}")
-        time.sleep(0.04)
-        os.kill(pid, signal.SIGKILL)
-        after_ms = round((time.time() - float(final["at"])) * 1000)
-        code = bg.wait(timeout_s)
-    finally:
-        bg.end()
-    rd = RunDir.read(run)
-    seq = next(i for i, t in enumerate(rd.timeline) if t.get("seq") == final.get("seq"))
-    then = rd.timeline[seq + 1]["state"] if len(rd.timeline) > seq + 1 else None
-    ckpts = sorted(p.name for p in (run / "checkpoints").iterdir())
-    out = _recovered(rd, code, cause="host_lost", max_lost=5,
-                     note=f"killed {after_ms} ms after the final-save line, then {then}; "
-                          f"checkpoints {ckpts}")
-    out.ok = (out.ok and then == "RELEASING" and rd.summary.get("step") == total
-              and str(total) in ckpts and not [c for c in ckpts if "tmp" in c])
-    out.detail["killed_after_ms"] = after_ms
-    return out
-
-
-def disk_full(d: Path, timeout_s: float) -> Outcome:
-    """The run dir's checkpoints on a 64 MiB tmpfs, filled at step 12 (``bench/fault_disk``):
-    the run stops naming the fix, no retries; space freed, the same command resumes."""
-    import json
-    import subprocess
-
-    from bench import fault_disk, procs
-
-    run, result = d / "run", d / "disk-full.json"
-    cmd = fault_disk.command("--run", str(run), "--out", str(result),
-                             "--timeout-s", str(timeout_s))
-    assert cmd is not None  # the row is skipped without unshare
-    log = d / "unshare.log"
-    d.mkdir(parents=True, exist_ok=True)
-    with log.open("wb") as fh:
-        done = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=procs.ROOT,
-                              env=procs.child_env(), timeout=3 * timeout_s, check=False)
-    if done.returncode != 0 or not result.exists():
-        return Outcome(ok=False, outcome=f"harness exit {done.returncode}: "
-                                         f"{log.read_text(errors='replace')[-300:]}")
-    res = json.loads(result.read_text())
-    if "error" in res:
-        return Outcome(ok=False, outcome=res["error"][:300], detail=res)
-    first = res.get("first_summary") or {}
-    rerun = res.get("rerun") or {}
-    rs = rerun.get("summary") or {}
-    restore = (rs.get("restores") or [{}])[0]
-    committed = res["full"]["steps"]
-    ok = (res.get("exit_code") not in (0, None) and not res.get("leftovers")
-          and "free space" in str(first.get("reason", ""))
-          and not first.get("restarts") and rerun.get("exit_code") == 0
-          and rs.get("state") == "SUCCEEDED" and bool(committed)
-          and restore.get("restored_step") == committed[-1] and not restore.get("skipped"))
-    return Outcome(ok=ok, lost_steps=first.get("lost_steps"), detail=res,
-                   outcome=f"stopped: exit {res.get('exit_code')} "
-                           f"{round(res['stopped_at'] - res['filled_at'], 1)} s after the "
-                           f"fill, restarts {first.get('restarts') or 'none'}, "
-                           f"\"{str(first.get('reason', ''))[:60]}...\"; space freed, rerun: "
-                           f"{rs.get('state')} from step {restore.get('restored_step')} "
-                           f"(committed {committed}, skipped {restore.get('skipped') or 'none'})")
-
-
-def decision_drain_kill(d: Path, timeout_s: float) -> Outcome:
-    """A notice decided on (a handover keeps the drain away for a while), the driver SIGKILLed
-    before its drain; the next driver must still not train on the noticed slice."""
-    run = d / "run"
-    extra = (SPARE, "run.total_steps=200", "controller.warm.handover_max_s=60",
-             _chaos("at_step: 10, host: 1, kind: preempt, deadline_s: 120"))
-    bg = Background.start(run, *extra)
-    try:
-        bg.wait_step(10, timeout_s)
-        until = time.monotonic() + 60
-        while time.monotonic() < until and bg.proc.poll() is None and not _states(run) & {
-                "HANDING_OVER", "DRAINING"}:
-            time.sleep(0.05)
-        reached = bg.step()
-        os.kill(bg.proc.pid, signal.SIGKILL)  # the decision is made: training on, no drain yet
-        killed_at = time.time()
-        bg.wait(30)
-    finally:
-        bg.end()
-    if "HANDING_OVER" not in _states(run) or "DRAINING" in _states(run):
-        return Outcome(ok=False, outcome="could not kill between the decision and the drain "
-                                         f"(states seen {sorted(_states(run))})")
-    code, rd = cli(run, *extra, timeout_s=timeout_s)
-    running = [[t["slices"] for t in part if t.get("state") == "RUNNING"]
-               for part in drivers(rd)]
-    # the noticed host's slice: the killed driver's only one; the next driver's first mesh
-    avoided = (len(running) == 2 and bool(running[0]) and bool(running[1])
-               and running[0][0][0] not in running[1][0])
-    restored = (rd.summary.get("restores") or [{}])[0].get("restored_step")
-    return Outcome(ok=code == 0 and avoided and rd.summary.get("state") == "SUCCEEDED",
-                   outcome=f"resumed: {summary_line(rd)} from step {restored}; noticed slice "
-                           f"{'avoided' if avoided else 'trained on again'}",
-                   lost_steps=max(0, reached - restored) if restored is not None else None,
-                   to_first_step_s=resumed_first_step(rd, killed_at),
-                   detail={"meshes_per_driver": running})
-
-
-def _states(run: Path) -> set[str]:
-    return {str(t.get("state")) for t in RunDir.read(run).timeline}
-
-
-def stale_megascale(d: Path, timeout_s: float) -> Outcome:
-    from bench.fault_checks import megascale_after_slice_loss
-
-    stale = megascale_after_slice_loss()
-    return Outcome(ok=not stale, outcome=("no host of the 1-slice mesh keeps a MEGASCALE_* key "
-                                          "(fresh, parked, standby)") if not stale else
-                   f"stale MEGASCALE_* on: {stale}")
-
-
-def _disk_full_needs() -> str | None:
-    from bench import fault_disk
-
-    return fault_disk.unavailable()
 
 
 ROWS: tuple[Row, ...] = (
@@ -486,7 +266,7 @@ ROWS: tuple[Row, ...] = (
         "recovered on the spare, the final save done again", final_save_lost),
     Row("disk-full", "the checkpoints' disk fills up at step 12 (ENOSPC, a 64 MiB tmpfs)",
         "stops naming the fix (free space), no retries; freed, the rerun resumes", disk_full,
-        needs=_disk_full_needs),
+        needs=disk_full_needs),
     Row("stale-megascale", "a 2-slice TPU mesh loses a slice (plan and host env, no cluster)",
         "no MEGASCALE_* of the old mesh in any host process", stale_megascale, cluster=False),
 )
