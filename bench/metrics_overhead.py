@@ -30,7 +30,7 @@ from orchestrator.metrics.identity import ResourceIdentity
 from orchestrator.metrics.jsonl import JsonlSink
 from orchestrator.metrics.pipeline import MetricsPipeline
 from orchestrator.metrics.records import StepRecord
-from tests.support.metric_service import LocalMetricService
+from tests.support.metric_server import LocalMetricService
 
 
 class CpuTimed(RunListener):

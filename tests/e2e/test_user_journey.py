@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.cli import MARK, _survivors, run_main, snapshot
-from tests.support.metric_service import LocalMetricService
+from tests.support.metric_server import LocalMetricService
 
 pytestmark = pytest.mark.cluster
 

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support.metric_service import LocalMetricService
+from tests.support.metric_server import LocalMetricService
 
 
 class FakeClock:
