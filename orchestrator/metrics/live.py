@@ -14,6 +14,7 @@ from rich.progress import (
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
+from rich.table import Column
 
 
 def stats_text(*, loss: float | None, mfu: float | None, goodput: float | None,
@@ -35,11 +36,16 @@ class LiveProgress:
 
     def __init__(self, total: int, *, stream: TextIO | None = None) -> None:
         self.console = Console(file=stream, highlight=False, soft_wrap=True)
+        # A narrow terminal wraps the stats onto more lines; the step, the times and the bar
+        # are never elided (rich shrinks every wrappable column otherwise: "step 191/…").
+        whole = {"table_column": Column(no_wrap=True)}
         self._progress = Progress(
-            TextColumn("step"), MofNCompleteColumn(), BarColumn(bar_width=20),
-            TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(compact=True),
-            TextColumn("{task.fields[stats]}"), console=self.console,
-            redirect_stdout=True, redirect_stderr=True)
+            TextColumn("step", **whole), MofNCompleteColumn(**whole),
+            BarColumn(bar_width=20 if self.console.width >= 110 else 10, **whole),
+            TimeElapsedColumn(**whole), TextColumn("ETA", **whole),
+            TimeRemainingColumn(compact=True, **whole),
+            TextColumn("{task.fields[stats]}", table_column=Column(overflow="fold")),
+            console=self.console, redirect_stdout=True, redirect_stderr=True)
         self._task: Any = None
         self._total = total
         self._stats: dict[str, Any] = {"loss": None, "mfu": None, "goodput": None,
