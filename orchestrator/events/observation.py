@@ -48,15 +48,12 @@ def health_reports_for(event: Any, targeting: Targeting, *, now: float
 def build_observation(event: Any, targeting: Targeting, facts: RunFacts, *,
                       now: float) -> ReactionObservation:
     """The reaction policy's input for ``event`` (an ``orchestrator.events.model.Event``)
-    resolved to ``targeting``, given the run's ``facts`` at ``now``. Pure."""
+    resolved to ``targeting``, given the run's ``facts`` at ``now`` (its fields are the
+    observation's run-side fields, by name). Pure."""
     return ReactionObservation(
         now=now, kind=event.kind.value, targets=targeting.node_ids,
-        job_wide=targeting.job_wide, mesh_hosts=facts.mesh_hosts, job_hosts=facts.job_hosts,
-        deadline=event.deadline, window_start=getattr(event, "window_start", None),
-        window_end=getattr(event, "window_end", None), step=facts.step,
-        step_time_s=facts.step_time_s, expected_save_s=facts.expected_save_s,
-        health_reports=facts.health_reports, cordoned=facts.cordoned,
-        last_health_drain_at=facts.last_health_drain_at)
+        job_wide=targeting.job_wide, deadline=event.deadline, window_start=event.window_start,
+        window_end=event.window_end, **vars(facts))
 
 
 def run_policy(config: Mapping[str, Any] | None) -> tuple[ReactionPolicy, EventsConfig]:
