@@ -110,7 +110,7 @@ def write_topology(run: Run, formed: Formed) -> None:
     would do with a message. Evidence only: a failed write is logged."""
     plan = run.plan
     assert plan is not None
-    data = {"job": run.cfg.run.name, "cluster": getattr(run.cfg.events, "cluster", None),
+    data = {"job": run.cfg.run.name, "cluster": run.cfg.events.cluster,
             "incarnation": run.ledger.incarnation, "id_to_name": formed.instance_ids,
             "hosts": [dict(vars(h)) for h in plan.hosts]}  # flat fields: no asdict recursion
     try:
@@ -128,7 +128,7 @@ _TAIL_BYTES = 64 * 1024
 def last_recorded_step(run: Run) -> int | None:
     """The newest step in RUN_DIR/metrics.jsonl (0 when there is none yet); None when the run
     writes no metrics.jsonl (``metrics.jsonl`` off) or it cannot be read."""
-    if not getattr(run.cfg.metrics, "jsonl", True):
+    if not run.cfg.metrics.jsonl:
         return None
     best = 0  # also when there is no file yet
     try:  # a half-written line (a driver killed mid-write) is skipped

@@ -73,13 +73,12 @@ def after_failure(run: Run, status: Failure) -> Next:
             run.placement.suspect = {run.plan.hosts[i].slice_name for i in status.hosts
                                      if 0 <= i < len(run.plan.hosts)}
     _record_losses(run, status)
-    if run.reactions is not None:
-        run.reactions.collect_notices()
+    run.reactions.collect_notices()
     run.ledger.open_unannounced(cause=cause, error=message, now=run.now())
     prev = run.pending
     # an operator stop still ends it; a final save that failed is recovered and done again
     keep_stop = prev is not None and prev.stop and not prev.final
-    if prev is not None and not prev.stop and prev.event is not None and run.reactions:
+    if prev is not None and not prev.stop and prev.event is not None:
         # a notice not drained yet (a maintenance window hours ahead, a preemption due) must
         # outlive this failure: its hosts stay out if imminent, else it is decided again on
         # the next mesh

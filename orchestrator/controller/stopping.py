@@ -63,6 +63,5 @@ def stop_requested(run: Run) -> Next | None:
     else:
         what = f"stopped by {by.signal}" if by is not None else f"{p.reason}; the run stopped"
         reason = what + (f", checkpoint at step {step} is intact" if step is not None else "")
-    if run.reactions is not None:
-        run.reactions.settle(p, "stopped", step=step)
+    run.reactions.settle(p, "stopped", step=step)
     return Next(S.FAILED, reason, Failed(reason=reason, cause=StopCause.OPERATOR))
