@@ -139,6 +139,7 @@ class EmulatedCluster:
         with self._marked():
             self.cluster = Cluster(initialize_head=True, head_node_args={
                 "num_cpus": 2, "include_dashboard": include_dashboard,
+                "no_monitor": True,  # the autoscaler's monitor: nothing here autoscales
                 "node_ip_address": LOOPBACK, "object_store_memory": 150 * 1024 * 1024})
         return self.cluster.address
 
