@@ -19,7 +19,7 @@ import textwrap
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -39,6 +39,9 @@ from orchestrator.shared.errors import (
     TopologyError,
 )
 from orchestrator.shared.files import atomic_write_json
+
+if TYPE_CHECKING:
+    from orchestrator.metrics.goodput import GoodputReport
 
 log = structlog.get_logger("orchestrator.main")
 
@@ -326,13 +329,13 @@ class Driver:
             log.info("mfu_peak", peak_flops_per_device=box["peak"][0], source=box["peak"][1])
         return box["peak"]
 
-    def _goodput(self) -> float | None:
-        """Goodput from the run directory's timeline and metrics (for the summary)."""
+    def _goodput(self) -> GoodputReport:
+        """Goodput and badput from the run directory's timeline and metrics (for the summary)."""
         from orchestrator.metrics.rundir import load_run
 
         if self.metrics is not None:
             self.metrics.flush(timeout=10.0)
-        return load_run(self.run_dir, now=time.time()).goodput.goodput
+        return load_run(self.run_dir, now=time.time()).goodput
 
     def close(self) -> None:
         for name, part in (("ray-node-watcher", self.node_watcher), ("intake", self.intake),
@@ -362,7 +365,7 @@ class _Answers(RunListener):
     def resolve_peak(self, measure: Any) -> tuple[float, str]:
         return self.driver._resolve_peak(self.cluster, measure, self.box)
 
-    def goodput(self) -> float | None:
+    def goodput(self) -> GoodputReport | None:
         return self.driver._goodput()
 
 

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from orchestrator.controller.context import Run
     from orchestrator.controller.seam import WorkerGroup
     from orchestrator.lifecycle import Transition
+    from orchestrator.metrics.goodput import GoodputReport
     from orchestrator.metrics.records import EvalRecord, StepRecord
 
 log = structlog.get_logger("orchestrator.controller")
@@ -69,8 +70,8 @@ class RunListener:
         matmul on host 0 (call it only when no table or setting knows the device)."""
         return None
 
-    def goodput(self) -> float | None:
-        """The run's goodput for the summary, asked once as the run ends."""
+    def goodput(self) -> GoodputReport | None:
+        """The run's goodput and badput for the summary, asked once as the run ends."""
         return None
 
     # ---- lifetime: called by the listener's owner (the metrics pipeline on its sinks) ------

@@ -43,6 +43,10 @@ class RunSummary:
     forms: list[dict] = dataclasses.field(default_factory=list)
     last_committed_step: int | None = None
     goodput: float | None = None
+    badput_s: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Seconds of wall time lost, by cause (docs/metrics.md); empty when goodput is unknown."""
+    ml_goodput_badput_s: dict[str, float] = dataclasses.field(default_factory=dict)
+    """The same seconds in ``ml-goodput-measurement``'s buckets (``metrics/ml_goodput.py``)."""
     exit_code: int = 0
     stopped_by: str | None = None
     """"SIGTERM" when a stop signal ended the run (exit code 143), else None."""
@@ -103,9 +107,13 @@ def _fmt(v: float | None, unit: str = "", *, pct: bool = False) -> str:
     return f"{v * 100:.1f}%" if pct else f"{v:.4g}{unit}"
 
 
+def _rounded(seconds: dict[str, float]) -> dict[str, float]:
+    return {k: round(v, 3) for k, v in seconds.items()}
+
+
 def write_summary(run: Run, reason: str) -> RunSummary:
     """Build the summary and write summary.json (a write failure is logged, not raised)."""
-    goodput = run.listeners.first("goodput")  # a failing listener is logged: no goodput
+    report = run.listeners.first("goodput")  # a failing listener is logged: no goodput
     now = run.now()
     led = run.ledger
     state = run.lifecycle.state
@@ -121,7 +129,10 @@ def write_summary(run: Run, reason: str) -> RunSummary:
         compile_s=[round(c, 3) for c in led.compile_times], compiles=list(led.compiles),
         recoveries=[r.to_json() for r in led.recoveries], restores=list(led.restores),
         forms=list(led.forms),
-        last_committed_step=led.last_committed, goodput=goodput,
+        last_committed_step=led.last_committed,
+        goodput=report.goodput if report is not None else None,
+        badput_s=_rounded(report.badput_s) if report is not None else {},
+        ml_goodput_badput_s=_rounded(report.ml_badput_s) if report is not None else {},
         exit_code=(EXIT_OK if state is RunState.SUCCEEDED else
                    EXIT_SIGTERM if stopped_by == "SIGTERM" else EXIT_FAILED),
         stopped_by=stopped_by, unsaved_steps=unsaved,

@@ -26,6 +26,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from orchestrator.metrics.ml_goodput import ml_badput
+
 
 class StepLike(Protocol):
     """What goodput needs of a step: a StepLike, or a StepSpan of several merged steps."""
@@ -103,13 +105,19 @@ class GoodputReport:
     intervals: tuple[Interval, ...]
     series: tuple[GoodputSample, ...] = field(default=())
 
+    @property
+    def ml_badput_s(self) -> dict[str, float]:
+        """The badput in ``ml-goodput-measurement``'s buckets (``metrics/ml_goodput.py``)."""
+        return ml_badput(self.intervals)
+
     def to_dict(self) -> dict[str, Any]:
         """Plain data for summary.json and the report (intervals and series left out)."""
         return {
             "start": self.start, "end": self.end, "wall_s": self.wall_s,
             "productive_s": self.productive_s, "goodput": self.goodput,
             "rolling_goodput": self.rolling_goodput, "rolling_window_s": self.rolling_window_s,
-            "badput_s": dict(self.badput_s), "lost_steps": self.lost_steps,
+            "badput_s": dict(self.badput_s), "ml_goodput_badput_s": self.ml_badput_s,
+            "lost_steps": self.lost_steps,
             "per_slice": {k: {"productive_s": v.productive_s, "goodput": v.goodput,
                               "badput_s": dict(v.badput_s)} for k, v in self.per_slice.items()},
         }

@@ -19,6 +19,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from orchestrator.metrics.goodput import CAUSES
+from orchestrator.metrics.ml_goodput import BUCKETS as ML_BUCKETS
+from orchestrator.metrics.ml_goodput import NOT_MEASURED as ML_NOT_MEASURED
 from orchestrator.metrics.plots import figure_png, markers
 from orchestrator.metrics.rundir import RunData, event_label, event_time, load_run
 from orchestrator.shared.errors import OrchestratorError
@@ -85,6 +87,10 @@ def render_html(data: RunData, png: bytes) -> str:
     badput_rows = [(c, f"{g.badput_s[c]:,.1f}",
                     f"{100 * g.badput_s[c] / g.wall_s:.1f}%" if g.wall_s else "0.0%")
                    for c in CAUSES if g.badput_s.get(c, 0.0) > 0]
+    ml = g.ml_badput_s
+    ml_rows = [(b, f"{ml[b]:,.1f}", f"{100 * ml[b] / g.wall_s:.1f}%" if g.wall_s else "0.0%")
+               for b in ML_BUCKETS if ml.get(b, 0.0) > 0]
+    ml_rows += [(b, "n/a", "not timed apart (inside the step)") for b in ML_NOT_MEASURED]
     slice_rows = [(name, f"{sg.productive_s:,.1f}", f"{sg.goodput * 100:.1f}%",
                    f"{sg.badput_s.get('absent', 0.0):,.1f}")
                   for name, sg in sorted(g.per_slice.items())]
@@ -111,6 +117,9 @@ slice count; dashed lines mark drains, re-forms, waits, shrink/grow and handled 
 <img alt="run report figure" src="data:image/png;base64,{img}">
 <h2>Badput by cause</h2>
 {_table(("cause", "seconds", "share of wall time"), badput_rows)}
+<h2>Badput in ml-goodput-measurement's buckets</h2>
+<p class="muted">The same seconds in the buckets of Google's goodput library (docs/metrics.md).</p>
+{_table(("bucket", "seconds", "share of wall time"), ml_rows)}
 <h2>Per slice</h2>
 {_table(("slice", "productive s", "goodput", "absent s"), slice_rows)}
 <h2>Marked on the timeline</h2>

@@ -52,7 +52,12 @@ class Answers(RunListener):
         return (measure() * 2, "answered")
 
     def goodput(self):
-        return 0.5
+        """Half the wall time starting up, half running."""
+        from orchestrator.metrics.goodput import compute_goodput
+
+        timeline = [{"state": "FORMING", "at": 0.0}, {"state": "RUNNING", "at": 5.0},
+                    {"state": "SUCCEEDED", "at": 10.0}]
+        return compute_goodput(timeline, [], now=10.0)
 
 
 def test_the_defaults_are_no_ops():
@@ -79,6 +84,8 @@ def test_every_listener_sees_the_run_and_a_broken_one_stops_nothing(tmp_path):
     assert [e["kind"] for e in rec.events] == ["preemption_notice"] and "at" in rec.events[0]
     assert rec.final == [sim.fleet.groups[-1]] and rec.chunks
     assert summary.goodput == 0.5
+    assert summary.badput_s["startup"] == 5.0
+    assert summary.ml_goodput_badput_s["tpu_initialization"] == 5.0
     failed = {e["callback"] for e in logs if e["event"] == "listener_failed"}
     assert failed >= {"on_transition", "on_step", "on_event", "on_final_group", "before_chunk",
                       "chunk_end", "init_faults", "resolve_peak", "goodput"}

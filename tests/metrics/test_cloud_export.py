@@ -87,6 +87,9 @@ def test_long_fast_run_lands_every_metric_with_no_rejected_point(metric_service,
     assert [(p.metric_labels["cause"], p.value) for p in restarts] == [("host_lost", 1)]
     causes = {p.metric_labels["cause"] for p in state.points(f"{PREFIX}/badput")}
     assert {"startup", "compile", "lost_steps", "idle"} <= causes
+    buckets = {p.metric_labels["bucket"]: p.value for p in state.points(f"{PREFIX}/ml_badput")}
+    assert {"tpu_initialization", "program_startup", "wasted_progress_from_disruption",
+            "other"} <= set(buckets), "the same badput in ml-goodput-measurement's buckets"
     slices = {(p.metric_labels["slice"], p.metric_labels["window"])
               for p in state.points(f"{PREFIX}/goodput")}
     assert {("all", "cumulative"), ("all", "rolling"), ("s0", "cumulative")} <= slices

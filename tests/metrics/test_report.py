@@ -62,6 +62,10 @@ def test_report_renders_a_run_still_going(tmp_path):
     assert "MFU peak" in page and "configured" in page
     for cause in ("startup", "compile", "lost_steps", "waiting_for_capacity", "reform", "drain"):
         assert f"<td>{cause}</td>" in page
+    for bucket in ("tpu_initialization", "program_startup", "wasted_progress_from_disruption",
+                   "infrastructure_recovery_from_disruption"):
+        assert f"<td>{bucket}</td>" in page
+    assert "<td>data_loading_sync</td><td>n/a</td>" in page
     assert "metrics.jsonl: 1 (partial or corrupt)" in page
     assert "preemption_notice (slice s1, host 3): accepted" in page
     assert "shrink 2-&gt;1 slices" in page and "grow 1-&gt;2 slices" in page

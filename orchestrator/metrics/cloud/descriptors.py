@@ -51,6 +51,9 @@ METRICS: tuple[MetricDef, ...] = (
                           "'cumulative' or 'rolling'."),
     MetricDef(name="badput", kind=GAUGE, value_type=DOUBLE, unit="s", labels=("cause",),
               description="Seconds of the run lost so far, by cause."),
+    MetricDef(name="ml_badput", kind=GAUGE, value_type=DOUBLE, unit="s", labels=("bucket",),
+              description="The badput seconds in the buckets of Google's ml-goodput-measurement "
+                          "(its BadputType names in lower case)."),
     MetricDef(name="restarts", kind=CUMULATIVE, value_type=INT64, unit="1", labels=("cause",),
               description="Re-forms of the JAX group since the driver started, by cause."),
     MetricDef(name="restores", kind=CUMULATIVE, value_type=INT64, unit="1", labels=("tier",),

@@ -23,6 +23,7 @@ from orchestrator.metrics.config import CloudMonitoringConfig
 from orchestrator.metrics.goodput import CAUSES, compute_goodput
 from orchestrator.metrics.identity import ResourceIdentity
 from orchestrator.metrics.ledger import StepLedger
+from orchestrator.metrics.ml_goodput import BUCKETS as ML_BUCKETS
 from orchestrator.metrics.records import StepRecord
 
 if TYPE_CHECKING:
@@ -187,6 +188,8 @@ class CloudMonitoringSink(RunListener):
                 out.append(self._point("goodput", sg.goodput, end,
                                        (("slice", name), ("window", "cumulative"))))
             out.extend(self._point("badput", g.badput_s[c], end, (("cause", c),)) for c in CAUSES)
+            ml = g.ml_badput_s
+            out.extend(self._point("ml_badput", ml[b], end, (("bucket", b),)) for b in ML_BUCKETS)
         out.extend(self._point("restarts", n, end, (("cause", c),))
                    for c, n in sorted(self._restarts.items()))
         out.extend(self._point("restores", n, end, (("tier", t),))
