@@ -83,6 +83,9 @@ class CloudMonitoringConfig:
                                   "shorten the value")
 
 
+_LOG_NAME = re.compile(r"[A-Za-z0-9/_.\-]{1,511}")
+
+
 @dataclass(frozen=True, kw_only=True)
 class MetricsConfig:
     """Section ``metrics``: sinks for per-step metrics, transitions and events."""
@@ -103,6 +106,9 @@ class MetricsConfig:
     """Records buffered per local sink before drops are counted."""
     rolling_window_s: float = 300.0
     """Window of the rolling goodput."""
+    goodput_recorder: str | None = None
+    """A Cloud Logging log name: Google's ml-goodput-measurement recorder writes the run's job,
+    TPU-init, preparation and step markers there (the ``goodput`` extra; docs/metrics.md)."""
 
     def __post_init__(self) -> None:
         if self.console_every_steps < 0:
@@ -114,3 +120,8 @@ class MetricsConfig:
             raise ConfigError("metrics.queue_size", "must be >= 1", "set a positive queue size")
         if self.rolling_window_s <= 0:
             raise ConfigError("metrics.rolling_window_s", "must be > 0", "set e.g. 300")
+        if self.goodput_recorder is not None and not _LOG_NAME.fullmatch(self.goodput_recorder):
+            raise ConfigError("metrics.goodput_recorder",
+                              f"{self.goodput_recorder!r} is not a Cloud Logging log name",
+                              "use up to 511 letters, digits, '/', '_', '-' or '.' (e.g. "
+                              "goodput_my_job), or leave it unset")

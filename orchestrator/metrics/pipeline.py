@@ -176,9 +176,11 @@ class MetricsPipeline(RunListener):
 def build_sinks(cfg: MetricsConfig, *, run_dir: Path, identity: ResourceIdentity,
                 clock: Callable[[], float] = time.time,
                 client_factory: Callable[[str | None], Any] | None = None,
-                live_total: int | None = None) -> list[RunListener]:
-    """The sinks the config turns on. ``client_factory`` is the Cloud Monitoring seam;
-    ``live_total`` (the run's steps) turns the console's progress lines into a live bar."""
+                live_total: int | None = None,
+                recorder_factory: Callable[[str, str], Any] | None = None) -> list[RunListener]:
+    """The sinks the config turns on. ``client_factory`` is the Cloud Monitoring seam and
+    ``recorder_factory`` the goodput recorder's; ``live_total`` (the run's steps) turns the
+    console's progress lines into a live bar."""
     from orchestrator.metrics.console import ConsoleSink
     from orchestrator.metrics.jsonl import JsonlSink
     from orchestrator.metrics.raymetrics import RayMetricsSink
@@ -208,6 +210,11 @@ def build_sinks(cfg: MetricsConfig, *, run_dir: Path, identity: ResourceIdentity
         factory = client_factory or make_client
         sinks.append(CloudMonitoringSink(cm, identity=identity, client=factory(cm.endpoint),
                                          clock=clock, rolling_window_s=cfg.rolling_window_s))
+    if cfg.goodput_recorder is not None:
+        from orchestrator.metrics import goodput_recorder
+
+        sinks.append(goodput_recorder.build(cfg.goodput_recorder, job_name=identity.job,
+                                            clock=clock, factory=recorder_factory))
     return sinks
 
 
