@@ -27,6 +27,7 @@ from orchestrator.config import RunConfig, load_config
 from orchestrator.controller.listener import RunListener
 from orchestrator.driver import logs
 from orchestrator.driver.lock import RunDirBusy, RunDirLock
+from orchestrator.driver.ray_job import job_config, submission_id
 from orchestrator.driver.signals import EXIT_SIGINT, EXIT_SIGTERM, StopSignals
 from orchestrator.driver.task_check import check_task
 from orchestrator.shared import configtools
@@ -79,7 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # SIGTERM (``ray job stop``, Kubernetes) drains the run once it runs; before, and for a
     # second signal or SIGINT, the driver unwinds through its teardown (a driver started from a
     # background job inherits SIGINT ignored: the handler resets it)
-    signals = StopSignals(in_ray_job=_submission_id() is not None)
+    signals = StopSignals(in_ray_job=submission_id() is not None)
     signals.install()
     tty = sys.stdout.isatty()
     logs.configure(json_logs=logs.choose_output(args.log_format, tty=tty).json,
@@ -136,7 +137,7 @@ class Driver:
         from orchestrator.raygroup.factory import ray_group_factory
         from orchestrator.raygroup.ram_holders import RamTier
 
-        self.lock.acquire(submission_id=_submission_id())  # before anything reads or writes
+        self.lock.acquire(submission_id=submission_id())  # before anything reads or writes
         # the task, its memory per host (printed; exit 2 if it cannot fit) and its checkpoints
         check_task(self.cfg, self.run_dir)
         self._connect()
@@ -189,12 +190,12 @@ class Driver:
             "entrypoint": argv,
             "entrypoint_shell": shlex.join(argv),
             "cwd": os.getcwd(),
-            "runtime_env": redact_runtime_env(_job_config().get("runtime_env") or {}),  # no secrets
+            "runtime_env": redact_runtime_env(job_config().get("runtime_env") or {}),  # no secrets
             "incarnation": int(prev.get("incarnation", 0)) + 1,
             "config_digest": self.cfg.digest(),
             "run_dir": str(self.run_dir),
             "started_at": time.time(),
-            "ray_job_submission_id": _submission_id(),
+            "ray_job_submission_id": submission_id(),
         }
         atomic_write_json(meta_path, meta, indent=2)
         logs.attach_run_dir(self.run_dir)  # every log record, also those the terminal hid
@@ -382,21 +383,6 @@ def _ray_init(worker_logs: bool) -> Any:
         return ray.init(**kw)
 
     return init
-
-
-def _job_config() -> dict:
-    """The job config Ray hands a driver started by ``ray job submit`` (else empty)."""
-    try:
-        data = json.loads(os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR") or "{}")
-    except ValueError:
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _submission_id() -> str | None:
-    """Ray 2.60 passes the submission id only inside the job config's metadata."""
-    meta = _job_config().get("metadata") or {}
-    return meta.get("job_submission_id") or os.environ.get("RAY_JOB_SUBMISSION_ID")
 
 
 if __name__ == "__main__":
