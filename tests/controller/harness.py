@@ -81,3 +81,16 @@ def make(tmp_path: Path, *overrides: str, slices=("s0",), spare=(), commit_after
                      intake=intake, policies=policies, listeners=listeners,
                      poll_interval_s=0.05)
     return Sim(ctl, clock, cluster, fleet, intake, run_dir)
+
+
+def lose_slice_then_add_one(sim: Sim, *, lose_at: int = 8, add_at: int = 23) -> None:
+    """Slice s1 (host s1-h0, mesh host 2) is lost for good at step ``lose_at``; a new slice s2
+    appears at step ``add_at``: the shrink-then-grow schedule of a two-slice run."""
+    from tests.controller.fakes import lost
+
+    def lose_slice(g):
+        sim.cluster.remove("s1-h0")
+        return lost(hosts=(2,), nodes=frozenset({"s1-h0"}))
+
+    sim.fleet.on_step(lose_at, lose_slice)
+    sim.fleet.on_step(add_at, lambda g: sim.cluster.add_slice("s2"))

@@ -10,7 +10,7 @@ from collections import Counter
 from orchestrator.lifecycle import Planning
 from policies.causes import StopCause
 from tests.controller.fakes import lost
-from tests.controller.harness import make
+from tests.controller.harness import lose_slice_then_add_one, make
 
 
 def _plannings(sim) -> list[tuple[str, Planning]]:
@@ -45,13 +45,7 @@ def test_a_wait_for_capacity_is_no_restart_and_a_grow_is_labelled_grow(tmp_path)
     sim = make(tmp_path, "cluster.emulate.slices=2", "run.total_steps=60",
                "controller.elastic.min_resize_interval_s=0", "controller.elastic.shrink_after_s=2",
                slices=("s0", "s1"))
-
-    def lose_slice(g):
-        sim.cluster.remove("s1-h0")
-        return lost(hosts=(2,), nodes=frozenset({"s1-h0"}))
-
-    sim.fleet.on_step(8, lose_slice)
-    sim.fleet.on_step(23, lambda g: sim.cluster.add_slice("s2"))
+    lose_slice_then_add_one(sim)
     summary = sim.run()
     assert summary.state == "SUCCEEDED"
     plannings = _plannings(sim)

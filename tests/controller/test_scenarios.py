@@ -8,7 +8,7 @@ import pytest
 
 from orchestrator.controller.seam import GroupFailed, Hung
 from tests.controller.fakes import lost
-from tests.controller.harness import make
+from tests.controller.harness import lose_slice_then_add_one, make
 
 
 def test_happy_path_succeeds_and_writes_one_summary(tmp_path):
@@ -224,13 +224,7 @@ def test_capacity_wait_then_grow_back_when_a_slice_returns(tmp_path, commit_afte
     sim = make(tmp_path, "cluster.emulate.slices=2", "run.total_steps=60",
                "controller.elastic.min_resize_interval_s=0", slices=("s0", "s1"),
                commit_after=commit_after)
-
-    def lose_slice(g):
-        sim.cluster.remove("s1-h0")
-        return lost(hosts=(2,), nodes=frozenset({"s1-h0"}))
-
-    sim.fleet.on_step(8, lose_slice)
-    sim.fleet.on_step(23, lambda g: sim.cluster.add_slice("s2"))
+    lose_slice_then_add_one(sim)
     summary = sim.run()
     assert summary.state == "SUCCEEDED"
     sizes = [g.spec.plan.num_slices for g in sim.fleet.groups]

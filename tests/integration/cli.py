@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import signal
 import subprocess
@@ -123,3 +124,15 @@ def snapshot(directory: Path) -> dict[str, tuple[str, int, int]]:
         elif p.is_dir():
             out[str(p.relative_to(directory)) + "/"] = ("dir", 0, 0)
     return out
+
+
+def newest_step(run_dir: Path) -> int:
+    """The newest step in RUN_DIR/metrics.jsonl (0 before any; a line being written is skipped)."""
+    path = run_dir / "metrics.jsonl"
+    steps = [0]
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            steps.append(int(json.loads(line)["step"]))
+        except (ValueError, KeyError):
+            continue
+    return max(steps)

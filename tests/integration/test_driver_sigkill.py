@@ -6,27 +6,15 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 
 import pytest
 
 from tests.faults.harness import BASE_OVERRIDES
-from tests.integration.cli import _survivors, marked_pids, run_main, start_main
+from tests.integration.cli import _survivors, marked_pids, newest_step, run_main, start_main
 
 pytestmark = pytest.mark.cluster
 
 GONE_WITHIN_S = 20.0
-
-
-def _step(run_dir: Path) -> int:
-    path = run_dir / "metrics.jsonl"
-    steps = [0]
-    for line in path.read_text().splitlines() if path.exists() else []:
-        try:
-            steps.append(int(json.loads(line)["step"]))
-        except (ValueError, KeyError):
-            continue  # a line being written
-    return max(steps)
 
 
 @pytest.mark.timeout(900)
@@ -37,9 +25,9 @@ def test_a_sigkilled_driver_leaves_no_process_and_the_next_start_resumes(tmp_pat
     driver, marker = start_main(args, log_path=tmp_path / "driver.log")
     try:
         until = time.monotonic() + 400
-        while _step(run_dir) < 10 and driver.poll() is None and time.monotonic() < until:
+        while newest_step(run_dir) < 10 and driver.poll() is None and time.monotonic() < until:
             time.sleep(0.2)
-        assert driver.poll() is None and _step(run_dir) >= 10, (
+        assert driver.poll() is None and newest_step(run_dir) >= 10, (
             (tmp_path / "driver.log").read_text()[-3000:])
         kinds = "\n".join(marked_pids(marker).values())
         for daemon in ("gcs_server", "raylet", "dashboard/agent.py", "runtime_env/agent",

@@ -69,9 +69,10 @@ from tests.faults.harness import (
     started_cluster,
 )
 from tests.input.conftest import SEQ_LEN, VOCAB, make_dataset
+from tests.integration.cli import newest_step
 from tests.support.ray_cluster import RunningCluster
 from tests.tasks import sample_order
-from tests.tasks.user_task_jobs import LocalJobs, all_gone, host_pids, newest_step, wait_for
+from tests.tasks.user_task_jobs import LocalJobs, all_gone, host_pids, wait_for
 
 pytestmark = pytest.mark.cluster
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import subprocess
@@ -58,15 +57,6 @@ class LocalJobs:
         return (self.log_dir / f"{submission_id}.log").read_text()[-4000:]
 
 
-def newest_step(run_dir: Path) -> int:
-    path = run_dir / "metrics.jsonl"
-    steps = [0]
-    for line in path.read_text().splitlines() if path.exists() else []:
-        try:
-            steps.append(int(json.loads(line)["step"]))
-        except (ValueError, KeyError):
-            continue
-    return max(steps)
 
 
 def wait_for(pred, timeout_s: float, what: str) -> None:
