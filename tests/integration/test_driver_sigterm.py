@@ -12,8 +12,7 @@ import pytest
 
 from orchestrator.shared import layout as ckpt_layout
 from tests.faults.harness import BASE_OVERRIDES
-from tests.integration.cli import _survivors, start_main
-from tests.integration.test_driver_sigkill import _step
+from tests.integration.cli import _survivors, newest_step, start_main
 
 pytestmark = pytest.mark.cluster
 
@@ -28,9 +27,9 @@ def test_sigterm_mid_run_saves_the_step_it_stopped_at_and_exits_143(tmp_path):
     driver, marker = start_main(args, log_path=log)
     try:
         until = time.monotonic() + 400
-        while _step(run_dir) < 12 and driver.poll() is None and time.monotonic() < until:
+        while newest_step(run_dir) < 12 and driver.poll() is None and time.monotonic() < until:
             time.sleep(0.2)
-        assert driver.poll() is None and _step(run_dir) >= 12, log.read_text()[-3000:]
+        assert driver.poll() is None and newest_step(run_dir) >= 12, log.read_text()[-3000:]
         t0 = time.monotonic()
         driver.send_signal(signal.SIGTERM)  # the driver only, as `ray job stop` signals it
         code = driver.wait(120)
