@@ -25,7 +25,7 @@ import structlog
 
 from orchestrator.config import RunConfig, load_config
 from orchestrator.controller.listener import RunListener
-from orchestrator.driver import logs
+from orchestrator.driver import logs, protection
 from orchestrator.driver.lock import RunDirBusy, RunDirLock
 from orchestrator.driver.ray_job import job_config, submission_id
 from orchestrator.driver.signals import EXIT_SIGINT, EXIT_SIGTERM, StopSignals
@@ -139,11 +139,16 @@ class Driver:
 
         self.lock.acquire(submission_id=submission_id())  # before anything reads or writes
         # the task, its memory per host (printed; exit 2 if it cannot fit) and its checkpoints
-        check_task(self.cfg, self.run_dir)
+        task = check_task(self.cfg, self.run_dir)
         self._connect()
         self.signals.install()  # Ray's in-process head node installs its own SIGTERM handler
         cluster = RayClusterView()
-        self._check_capacity(cluster)
+        plan = self._check_capacity(cluster)
+        # the auto protection settings (RAM tier, standby), decided now and printed
+        spare = protection.spare_slices(cluster.hosts(), plan)
+        self.cfg, chosen = protection.resolve(self.cfg, task.memory, hosts=len(plan.hosts),
+                                              spare_slices=spare)
+        print(protection.line(chosen), flush=True)
         ram = RamTier.for_run(self.cfg, self.run_dir)  # None: checkpoint.ram is off
         self._prepare_run_dir()
         self.metrics = self._build_metrics()
@@ -155,7 +160,7 @@ class Driver:
         controller = Controller(self.cfg, run_dir=self.run_dir, cluster=cluster,
                                 make_group=groups, intake=self.intake,
                                 policies=wiring.policies, listeners=listeners,
-                                stop_request=self.signals.request)
+                                stop_request=self.signals.request, protection=chosen)
         self._watch_ray_nodes(lambda: list(controller.plan.hosts) if controller.plan else [])
         self.signals.armed = True  # from here SIGTERM drains (the controller polls the flag)
         try:
@@ -247,8 +252,9 @@ class Driver:
                             "cluster.emulate.slices / hosts_per_slice") from None
         raise AssertionError("unreachable")
 
-    def _check_capacity(self, cluster: Any) -> None:
-        """Fail fast (before any actor) when the cluster cannot host the requested mesh."""
+    def _check_capacity(self, cluster: Any) -> Any:
+        """Fail fast (before any actor) when the cluster cannot host the requested mesh; the
+        mesh plan it would have."""
         from orchestrator.shared.plan import plan_mesh
 
         hosts = cluster.hosts()
@@ -269,6 +275,7 @@ class Driver:
                 f"{plan.num_slices} ({len(hosts)} TPU hosts).",
                 fix="add hosts/slices to the cluster or lower cluster.slices / "
                     "cluster.emulate.slices")
+        return plan
 
     def _build_metrics(self) -> Any:
         from orchestrator.metrics.pipeline import MetricsPipeline, build_sinks, identity_for

@@ -157,9 +157,10 @@ class WarmConfig:
     process and join the next one (no new process, no imports). ``auto``: on for the CPU
     platform, off on TPU (re-initialising the TPU runtime in one process is not verified
     there). A process that cannot be released or rejoined is replaced by a fresh one."""
-    standby_slices: int = 0
+    standby_slices: Literal["auto"] | int = "auto"
     """Spare slices whose hosts keep a warm standby process (JAX imported, no runtime): a
-    re-form onto them skips the process start and the imports. 0 = none."""
+    re-form onto them skips the process start and the imports. ``auto`` (the default): every
+    complete spare slice; a number caps them; 0 = none (the opt-out)."""
     handover_max_s: float = 20.0
     """On a notice that leaves time, training goes on (HANDING_OVER) for at most this long
     while the replacement hosts warm up, then drains; 0 = drain at once."""
@@ -167,11 +168,17 @@ class WarmConfig:
     def __post_init__(self) -> None:
         _need(self.reuse_processes in ("auto", "on", "off"), "warm.reuse_processes",
               f"{self.reuse_processes!r} is not auto, on or off", "use auto, on or off")
-        _need(self.standby_slices >= 0, "warm.standby_slices", f"{self.standby_slices} < 0",
-              "set the number of spare slices to keep warm, 0 = none")
+        _need(self.standby_slices == "auto" or (isinstance(self.standby_slices, int)
+                                                and self.standby_slices >= 0),
+              "warm.standby_slices", f"{self.standby_slices!r} is not auto or a number >= 0",
+              "set auto (every spare slice), a number of spare slices to keep warm, or 0 = none")
         _need(_finite(self.handover_max_s) and self.handover_max_s >= 0,
               "warm.handover_max_s", f"{self.handover_max_s} is not >= 0",
               "set seconds to train on while the replacement warms up, 0 = drain at once")
+
+    def standby_count(self, spare: int) -> int:
+        """How many of ``spare`` complete spare slices keep standby processes."""
+        return spare if self.standby_slices == "auto" else min(spare, int(self.standby_slices))
 
     def reuse(self, platform: str) -> bool:
         return self.reuse_processes == "on" or (self.reuse_processes == "auto"

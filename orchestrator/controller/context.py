@@ -116,6 +116,8 @@ class Run:
     """The embedding driver's stop signal (``orchestrator.driver.signals.StopSignals.request``):
     a ``StopRequest`` once SIGTERM came, read at every poll; the handler itself does nothing."""
     stopping_by: Any = None  # the StopRequest this run is draining for (taken once)
+    protection: dict = field(default_factory=dict)
+    """What the driver chose for the ``auto`` protection settings and why (summary.json)."""
 
     @property
     def plan(self) -> MeshPlan | None:

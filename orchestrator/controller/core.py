@@ -58,7 +58,8 @@ class Controller:
                  policies: Policies | None = None,
                  listeners: Sequence[RunListener] | None = None,
                  poll_interval_s: float = 0.1,
-                 stop_request: Callable[[], Any] | None = None) -> None:
+                 stop_request: Callable[[], Any] | None = None,
+                 protection: dict | None = None) -> None:
         clock = clock or SystemClock()
         if policies is None or listeners is None:
             wiring = from_config(cfg)
@@ -72,7 +73,8 @@ class Controller:
             ledger=RecoveryLedger(),
             placement=Placement(target_slices=planning.initial_target_slices(cfg, hosts)),
             intake=intake, listeners=Listeners(listeners),
-            started_at=clock.now(), poll_interval_s=poll_interval_s, stop_request=stop_request)
+            started_at=clock.now(), poll_interval_s=poll_interval_s, stop_request=stop_request,
+            protection=dict(protection or {}))
         self.run_state.reactions = Reactions(self.run_state)
         self.final_reason = ""
 

@@ -26,7 +26,7 @@ def draining(run: Run) -> Next:
     now = run.now()
     led = run.ledger
     ram = run.cfg.checkpoint.ram
-    has_ram = ram.enabled and isinstance(run.group, RamCopies)  # else durable saves only
+    has_ram = ram.enabled is True and isinstance(run.group, RamCopies)  # else durable saves only
     decision = run.policies.deadline.decide(DrainObservation(
         now=now, deadline=p.deadline if p.deadline is not None else now + 3600.0,
         expected_save_s=led.median_save_s() or DEFAULT_SAVE_S, expected_step_s=0.0,

@@ -77,6 +77,13 @@ class RecoveryLedger:
     copy_costs: list[float] = field(default_factory=list)
     """Seconds steps waited for their RAM-tier copy (a durable save written from RAM costs the
     step only this, so it is not a save cost)."""
+    pack_costs: list[float] = field(default_factory=list)
+    """Of those, the periodic copies' alone (a drain's copy waits for delivery too): what
+    ``checkpoint.ram.every: auto`` weighs against the step time."""
+    copy_every: int | None = None
+    """The RAM tier's copy interval in force under ``every: auto`` (None: not chosen)."""
+    copy_intervals: list[dict] = field(default_factory=list)
+    """Each choice of that interval: step, every, reason and its inputs (summary.json)."""
     compile_times: list[float] = field(default_factory=list)
     compiles: list[dict] = field(default_factory=list)
     """Per COMPILING phase: {incarnation, compile_s, source (loaded|compiled|mixed), key}."""
@@ -138,9 +145,12 @@ class RecoveryLedger:
                 self.last_eval = eval_summary(int(rec["step"]), rec["eval"])
             if rec.get("ram_copy_s"):
                 self.copy_costs.append(float(rec["ram_copy_s"]))
+                if not rec.get("saved_from_ram"):
+                    self.pack_costs.append(float(rec["ram_copy_s"]))
             if rec.get("checkpoint_blocking_s") and not rec.get("saved_from_ram"):
                 self.save_costs.append(float(rec["checkpoint_blocking_s"]))
         del self.copy_costs[:-_KEEP_STEP_TIMES]
+        del self.pack_costs[:-_KEEP_STEP_TIMES]
         del self.step_times[:-_KEEP_STEP_TIMES]
 
     def median_step_s(self, last: int = 20) -> float | None:
@@ -149,6 +159,10 @@ class RecoveryLedger:
 
     def median_copy_s(self, last: int = 20) -> float | None:
         recent = self.copy_costs[-last:]
+        return statistics.median(recent) if recent else None
+
+    def median_pack_s(self, last: int = 20) -> float | None:
+        recent = self.pack_costs[-last:]
         return statistics.median(recent) if recent else None
 
     def median_save_s(self, last: int = 5) -> float | None:

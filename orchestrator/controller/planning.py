@@ -109,9 +109,10 @@ def hot_swap(run: Run, complete: list[str]) -> list[str]:
 
 def standby_hosts(run: Run, hosts: Sequence[HostRef], complete: Sequence[str],
                   used: set[str]) -> tuple[HostRef, ...]:
-    """The hosts of the first ``controller.warm.standby_slices`` complete spare slices."""
-    n = run.ctl.warm.standby_slices
-    spare = [s for s in complete if s not in used][:n]
+    """The hosts of the complete spare slices that keep standby processes
+    (``controller.warm.standby_slices``: all of them under ``auto``)."""
+    spare = [s for s in complete if s not in used]
+    spare = spare[:run.ctl.warm.standby_count(len(spare))]
     return tuple(h for h in hosts if h.slice_name in set(spare))
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from orchestrator.controller import ahead, handover, recovering
+from orchestrator.controller import ahead, copies, handover, recovering
 from orchestrator.controller.context import Next, Pending, Run, log
 from orchestrator.controller.planning import complete_slices, usable_hosts
 from orchestrator.controller.seam import Hung, Progress, Running
@@ -43,7 +43,8 @@ def running(run: Run) -> Next:
             return _drain_or_handover(run)
         run.chunk += 1
         assert run.group is not None
-        run.group.start_chunk(until, chunk=run.chunk, save_steps=save_steps)
+        run.group.start_chunk(until, chunk=run.chunk, save_steps=save_steps,
+                              copy_every=copies.copy_every(run, every))
         status = _wait_chunk(run, steps=until - step + eval_batches(run, step, until))
         if not isinstance(status, Progress):
             return recovering.after_failure(run, status)

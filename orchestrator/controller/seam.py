@@ -199,9 +199,11 @@ class WorkerGroup(Protocol):
 
     def compile(self) -> Compiled: ...
 
-    def start_chunk(self, until_step: int, *, chunk: int, save_steps: Sequence[int]) -> None:
+    def start_chunk(self, until_step: int, *, chunk: int, save_steps: Sequence[int],
+                    copy_every: int | None = None) -> None:
         """Start steps up to ``until_step`` on every host (non-blocking); saves start after
-        each step in ``save_steps``."""
+        each step in ``save_steps``; ``copy_every``: the RAM tier copies every that many steps
+        from now on (None: keep the interval in force)."""
 
     def poll(self, timeout_s: float) -> ChunkStatus:
         """Wait at most ``timeout_s`` for the chunk; never raises."""

@@ -57,6 +57,9 @@ class RunSummary:
     last_eval: dict | None = None
     """The newest eval (``eval.every``): ``{step, loss, perplexity, tokens, batches, seconds,
     metrics}``; None when no eval ran."""
+    protection: dict = dataclasses.field(default_factory=dict)
+    """The protection the defaults gave this run: the ``auto`` settings' choices and reasons
+    (RAM tier on or off, standby slices) and each RAM copy interval chosen (``ram_every``)."""
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -136,7 +139,9 @@ def write_summary(run: Run, reason: str) -> RunSummary:
         exit_code=(EXIT_OK if state is RunState.SUCCEEDED else
                    EXIT_SIGTERM if stopped_by == "SIGTERM" else EXIT_FAILED),
         stopped_by=stopped_by, unsaved_steps=unsaved,
-        metrics_gaps=[list(g) for g in led.metrics_gaps], last_eval=led.last_eval)
+        metrics_gaps=[list(g) for g in led.metrics_gaps], last_eval=led.last_eval,
+        protection={**run.protection,
+                    **({"ram_every": list(led.copy_intervals)} if led.copy_intervals else {})})
     try:
         run.run_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_json(run.run_dir / "summary.json", summary.to_json(), indent=2,

@@ -33,7 +33,7 @@ class RayGroups:
         self.queue: Any = None
         warm = cfg.controller.warm
         self.pool: WarmPool | None = None
-        if warm.reuse_processes != "off" or warm.standby_slices > 0:
+        if warm.reuse_processes != "off" or warm.standby_slices != 0:
             self.pool = WarmPool(start_standby=self._start_standby, warm_kwargs={
                 "task": task_ref(cfg), "train": cfg.train, "total_steps": cfg.run.total_steps,
                 "seed": cfg.run.seed})

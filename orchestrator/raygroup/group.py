@@ -161,11 +161,12 @@ class RayWorkerGroup:
             actor.compile_ahead.remote(hs)
         return True
 
-    def start_chunk(self, until_step: int, *, chunk: int, save_steps: Sequence[int]) -> None:
+    def start_chunk(self, until_step: int, *, chunk: int, save_steps: Sequence[int],
+                    copy_every: int | None = None) -> None:
         self._standby_now()
         self._results = {}
         self._refs = [a.run_steps.remote(until_step, chunk=chunk, save_steps=list(save_steps),
-                                         report=(i == 0))
+                                         report=(i == 0), copy_every=copy_every)
                       for i, a in enumerate(self.actors)]
 
     def poll(self, timeout_s: float):

@@ -79,8 +79,9 @@ class RamTier:
     def for_config(cls, cfg: Any, *, fresh: bool = False) -> RamTier | None:
         """The tier of a run config (``checkpoint.ram``), or None when it is off; ``fresh``:
         a new secret (the copies of an earlier one can no longer be used). Holders left with a
-        secret that is gone are released."""
-        if not cfg.checkpoint.ram.enabled:
+        secret that is gone are released. ``enabled: auto`` counts as off here: the driver
+        decides it first (``orchestrator.driver.protection``)."""
+        if cfg.checkpoint.ram.enabled is not True:
             return None
         run_dir = Path(cfg.run.run_dir).absolute()
         token, made = run_secret(run_dir, fresh=fresh)
@@ -202,7 +203,7 @@ class RamTier:
                          timeout=max(30.0, self.timeout_s))
         address = {n: (str(a[0]), int(a[1])) for n, a in zip(names, served, strict=True)}
         return [a.attach_ram.remote([(n, address[n]) for n, _ in assign[i]], token=self.token,
-                                    incarnation=incarnation, every=self.cfg.every,
+                                    incarnation=incarnation, every=self.cfg.first_every,
                                     keep=self.cfg.keep, max_host_bytes=self.cfg.max_host_bytes,
                                     durable_from_ram=self.cfg.durable_from_ram)
                 for i, a in enumerate(actors)]

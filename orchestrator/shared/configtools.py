@@ -25,6 +25,14 @@ def _field_types(cls: type) -> dict[str, Any]:
     return {f.name: hints[f.name] for f in dataclasses.fields(cls) if f.init}
 
 
+def _kind(tp: Any) -> str:
+    """How an error names one choice of a union setting ("" when it has no short name)."""
+    if typing.get_origin(tp) is typing.Literal:
+        return " or ".join(str(a) for a in typing.get_args(tp))
+    return {bool: "true or false", int: "a whole number", float: "a number",
+            str: "a string"}.get(tp, "")
+
+
 def _coerce(setting: str, tp: Any, value: Any) -> Any:
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
@@ -40,6 +48,11 @@ def _coerce(setting: str, tp: Any, value: Any) -> Any:
             except ConfigError as exc:
                 last = exc
         assert last is not None
+        kinds = [_kind(a) for a in args if a is not type(None)]
+        if len(kinds) > 1 and all(kinds):  # e.g. auto or a number: name every choice
+            choices = " or ".join(kinds)
+            raise ConfigError(setting, f"{value!r} is not {choices}",
+                              f"set `{setting}` to {choices}")
         raise last
     if dataclasses.is_dataclass(tp):
         if isinstance(tp, type) and isinstance(value, tp):

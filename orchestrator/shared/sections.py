@@ -8,6 +8,7 @@ events' and metrics' settings and their policies mean nothing to a host).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from orchestrator.shared.errors import ConfigError
 
@@ -99,9 +100,20 @@ class RamTierConfig:
     own node and on a peer host in another slice (policies/ram_tier.py), so a host lost without
     notice costs at most about ``every`` steps instead of up to a checkpoint interval."""
 
-    enabled: bool = False
-    """Off by default: it adds one holder process per node; turn it on for preemptible slices."""
-    every: int = 1
+    enabled: Literal["auto"] | bool = "auto"
+    """``auto`` (the default): on when the mesh has a peer host to hold a copy and the copies
+    fit ``max_host_bytes`` (and the host's RAM), worked out from the state's shapes before the
+    start; the driver prints and records the choice and its reason. ``false`` opts out."""
+    every: Literal["auto"] | int = "auto"
+    """Steps between copies. ``auto``: chosen by ``policies.ram_interval`` from the measured
+    copy cost and step time (and the failure rate, configured or observed) so that the copies
+    cost at most ``max_overhead`` of step time; revised as the run goes (logged, in
+    ``summary.json``). A number fixes it."""
+    max_overhead: float = 0.02
+    """``every: auto``: the share of step time the copies may cost (0.02 = 2 %)."""
+    failures_per_hour: float | None = None
+    """``every: auto``: the expected unannounced failures per hour of the whole job (kill,
+    crash, host loss), if known; None: only the failures this run observed count."""
     keep: int = 2
     """Copies kept per sending host and holder; 2 keeps a complete set while the next arrives."""
     durable_from_ram: bool = True
@@ -113,19 +125,40 @@ class RamTierConfig:
     restores then come from the durable tier."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.enabled, bool):
-            raise ConfigError("checkpoint.ram.enabled", f"{self.enabled!r} is not a boolean",
-                              "set checkpoint.ram.enabled=true or false")
+        if self.enabled != "auto" and not isinstance(self.enabled, bool):
+            raise ConfigError("checkpoint.ram.enabled",
+                              f"{self.enabled!r} is not auto, true or false",
+                              "set checkpoint.ram.enabled=auto, true or false")
         if not isinstance(self.durable_from_ram, bool):
             raise ConfigError("checkpoint.ram.durable_from_ram",
                               f"{self.durable_from_ram!r} is not a boolean",
                               "set checkpoint.ram.durable_from_ram=true or false")
-        positive("checkpoint.ram.every", self.every)
+        if self.every != "auto":
+            if isinstance(self.every, bool) or not isinstance(self.every, int):
+                raise ConfigError("checkpoint.ram.every", f"{self.every!r} is not auto or a "
+                                  "whole number", "set checkpoint.ram.every=auto or a number "
+                                  "of steps, e.g. 1")
+            positive("checkpoint.ram.every", self.every,
+                     "set checkpoint.ram.every=auto or a number of steps >= 1")
+        if not 0 < self.max_overhead < 1:
+            raise ConfigError("checkpoint.ram.max_overhead", f"{self.max_overhead} is not "
+                              "between 0 and 1", "set a share of step time, e.g. 0.02 (2 %)")
+        if self.failures_per_hour is not None and not self.failures_per_hour > 0:
+            raise ConfigError("checkpoint.ram.failures_per_hour",
+                              f"{self.failures_per_hour} is not > 0",
+                              "set the expected failures per hour, e.g. 0.5, or leave it unset "
+                              "to use the failures the run observes")
         if self.keep < 2:
             raise ConfigError("checkpoint.ram.keep", f"{self.keep} < 2: a holder would drop its "
                               "only complete copy when the next step's starts arriving",
                               "set checkpoint.ram.keep=2 or more")
         positive("checkpoint.ram.max_host_bytes", self.max_host_bytes)
+
+    @property
+    def first_every(self) -> int:
+        """The interval the copies start with: the fixed one, or 1 under ``auto`` until the
+        driver has measured a copy and a step."""
+        return 1 if self.every == "auto" else int(self.every)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -186,7 +186,8 @@ class SimGroup:
 
     # ---- chunks ---------------------------------------------------------------------------
 
-    def start_chunk(self, until_step: int, *, chunk: int, save_steps: Sequence[int]) -> None:
+    def start_chunk(self, until_step: int, *, chunk: int, save_steps: Sequence[int],
+                    copy_every: int | None = None) -> None:
         self._call(self._start_chunk, until_step, chunk, save_steps)
 
     def _start_chunk(self, until_step: int, chunk: int, save_steps: Sequence[int]) -> None:

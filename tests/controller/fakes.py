@@ -95,6 +95,8 @@ class FakeFleet:
         self.save_failures: list[GroupFailed] = []  # raised by the next durable saves
         self.formed_instance_ids: dict[str, str] = {}
         self.copy_s = 0.05
+        self.pack_s = 0.0
+        """Seconds a periodic RAM copy blocks a step (in host 0's records; 0: no copies)."""
         self.ram_copies: list[int] = []  # steps copied to the RAM tier (copy_to_ram)
         self.persisted: list[int] = []  # of those, steps the holders were asked to persist
         self.warmed: list[list[str]] = []  # hosts each warm_up was asked for
@@ -182,9 +184,11 @@ class FakeGroup:
         self.fleet.stored.add(executable_key(spec))
         return True
 
-    def start_chunk(self, until_step: int, *, chunk: int, save_steps: Sequence[int]) -> None:
+    def start_chunk(self, until_step: int, *, chunk: int, save_steps: Sequence[int],
+                    copy_every: int | None = None) -> None:
         self.until, self.chunk, self.stop_at, self.records = until_step, chunk, None, []
-        self.chunks.append({"from": self.step, "until": until_step, "save_steps": list(save_steps)})
+        self.chunks.append({"from": self.step, "until": until_step, "save_steps": list(save_steps),
+                            "copy_every": copy_every})
         self.save_steps = set(save_steps)
 
     def poll(self, timeout_s: float):
@@ -200,6 +204,9 @@ class FakeGroup:
         self.records.append({"step": self.step, "loss": 1.0 / self.step, "grad_norm": 1.0,
                              "step_time_s": self.fleet.step_s, "lr": 1e-3, "saved": False,
                              "checkpoint_blocking_s": 0.0, "wall_time": self.fleet.clock.now()})
+        every = self.chunks[-1].get("copy_every") or 1
+        if self.fleet.pack_s and self.step % every == 0:
+            self.records[-1]["ram_copy_s"] = self.fleet.pack_s
         if self.step in self.save_steps:
             self.pending_saves.append((self.step, self.step + self.fleet.commit_after))
             self.records[-1]["saved"] = True

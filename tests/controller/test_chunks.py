@@ -91,3 +91,28 @@ def test_a_failure_is_never_counted_lossless(tmp_path):
     sim.fleet.on_step(3, lambda g: lost())
     assert sim.run().state == "SUCCEEDED"
     assert [r.announced for r in sim.controller.run_state.ledger.restarts] == [False]
+
+
+def test_ram_every_auto_follows_the_measured_copy_cost(tmp_path):
+    """``checkpoint.ram.every: auto``: the chunks carry the copy interval the driver chose from
+    the copy and step times (6 % of a step per copy: every 4 steps keeps it within 2 %); the
+    choice and its reason reach summary.json."""
+    sim = make(tmp_path, "checkpoint.ram.enabled=true", "run.total_steps=60",
+               "run.steps_per_call=5")
+    sim.fleet.pack_s = 0.006
+    summary = sim.run()
+    assert summary.state == "SUCCEEDED"
+    every = [c["copy_every"] for c in sim.fleet.groups[0].chunks]
+    assert every[0] == 1 and every[-1] == 4 and set(every) == {1, 4}
+    chosen = summary.protection["ram_every"]
+    assert chosen[0]["every"] == 1 and "not measured" in chosen[0]["reason"]
+    assert chosen[-1]["every"] == 4 and chosen[-1]["overhead"] == pytest.approx(0.015)
+    assert "every 2 would cost 3.00%" in chosen[-1]["reason"]
+
+
+def test_a_fixed_ram_interval_or_no_tier_passes_none(tmp_path):
+    for i, setting in enumerate(("checkpoint.ram.every=3", "checkpoint.ram.enabled=false")):
+        sim = make(tmp_path / str(i), "checkpoint.ram.enabled=true", setting)
+        assert sim.run().state == "SUCCEEDED"
+        assert {c["copy_every"] for c in sim.fleet.groups[0].chunks} == {None}
+        assert "ram_every" not in sim.run_dir.joinpath("summary.json").read_text()

@@ -18,15 +18,19 @@ def happy(tmp) -> Sim:
     return make(tmp)
 
 
+COLD_SPARE = "controller.warm.standby_slices=0"
+"""No standby on the spare: the replacement warms up during the notice (HANDING_OVER)."""
+
+
 def announced(tmp) -> Sim:
-    sim = make(tmp, spare=("s1",))
+    sim = make(tmp, COLD_SPARE, spare=("s1",))
     sim.fleet.on_step(6, lambda g: sim.notice(host="vm-s0-0"))
     return sim
 
 
 def handover_interrupted(tmp) -> Sim:
     """A notice starts a handover that never gets warm; a host dies meanwhile."""
-    sim = make(tmp, spare=("s1",))
+    sim = make(tmp, COLD_SPARE, spare=("s1",))
     sim.fleet.warm_after_polls = 10**9
     sim.fleet.on_step(6, lambda g: sim.notice(host="vm-s0-0"))
     sim.fleet.on_step(9, lambda g: lost())
@@ -35,14 +39,14 @@ def handover_interrupted(tmp) -> Sim:
 
 def handover_to_the_end(tmp) -> Sim:
     """The target is reached while the replacement still warms: the final save wins."""
-    sim = make(tmp, spare=("s1",))
+    sim = make(tmp, COLD_SPARE, spare=("s1",))
     sim.fleet.warm_after_polls = 10**9
     sim.fleet.on_step(17, lambda g: sim.notice(host="vm-s0-0"))
     return sim
 
 
 def short_deadline(tmp) -> Sim:
-    sim = make(tmp, spare=("s1",))
+    sim = make(tmp, COLD_SPARE, spare=("s1",))
     sim.fleet.on_step(7, lambda g: sim.notice(host="vm-s0-0", deadline_in=0.05))
     return sim
 

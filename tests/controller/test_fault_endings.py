@@ -53,7 +53,8 @@ def test_the_crash_in_notice_chaos_kind_sends_the_notice_then_crashes_the_host(t
     is the preemption."""
     from policies.chaos import CRASH_IN_NOTICE_AFTER_S
 
-    sim = make(tmp_path, "controller.chaos=[{at_step: 7, host: 1, kind: crash_in_notice, "
+    sim = make(tmp_path, "controller.warm.standby_slices=0",
+               "controller.chaos=[{at_step: 7, host: 1, kind: crash_in_notice, "
                          "deadline_s: 30}]", spare=("s1",))
     crash = (1, {"at_step": 7, "kind": "crash", "after_s": CRASH_IN_NOTICE_AFTER_S})
     sim.fleet.on_step(8, lambda g: lost(hosts=(1,)) if crash in g.injected else None)

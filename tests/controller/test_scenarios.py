@@ -60,7 +60,7 @@ def test_job_wide_notice_never_reforms_on_the_doomed_hosts(tmp_path):
 def test_job_wide_notice_during_backoff_keeps_the_last_hosts_out(tmp_path):
     """A host dies, and while the run backs off a notice naming no host arrives: the job's
     last hosts are the ones going, so the next mesh is on the spare slice, not on them."""
-    sim = make(tmp_path, spare=("s1",))
+    sim = make(tmp_path, "controller.warm.standby_slices=0", spare=("s1",))
     sim.fleet.on_step(7, lambda g: lost())
     sleep, sent = sim.clock.sleep, []
 
@@ -82,7 +82,7 @@ def test_job_wide_notice_during_backoff_keeps_the_last_hosts_out(tmp_path):
 def test_job_wide_maintenance_days_ahead_during_backoff_excludes_no_host(tmp_path):
     """The same in backoff, but for a window two days away: the hosts are fine until then, so
     the next mesh forms on them again (no spare is taken) and the run finishes there."""
-    sim = make(tmp_path, spare=("s1",))
+    sim = make(tmp_path, "controller.warm.standby_slices=0", spare=("s1",))
     sim.fleet.on_step(7, lambda g: lost())
     sleep, sent = sim.clock.sleep, []
 
@@ -317,8 +317,9 @@ def test_a_maintenance_drain_outlives_an_unrelated_failure_before_its_step(tmp_p
     """Found by the fleet simulator: a failure replaced the pending drain_at_step, and the
     window then took the slice from a running mesh. The notice is now decided again on the
     re-formed mesh and still drains before the window."""
-    sim = make(tmp_path, "run.total_steps=120", "run.steps_per_call=10",
-               "controller.checkpoint_interval.every_steps=10", spare=("s1",))
+    sim = make(tmp_path, "controller.warm.standby_slices=0", "run.total_steps=120",
+               "run.steps_per_call=10", "controller.checkpoint_interval.every_steps=10",
+               spare=("s1",))
 
     def schedule(g):
         start = sim.clock.now() + 600.0 + 8.0  # ~80 steps at 0.1 s before the lead

@@ -10,6 +10,9 @@ from orchestrator.shared.errors import ConfigError
 from tests.controller.fakes import lost
 from tests.controller.harness import make
 
+COLD = "controller.warm.standby_slices=0"
+"""The opt-out: no standby on the spares (the replacement starts cold or warms in a handover)."""
+
 
 def test_standby_hosts_are_the_first_spare_slices_and_never_the_mesh(tmp_path):
     sim = make(tmp_path, "controller.warm.standby_slices=1", spare=("s1", "s2"))
@@ -23,8 +26,14 @@ def test_standby_hosts_are_the_first_spare_slices_and_never_the_mesh(tmp_path):
     assert {h.slice_name for h in second.spec.standby} == {"s2"}
 
 
-def test_no_standby_unless_asked(tmp_path):
-    sim = make(tmp_path, spare=("s1",))
+def test_every_spare_slice_keeps_a_standby_by_default_and_zero_opts_out(tmp_path):
+    sim = make(tmp_path / "auto", spare=("s1", "s2"))
+    assert sim.run().state == "SUCCEEDED"
+    assert {h.slice_name for h in sim.fleet.groups[0].spec.standby} == {"s1", "s2"}
+    sim = make(tmp_path / "one", "controller.warm.standby_slices=1", spare=("s1", "s2"))
+    assert sim.run().state == "SUCCEEDED"
+    assert {h.slice_name for h in sim.fleet.groups[0].spec.standby} == {"s1"}
+    sim = make(tmp_path / "off", COLD, spare=("s1",))
     assert sim.run().state == "SUCCEEDED"
     assert sim.fleet.groups[0].spec.standby == ()
 
@@ -79,7 +88,7 @@ def test_a_failed_host_is_replaced_by_the_warm_standby_at_once(tmp_path):
 
 
 def test_without_a_standby_the_failed_slice_is_re_formed_after_backoff(tmp_path):
-    sim = make(tmp_path, "cluster.emulate.slices=2", slices=("s0", "s1"), spare=("s2",))
+    sim = make(tmp_path, COLD, "cluster.emulate.slices=2", slices=("s0", "s1"), spare=("s2",))
     sim.fleet.on_step(7, lambda g: lost(hosts=(2,)))
     assert sim.run().state == "SUCCEEDED"
     assert {h.slice_name for h in sim.fleet.groups[1].spec.plan.hosts} == {"s0", "s1"}
@@ -115,7 +124,7 @@ def test_a_notice_with_time_trains_on_while_the_replacement_warms_then_drains(tm
     """Slice s1's host is doomed 60 s ahead; the spare s2 has no standby: the run goes
     HANDING_OVER (steps go on), asks the seam to warm s2's hosts, drains once they are warm,
     and the next mesh is s0 + s2. The recovery records the handover."""
-    sim = make(tmp_path, "cluster.emulate.slices=2", slices=("s0", "s1"), spare=("s2",))
+    sim = make(tmp_path, COLD, "cluster.emulate.slices=2", slices=("s0", "s1"), spare=("s2",))
     sim.fleet.on_step(7, lambda g: sim.notice(host="vm-s1-0"))
     summary = sim.run()
     assert summary.state == "SUCCEEDED" and summary.lost_steps == 0
@@ -132,7 +141,7 @@ def test_a_notice_with_time_trains_on_while_the_replacement_warms_then_drains(tm
 
 
 def test_a_replacement_not_warm_by_the_last_safe_moment_drains_anyway_and_says_so(tmp_path):
-    sim = make(tmp_path, "cluster.emulate.slices=2", "controller.warm.handover_max_s=3",
+    sim = make(tmp_path, COLD, "cluster.emulate.slices=2", "controller.warm.handover_max_s=3",
                "run.total_steps=100", slices=("s0", "s1"), spare=("s2",))
     sim.fleet.warm_after_polls = 10**9  # never warm
     sim.fleet.on_step(7, lambda g: sim.notice(host="vm-s1-0"))
@@ -170,7 +179,7 @@ def test_no_handover_when_the_replacement_is_a_standby_already_or_the_run_shrink
 
 
 def test_a_failure_during_the_handover_is_an_ordinary_failure(tmp_path):
-    sim = make(tmp_path, "cluster.emulate.slices=2", slices=("s0", "s1"), spare=("s2",))
+    sim = make(tmp_path, COLD, "cluster.emulate.slices=2", slices=("s0", "s1"), spare=("s2",))
     sim.fleet.warm_after_polls = 10**9
     sim.fleet.on_step(7, lambda g: sim.notice(host="vm-s1-0"))
     sim.fleet.on_step(9, lambda g: lost(hosts=(0,)))
@@ -183,7 +192,7 @@ def test_a_notice_with_an_earlier_deadline_during_the_handover_brings_the_drain_
     """The handover may last 20 s, but a second notice due in 5 s arrives during it: the drain
     comes within that notice's bound (deadline − 2 s − 2 × the expected save), not 20 s later,
     and the recovery still records the handover."""
-    sim = make(tmp_path, "cluster.emulate.slices=2", "run.total_steps=400",
+    sim = make(tmp_path, COLD, "cluster.emulate.slices=2", "run.total_steps=400",
                slices=("s0", "s1"), spare=("s2", "s3"))
     sim.fleet.warm_after_polls = 10**9
     sent: list[float] = []

@@ -171,7 +171,8 @@ class HostActor:
         self._chaos.inject(fault)
 
     def run_steps(self, until_step: int, *, chunk: int | None = None,
-                  save_steps: list[int] | tuple[int, ...] = (), report: bool = False) -> dict:
+                  save_steps: list[int] | tuple[int, ...] = (), report: bool = False,
+                  copy_every: int | None = None) -> dict:
         """Run steps up to ``until_step``, or until a stop requested for ``chunk`` is reached.
 
         Every host gets the same bound and save steps: the group stops at one boundary. An
@@ -180,8 +181,11 @@ class HostActor:
         multiple of it (host 0's record of that step carries it under ``eval``).
         ``committed_step`` is the newest step whose save Orbax reports finished
         and which is committed on disk (never one only started). Host 0 (``report``) returns
-        per-step records.
+        per-step records. ``copy_every``: the RAM tier's copy interval from this chunk on (the
+        driver's ``checkpoint.ram.every: auto`` choice; every host gets the same).
         """
+        if copy_every is not None:
+            self._ram.set_every(copy_every)
         return self._steps.run(self._need_trainer("run_steps"), until_step, chunk=chunk,
                                save_steps=save_steps, report=report)
 

@@ -65,6 +65,11 @@ class RamTier:
                                       incarnation=incarnation, source=source, sources=sources,
                                       every=every, keep=keep, max_host_bytes=max_host_bytes)
 
+    def set_every(self, every: int) -> None:
+        """Copy every ``every`` steps from now on (a no-op when not attached)."""
+        if self._replicator is not None and every >= 1:
+            self._replicator.every = int(every)
+
     def detach(self) -> None:
         """Stop sending (the process leaves its group); a no-op when not attached."""
         if self._replicator is not None:

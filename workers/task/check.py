@@ -11,6 +11,7 @@ the data's rows against its ``example()``, the step's output state and metrics.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import traceback
@@ -81,8 +82,8 @@ def check(request: dict) -> dict:
 def _memory(mem: dict | None, abstract: Any, specs: Any, task: dict, state_bytes: int,
             sizes: dict) -> dict:
     """Bytes per device and per host over the request's mesh (``workers/training/memory.py``), and
-    whether they fit its bounds: ``refused`` holds ``DoesNotFit``'s parts, else None."""
-    from orchestrator.shared.errors import DoesNotFit
+    whether they fit its bounds: ``refused`` holds ``DoesNotFit``'s parts, else None;
+    ``ram_auto_off`` why ``checkpoint.ram.enabled: auto`` turned the tier off, else None."""
     from workers.training import memory
 
     if not mem:
@@ -93,22 +94,37 @@ def _memory(mem: dict | None, abstract: Any, specs: Any, task: dict, state_bytes
                                 devices_per_host=dph or 1, accum_steps=mem.get("accum_steps", 1),
                                 ram_keep=mem.get("ram_keep", 0) if dph else 0,
                                 ram_max_host_bytes=mem.get("ram_max_host_bytes"))
-    refused = None
-    try:
-        memory.check_fits(est, device_bytes=mem.get("device_bytes"),
-                          host_bytes=mem.get("host_bytes") if dph else None,
-                          shared=bool(mem.get("shared")),
-                          smaller=memory.smaller_model_fix(task["kind"], task["settings"]))
-    except DoesNotFit as exc:
-        refused = {"component": exc.component, "need": exc.need, "have": exc.have,
-                   "message": exc.message, "fix": exc.fix}
+    refused = _fits(est, mem, dph, task)
+    ram_auto_off = None
+    if refused and est.ram_keep and mem.get("ram_auto"):
+        # checkpoint.ram.enabled=auto: a tier that does not fit is turned off, not refused
+        bare = dataclasses.replace(est, ram_keep=0)
+        if refused["component"] == "ram_tier" or _fits(bare, mem, dph, task) is None:
+            ram_auto_off, est = refused["message"], bare
+            refused = _fits(bare, mem, dph, task)
     return {"mesh": dict(est.mesh_shape), "devices_per_host": dph,
             "hosts": est.hosts if dph else None, "device": dict(est.device),
             "device_total": est.device_total, "ram_keep": est.ram_keep,
             "holder_factor": est.holder_factor, "copy_bytes": est.copy_bytes,
             "ram_tier": est.ram_tier, "state_bytes": est.state_bytes,
             "host_total": est.device_total * dph + est.ram_tier if dph else None,
-            "refused": refused}
+            "refused": refused, "ram_auto_off": ram_auto_off}
+
+
+def _fits(est: Any, mem: dict, dph: int | None, task: dict) -> dict | None:
+    """``memory.check_fits``: None, or ``DoesNotFit``'s parts."""
+    from orchestrator.shared.errors import DoesNotFit
+    from workers.training import memory
+
+    try:
+        memory.check_fits(est, device_bytes=mem.get("device_bytes"),
+                          host_bytes=mem.get("host_bytes") if dph else None,
+                          shared=bool(mem.get("shared")),
+                          smaller=memory.smaller_model_fix(task["kind"], task["settings"]))
+    except DoesNotFit as exc:
+        return {"component": exc.component, "need": exc.need, "have": exc.have,
+                "message": exc.message, "fix": exc.fix}
+    return None
 
 
 def _check_eval(task: Any, request: dict, abstract: Any, sizes: dict, train: Any) -> None:

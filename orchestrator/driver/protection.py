@@ -1,0 +1,96 @@
+"""The ``auto`` protection settings, decided before any host starts.
+
+Users run defaults, so the defaults protect: the RAM tier is on whenever it can help and fits
+(``checkpoint.ram.enabled: auto``) and every spare slice keeps standby processes
+(``controller.warm.standby_slices: auto``). The tier helps when a peer host exists to hold a
+copy off the node, and fits when each host's copies (``keep`` × 2 hosts × its share of the
+state, from the task check's abstract shapes) stay within ``checkpoint.ram.max_host_bytes``
+and, with the devices, within the host's RAM (the check turns it off rather than refusing the
+run: ``workers/task/check.py``). The choices and their reasons are printed, logged and kept
+for ``summary.json``; each is one setting to opt out of.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import structlog
+
+log = structlog.get_logger(__name__)
+
+
+def resolve(cfg: Any, memory: dict | None, *, hosts: int, spare_slices: int | None
+            ) -> tuple[Any, dict]:
+    """``cfg`` with ``checkpoint.ram.enabled`` decided (true or false), and the record of
+    each protection choice. ``memory``: the task check's estimate (None: not made); ``hosts``:
+    the hosts of the mesh; ``spare_slices``: complete slices beyond it (None: not known yet,
+    the planner counts them at every formation)."""
+    ram = cfg.checkpoint.ram
+    if ram.enabled == "auto":
+        on, why = ram_auto(ram, memory, hosts=hosts)
+        ram = dataclasses.replace(ram, enabled=on)
+        cfg = dataclasses.replace(cfg, checkpoint=dataclasses.replace(cfg.checkpoint, ram=ram))
+        tier = {"enabled": on, "setting": "auto", "reason": why}
+    else:
+        tier = {"enabled": ram.enabled, "setting": str(ram.enabled).lower(),
+                "reason": f"checkpoint.ram.enabled={str(ram.enabled).lower()}"}
+    if ram.enabled:
+        tier["every"] = ram.every
+        tier["max_overhead"] = ram.max_overhead
+    n = cfg.controller.warm.standby_slices
+    if n == "auto":
+        count = ("every complete spare slice" if spare_slices is None
+                 else f"{spare_slices} spare slice(s) now")
+        standby = {"setting": "auto", "reason": f"auto: standby processes on {count} (JAX "
+                   "imported, no runtime): a re-form onto them skips the process start"}
+    else:
+        standby = {"setting": n, "reason": f"controller.warm.standby_slices={n}"}
+    record = {"ram_tier": tier, "standby_slices": standby}
+    log.info("protection", **record)
+    return cfg, record
+
+
+def spare_slices(hosts: Any, plan: Any) -> int:
+    """Slices of the cluster's ``hosts`` that the first mesh ``plan`` leaves idle."""
+    used = {h.slice_name for h in plan.hosts}
+    return len({h.slice_name for h in hosts} - used)
+
+
+def ram_auto(ram: Any, memory: dict | None, *, hosts: int) -> tuple[bool, str]:
+    """(on, why) for ``checkpoint.ram.enabled: auto``."""
+    if hosts < 2:
+        return False, ("auto: off, the mesh has one host, so no peer can hold a copy off its "
+                       "node (checkpoint.ram.enabled=true keeps one on the same node)")
+    if memory and memory.get("ram_auto_off"):
+        return False, f"auto: off, the copies do not fit: {memory['ram_auto_off']}"
+    state = (memory or {}).get("state_bytes")
+    copy = (memory or {}).get("copy_bytes") or (-(-int(state) // hosts) if state else None)
+    if copy is None:
+        return True, ("auto: on, a peer exists (the state's size is not known before the "
+                      "start; a host whose copies exceed checkpoint.ram.max_host_bytes stops "
+                      "copying and says so)")
+    need = copy * ram.keep * 2
+    if need > ram.max_host_bytes:
+        return False, (f"auto: off, {_mib(copy)} per copy × {ram.keep} kept × 2 hosts = "
+                       f"{_mib(need)} exceeds checkpoint.ram.max_host_bytes="
+                       f"{ram.max_host_bytes} (raise it to turn the tier on)")
+    return True, (f"auto: on, a peer exists and the copies fit: {_mib(copy)} per copy × "
+                  f"{ram.keep} kept × 2 hosts = {_mib(need)} within "
+                  f"checkpoint.ram.max_host_bytes ({_mib(ram.max_host_bytes)})")
+
+
+def line(record: dict) -> str:
+    """The line the driver prints."""
+    tier, standby = record["ram_tier"], record["standby_slices"]
+    head = "RAM tier " + ("on" if tier["enabled"] else "off")
+    if tier["enabled"]:
+        every = tier.get("every")
+        head += (f", copies every {every} step(s)" if every != "auto" else
+                 f", copy interval auto (at most {tier['max_overhead']:.0%} of step time)")
+    return (f"Protection: {head} ({tier['reason']}); standby: {standby['reason']}. "
+            "Opt out: checkpoint.ram.enabled=false, controller.warm.standby_slices=0")
+
+
+def _mib(n: float) -> str:
+    return f"{n / 1024**2:.1f} MiB" if n >= 1024**2 else f"{n / 1024:.1f} KiB"
