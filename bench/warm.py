@@ -18,6 +18,17 @@ tier on (restores read it), a durable save every 10 steps:
 | shrink | reuse_processes=on, no spare, ``compile.ahead=false`` | preemption notice at step 80 |
 | shrink-ahead | the same, ``compile.ahead=true`` (the 1-slice step compiled ahead) | the same |
 
+And what a user who keeps the defaults gets (issue 32): the **default config** (one slice of two
+hosts, the default tiny model) plus one spare slice, nothing else set, beside the same run with
+the old defaults written out (``checkpoint.ram.enabled=false``, ``standby_slices=0``):
+
+| system | settings | event at step 25 on host 1 |
+|---|---|---|
+| notice-default | defaults + ``spare_slices=1`` | preemption notice, 30 s deadline |
+| notice-old-default | the same + the old defaults | the same |
+| kill-default | defaults + ``spare_slices=1``, a durable save every 10 steps | kill -9 |
+| kill-old-default | the same + the old defaults | the same |
+
 Per run, from ``summary.json``'s recovery: *to first step* (notice or failure seen → first
 productive step on the new mesh), *downtime* (announced: the drain's step boundary, the old
 mesh's last productive step, → the first productive step on the new mesh), the phases, steps
@@ -55,12 +66,21 @@ SHRINK = ["cluster.emulate.spare_slices=0", "controller.warm.reuse_processes=on"
 """No spare: the notice shrinks the run to slice 0 (its process re-initialised in process). At
 step 80 the compile ahead (~2-4 s after the first step) is long done, as for a notice that comes
 any time after a group's first seconds; one that comes sooner waits for it (tests/faults)."""
+DEFAULTS = ["cluster.emulate.spare_slices=1", "metrics.console_every_steps=0",
+            "run.total_steps=60"]
+"""The default config plus one spare slice: what a user who keeps the defaults runs."""
+OLD_DEFAULTS = ["checkpoint.ram.enabled=false", "controller.warm.standby_slices=0"]
+EVERY_10 = "controller.checkpoint_interval.every_steps=10"
+DEFAULT_SYSTEMS = {"notice-default": [NOTICE], "notice-old-default": [*OLD_DEFAULTS, NOTICE],
+                   "kill-default": [EVERY_10, KILL],
+                   "kill-old-default": [*OLD_DEFAULTS, EVERY_10, KILL]}
 SYSTEMS = {"notice-cold": [*COLD, NOTICE], "notice-warm": [*WARM, NOTICE],
            "kill-cold": [*COLD, KILL], "kill-warm": [*WARM, KILL],
            "steady": [*COLD, "run.total_steps=160"],
            "steady-standby": [*WARM, "run.total_steps=160"],
            "shrink": [*SHRINK, "compile.ahead=false"],
-           "shrink-ahead": [*SHRINK, "compile.ahead=true"]}
+           "shrink-ahead": [*SHRINK, "compile.ahead=true"],
+           **{k: [*DEFAULTS, *v] for k, v in DEFAULT_SYSTEMS.items()}}
 STEADY_FROM = 60
 """Steady systems' median step time counts steps after this one: the standby's own start-up
 (imports, ~3 s of CPU) overlaps the first steps and is not what an idle standby costs."""
@@ -69,7 +89,8 @@ STEADY_FROM = 60
 def measure(system: str, run_dir: Path, *, timeout_s: float) -> dict:
     before = machine.load_average()
     t0 = time.time()
-    code, rd = run_main(run_dir, [*TOPOLOGY, f"run.name=warm-{system}", *SYSTEMS[system]],
+    base = [] if system in DEFAULT_SYSTEMS else TOPOLOGY
+    code, rd = run_main(run_dir, [*base, f"run.name=warm-{system}", *SYSTEMS[system]],
                         timeout_s=timeout_s)
     s = rd.summary
     rec = (s.get("recoveries") or [{}])[0]
@@ -82,6 +103,8 @@ def measure(system: str, run_dir: Path, *, timeout_s: float) -> dict:
             "downtime_s": round(first - boundary, 3) if first and boundary else None,
             "phases_s": rec.get("phases_s", {}), "processes": rec.get("processes", {}),
             "lost_steps": s.get("lost_steps"), "wall_s": round(time.time() - t0, 1),
+            "ram_every": [c.get("every") for c in
+                          (s.get("protection") or {}).get("ram_every", [])],
             "median_step_s": round(statistics.median(times), 5) if times else None,
             "load_before": before, "load_after": machine.load_average(), "run_dir": str(run_dir)}
 
@@ -102,6 +125,7 @@ def figures(runs: list[dict]) -> dict:
                        "lost_steps": [r["lost_steps"] for r in mine],
                        "median_step_s": _stats([r["median_step_s"] for r in mine]),
                        "processes": [r["processes"] for r in mine],
+                       "ram_every": [r.get("ram_every") for r in mine],
                        "failed_runs": sum(r["state"] != "SUCCEEDED" for r in runs
                                           if r["system"] == system)}
     pairs = [(a["median_step_s"], b["median_step_s"]) for a in runs for b in runs
@@ -125,6 +149,10 @@ def render(result: dict) -> str:
         lines.append(f"| {system} | {cell(x['to_first_step_s'])} | {cell(x['downtime_s'])} | "
                      f"{cell(x['phases_s'].get('FORMING', {}))} | {x['lost_steps']} | "
                      f"{x['processes'][0] if x['processes'] else '-'} |")
+    chosen = {k: f[k]["ram_every"] for k in DEFAULT_SYSTEMS if f.get(k, {}).get("ram_every")}
+    if chosen:
+        lines.append("\nRAM copy interval chosen (checkpoint.ram.every: auto), per run: "
+                     + "; ".join(f"{k} {v}" for k, v in chosen.items()))
     lines.append(f"\nmedian step, standby alive / none (per repeat): "
                  f"{cell(f['step_ratio_standby_vs_none'])}")
     return "\n".join(lines)

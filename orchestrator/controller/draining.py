@@ -13,6 +13,7 @@ from orchestrator.controller.context import Next, Run, log
 from orchestrator.controller.seam import GroupFailed, RamCopies
 from orchestrator.lifecycle import Checkpointing, Releasing, RunState
 from policies.preemption import DrainKind, DrainObservation
+from policies.ram_tier import peers
 
 S = RunState
 
@@ -26,7 +27,9 @@ def draining(run: Run) -> Next:
     now = run.now()
     led = run.ledger
     ram = run.cfg.checkpoint.ram
-    has_ram = ram.enabled is True and isinstance(run.group, RamCopies)  # else durable saves only
+    # else durable saves only: no tier, or one whose copies go down with the doomed nodes
+    has_ram = (ram.enabled is True and isinstance(run.group, RamCopies)
+               and copies_survive(run, p.doomed))
     decision = run.policies.deadline.decide(DrainObservation(
         now=now, deadline=p.deadline if p.deadline is not None else now + 3600.0,
         expected_save_s=led.median_save_s() or DEFAULT_SAVE_S, expected_step_s=0.0,
@@ -53,6 +56,24 @@ def draining(run: Run) -> Next:
                          committed_step=led.last_committed, lost_steps=decision.lost_steps)
     return Next(S.RELEASING, decision.reason, Releasing(
         cause=p.cause, lost_steps=decision.lost_steps, estimated=bool(decision.lost_steps)))
+
+
+def copies_survive(run: Run, doomed: frozenset[str]) -> bool:
+    """Whether every host's RAM copy has a holder off the doomed slices: its own node's or its
+    peer's (``policies.ram_tier.peers``). A slice goes as a unit (a notice for one of its
+    hosts takes them all), so in a one-slice mesh, where a host's peer is in the same slice,
+    a notice dooms both holders of every copy and only a durable save keeps the step."""
+    plan = run.plan
+    if plan is None or not doomed:
+        return True
+    gone = {h.slice_name for h in plan.hosts if h.node_id in doomed}
+    peer = peers([h.slice_name for h in plan.hosts])
+    for i, h in enumerate(plan.hosts):
+        j = peer.get(i)
+        holders = {h.slice_name} | ({plan.hosts[j].slice_name} if j is not None else set())
+        if holders <= gone:
+            return False
+    return True
 
 
 RAM_ONLY = "drain-ram-only"

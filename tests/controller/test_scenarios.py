@@ -338,9 +338,11 @@ def test_a_maintenance_drain_outlives_an_unrelated_failure_before_its_step(tmp_p
 
 def test_short_notice_with_the_ram_tier_copies_to_ram_and_loses_nothing(tmp_path):
     """A 0.5 s notice at step 7: too short for a durable save, long enough to copy the step to
-    RAM (measured 0.01 s): the drain copies it, says there is no durable copy of it, and the
-    next group restores it from RAM."""
-    sim = make(tmp_path, "checkpoint.ram.enabled=true", spare=("s1",))
+    RAM (measured 0.01 s): the drain copies it (slice s0's hosts' peers are in s1, which the
+    notice spares), says there is no durable copy of it, and the next group restores it from
+    RAM."""
+    sim = make(tmp_path, "checkpoint.ram.enabled=true", "cluster.emulate.slices=2",
+               slices=("s0", "s1"), spare=("s2",))
     sim.fleet.copy_s = 0.01
     sim.fleet.on_step(6, lambda g: sim.controller.run_state.ledger.copy_costs.extend([0.01] * 3))
     sim.fleet.on_step(7, lambda g: sim.notice(host="vm-s0-0", deadline_in=0.5))
@@ -364,3 +366,19 @@ def test_short_notice_without_the_ram_tier_still_falls_back(tmp_path):
     summary = sim.run()
     assert summary.state == "SUCCEEDED" and sim.fleet.ram_copies == []
     assert summary.restores[1]["restored_step"] == 5 and summary.lost_steps >= 2
+
+
+def test_a_notice_that_dooms_every_holder_of_a_copy_saves_durably(tmp_path):
+    """One slice: each host's peer holder is on the same slice, so a notice for the slice dooms
+    both holders of every copy; a copy to RAM would go down with them, so the drain saves
+    durably (the deadline allows it) and the next group restores that."""
+    sim = make(tmp_path, "checkpoint.ram.enabled=true", spare=("s1",))
+    sim.fleet.copy_s = 0.01
+    sim.fleet.on_step(6, lambda g: sim.controller.run_state.ledger.copy_costs.extend([0.01] * 3))
+    sim.fleet.on_step(7, lambda g: sim.notice(host="vm-s0-0", deadline_in=30))
+    summary = sim.run()
+    assert summary.state == "SUCCEEDED"
+    checkpointing = [p for p in sim.payloads("CHECKPOINTING") if p.purpose != "final"]
+    assert [p.purpose for p in checkpointing] == ["drain"]
+    assert sim.fleet.ram_copies == []
+    assert summary.restores[1]["tier"] == "durable" and summary.lost_steps == 0

@@ -99,8 +99,9 @@ def test_a_drain_with_the_ram_tier_hands_over_in_ram_and_persists_after(tmp_path
     """Time for a durable save, the RAM tier on with durable_from_ram: the drain copies the
     step to the holders and asks them to persist it (no device save in the downtime); the
     final save at the end is still a device save."""
-    sim = make(tmp_path, "checkpoint.ram.enabled=true",
-               "controller.checkpoint_interval.every_steps=100", spare=("s1",))
+    sim = make(tmp_path, "checkpoint.ram.enabled=true", "cluster.emulate.slices=2",
+               "controller.checkpoint_interval.every_steps=100", slices=("s0", "s1"),
+               spare=("s2",))
     sim.fleet.on_step(7, lambda g: sim.notice(host="vm-s0-1"))
     summary = sim.run()
     assert summary.state == "SUCCEEDED" and summary.lost_steps == 0

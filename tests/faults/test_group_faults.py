@@ -81,7 +81,7 @@ def test_a_host_that_crashes_inside_its_notice_window_is_the_preemption(cluster,
     with capture_logs() as logs:
         result = run_controller(fault_config(
             tmp_path / "run", "run.total_steps=200", "controller.warm.handover_max_s=60",
-            chaos=chaos))
+            "controller.warm.standby_slices=0", chaos=chaos))
     print_recovery("crash-in-notice", result)
 
     s = result.summary

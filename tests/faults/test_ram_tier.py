@@ -29,7 +29,9 @@ from workers.ram import copy_store
 pytestmark = pytest.mark.cluster
 
 TWO_SLICES = ("cluster.emulate.slices=2", "cluster.emulate.hosts_per_slice=1")
-RAM = ("checkpoint.ram.enabled=true",)
+RAM = ("checkpoint.ram.enabled=true", "checkpoint.ram.every=1")
+"""The tier copying every step: what these tests hold it to (``every: auto`` is the controller's
+choice, tests/controller/test_chunks.py)."""
 
 
 @pytest.fixture(scope="module")

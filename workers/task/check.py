@@ -97,11 +97,10 @@ def _memory(mem: dict | None, abstract: Any, specs: Any, task: dict, state_bytes
     refused = _fits(est, mem, dph, task)
     ram_auto_off = None
     if refused and est.ram_keep and mem.get("ram_auto"):
-        # checkpoint.ram.enabled=auto: a tier that does not fit is turned off, not refused
-        bare = dataclasses.replace(est, ram_keep=0)
-        if refused["component"] == "ram_tier" or _fits(bare, mem, dph, task) is None:
-            ram_auto_off, est = refused["message"], bare
-            refused = _fits(bare, mem, dph, task)
+        # checkpoint.ram.enabled=auto: a tier that does not fit is turned off, never the reason
+        # a run is refused (one whose state does not fit without it is refused for that)
+        est = dataclasses.replace(est, ram_keep=0)
+        ram_auto_off, refused = refused["message"], _fits(est, mem, dph, task)
     return {"mesh": dict(est.mesh_shape), "devices_per_host": dph,
             "hosts": est.hosts if dph else None, "device": dict(est.device),
             "device_total": est.device_total, "ram_keep": est.ram_keep,
