@@ -81,6 +81,21 @@ def peers(slices: Sequence[str]) -> dict[int, int | None]:
     return out
 
 
+def peer_nodes(mesh: Sequence[tuple[str, str]], spare: Sequence[tuple[str, str]] = ()
+               ) -> list[str | None]:
+    """Per mesh host, the node of the holder of its peer copy. ``mesh`` and ``spare``: (slice
+    name, node id) of the mesh's hosts in order and of the hosts kept warm on spare slices.
+    Several slices: ``peers``. One slice with a spare slice warm: the same position on the
+    spare (a notice takes a slice as a unit, so a peer in the same slice would go with it; the
+    spare is where the next mesh forms, so its restore even reads its own node). Otherwise
+    ``peers`` (the next host of the slice, or nobody)."""
+    slices = [s for s, _ in mesh]
+    if len(set(slices)) == 1 and spare:
+        first = [node for name, node in spare if name == spare[0][0]]
+        return [first[i % len(first)] for i in range(len(mesh))]
+    return [None if j is None else mesh[j][1] for j in peers(slices).values()]
+
+
 def choose_tier(entries: Iterable[ReplicaEntry], durable_step: int | None, *,
                 copy_step: int | None = None, exclude_steps: Collection[int] = ()
                 ) -> TierChoice:

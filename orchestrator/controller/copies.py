@@ -1,15 +1,19 @@
 """RUNNING's choice of the RAM tier's copy interval under ``checkpoint.ram.every: auto``.
 
-Before each chunk the driver weighs the measured copy cost (host 0's blocking seconds per
-periodic copy) against the step time with ``policies.ram_interval`` and passes the interval
-with the chunk, so every host copies at the same steps (a restore needs every host's copy of
-one step). A change is logged with its reason and kept for ``summary.json``.
+Before each chunk the driver weighs the measured copy cost (the median of host 0's blocking
+seconds per periodic copy, once five are measured; a group's first copy, which also lays the
+copy out, is left out) against the step time with ``policies.ram_interval`` and passes the
+interval with the chunk, so every host copies at the same steps (a restore needs every host's
+copy of one step). A change is logged with its reason and kept for ``summary.json``.
 """
 
 from __future__ import annotations
 
 from orchestrator.controller.context import Run, log
 from policies.ram_interval import IntervalObservation, RamIntervalPolicy
+
+MIN_COPIES = 5
+"""Copies measured before the interval is chosen (the first of each group is left out)."""
 
 
 def copy_every(run: Run, save_every: int) -> int | None:
@@ -22,8 +26,10 @@ def copy_every(run: Run, save_every: int) -> int | None:
     policy = RamIntervalPolicy(max_overhead=ram.max_overhead,
                                failures_per_hour=ram.failures_per_hour, max_every=save_every)
     current = led.copy_every or 1
+    measured = len(led.pack_costs) >= MIN_COPIES
     choice = policy.choose(IntervalObservation(
-        step_s=led.median_step_s(), copy_s=led.median_pack_s(), current=current,
+        step_s=led.median_step_s(), copy_s=led.median_pack_s() if measured else None,
+        current=current,
         failures=sum(not r.announced for r in led.restarts),
         observed_s=run.now() - run.started_at))
     if led.copy_every is None or choice.every != current or (

@@ -13,7 +13,7 @@ from orchestrator.controller.context import Next, Run, log
 from orchestrator.controller.seam import GroupFailed, RamCopies
 from orchestrator.lifecycle import Checkpointing, Releasing, RunState
 from policies.preemption import DrainKind, DrainObservation
-from policies.ram_tier import peers
+from policies.ram_tier import peer_nodes
 
 S = RunState
 
@@ -60,20 +60,20 @@ def draining(run: Run) -> Next:
 
 def copies_survive(run: Run, doomed: frozenset[str]) -> bool:
     """Whether every host's RAM copy has a holder off the doomed slices: its own node's or its
-    peer's (``policies.ram_tier.peers``). A slice goes as a unit (a notice for one of its
-    hosts takes them all), so in a one-slice mesh, where a host's peer is in the same slice,
-    a notice dooms both holders of every copy and only a durable save keeps the step."""
+    peer's (``policies.ram_tier.peer_nodes``: another slice's host, or a standby's on a spare
+    slice). A slice goes as a unit (a notice for one of its hosts takes them all): in a
+    one-slice mesh with no standby a host's peer is in the same slice, a notice dooms both
+    holders of every copy, and only a durable save keeps the step."""
     plan = run.plan
     if plan is None or not doomed:
         return True
+    spare = run.placement.standby
+    slice_of = {h.node_id: h.slice_name for h in (*plan.hosts, *spare)}
     gone = {h.slice_name for h in plan.hosts if h.node_id in doomed}
-    peer = peers([h.slice_name for h in plan.hosts])
-    for i, h in enumerate(plan.hosts):
-        j = peer.get(i)
-        holders = {h.slice_name} | ({plan.hosts[j].slice_name} if j is not None else set())
-        if holders <= gone:
-            return False
-    return True
+    peer = peer_nodes([(h.slice_name, h.node_id) for h in plan.hosts],
+                      [(h.slice_name, h.node_id) for h in spare])
+    return all(not ({h.slice_name} | ({slice_of[n]} if n is not None else set())) <= gone
+               for h, n in zip(plan.hosts, peer, strict=True))
 
 
 RAM_ONLY = "drain-ram-only"

@@ -80,6 +80,9 @@ class RecoveryLedger:
     pack_costs: list[float] = field(default_factory=list)
     """Of those, the periodic copies' alone (a drain's copy waits for delivery too): what
     ``checkpoint.ram.every: auto`` weighs against the step time."""
+    packed_in: int | None = None
+    """The incarnation whose first periodic copy was seen (it also lays the copy out: left out
+    of ``pack_costs``)."""
     copy_every: int | None = None
     """The RAM tier's copy interval in force under ``every: auto`` (None: not chosen)."""
     copy_intervals: list[dict] = field(default_factory=list)
@@ -145,8 +148,10 @@ class RecoveryLedger:
                 self.last_eval = eval_summary(int(rec["step"]), rec["eval"])
             if rec.get("ram_copy_s"):
                 self.copy_costs.append(float(rec["ram_copy_s"]))
-                if not rec.get("saved_from_ram"):
+                if not rec.get("saved_from_ram") and self.packed_in == self.incarnation:
                     self.pack_costs.append(float(rec["ram_copy_s"]))
+                elif not rec.get("saved_from_ram"):
+                    self.packed_in = self.incarnation  # its first copy: the layout's one-off
             if rec.get("checkpoint_blocking_s") and not rec.get("saved_from_ram"):
                 self.save_costs.append(float(rec["checkpoint_blocking_s"]))
         del self.copy_costs[:-_KEEP_STEP_TIMES]

@@ -106,7 +106,8 @@ class RayWorkerGroup:
         at["build"] = round(time.perf_counter() - t0, 3)
         if self.ram is not None:
             self._wait(self.ram.attach_calls(self.actors, self.spec.plan,
-                                            incarnation=self.spec.incarnation), "init", 60.0)
+                                            incarnation=self.spec.incarnation,
+                                            spare=self.spec.standby), "init", 60.0)
             at["ram_attach"] = round(time.perf_counter() - t0, 3)
         watching, ids = 0, {}
         if self.metadata_settings is not None:

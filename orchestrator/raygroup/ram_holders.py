@@ -26,9 +26,10 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from orchestrator.controller.seam import Restored
 from orchestrator.shared import layout as ckpt_layout
 from orchestrator.shared.files import atomic_write_text
+from orchestrator.shared.hosts import HostRef
 from orchestrator.shared.plan import MeshPlan
 from orchestrator.shared.sections import RamTierConfig
-from policies.ram_tier import ReplicaEntry, TierChoice, choose_tier, peers
+from policies.ram_tier import ReplicaEntry, TierChoice, choose_tier, peer_nodes
 from workers.ram import copy_store
 from workers.ram.holder import RamHolder
 
@@ -131,15 +132,17 @@ class RamTier:
                  persist_dir=self.persist_dir, persist_keep=self.persist_keep)
         return name, handle
 
-    def assignments(self, plan: MeshPlan) -> list[list[tuple[str, Any]]]:
-        """Per host: its own node's holder, then its peer's (policies.ram_tier.peers)."""
-        peer_of = peers([h.slice_name for h in plan.hosts])
+    def assignments(self, plan: MeshPlan, spare: Sequence[HostRef] = ()
+                    ) -> list[list[tuple[str, Any]]]:
+        """Per host: its own node's holder, then its peer's (``policies.ram_tier.peer_nodes``:
+        another slice's host, or a ``spare`` host kept warm when the mesh is one slice)."""
+        peer_of = peer_nodes([(h.slice_name, h.node_id) for h in plan.hosts],
+                             [(h.slice_name, h.node_id) for h in spare])
         out = []
-        for h in plan.hosts:
+        for h, peer in zip(plan.hosts, peer_of, strict=True):
             mine = [self.holder(h.node_id)]
-            peer = peer_of[h.index]
-            if peer is not None and plan.hosts[peer].node_id != h.node_id:
-                mine.append(self.holder(plan.hosts[peer].node_id))
+            if peer is not None and peer != h.node_id:
+                mine.append(self.holder(peer))
             out.append(mine)
         return out
 
@@ -192,10 +195,11 @@ class RamTier:
         log.info("restore_tier", tier=choice.tier, step=choice.step, reason=choice.reason)
         return choice
 
-    def attach_calls(self, actors: Sequence[Any], plan: MeshPlan, *, incarnation: int
-                     ) -> list[Any]:
-        """Start every host copying to its holders (refs for the group to wait on)."""
-        assign = self.assignments(plan)
+    def attach_calls(self, actors: Sequence[Any], plan: MeshPlan, *, incarnation: int,
+                     spare: Sequence[HostRef] = ()) -> list[Any]:
+        """Start every host copying to its holders (refs for the group to wait on); ``spare``:
+        the hosts kept warm on spare slices (``assignments``)."""
+        assign = self.assignments(plan, spare)
         handles = {name: h for mine in assign for name, h in mine}
         names = list(handles)
         served = ray.get([handles[n].serve.remote(self.token, durable=self.cfg.durable_from_ram)

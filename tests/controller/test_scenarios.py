@@ -369,10 +369,11 @@ def test_short_notice_without_the_ram_tier_still_falls_back(tmp_path):
 
 
 def test_a_notice_that_dooms_every_holder_of_a_copy_saves_durably(tmp_path):
-    """One slice: each host's peer holder is on the same slice, so a notice for the slice dooms
-    both holders of every copy; a copy to RAM would go down with them, so the drain saves
-    durably (the deadline allows it) and the next group restores that."""
-    sim = make(tmp_path, "checkpoint.ram.enabled=true", spare=("s1",))
+    """One slice and no standby: each host's peer holder is on the same slice, so a notice for
+    the slice dooms both holders of every copy; a copy to RAM would go down with them, so the
+    drain saves durably (the deadline allows it) and the next group restores that."""
+    sim = make(tmp_path, "checkpoint.ram.enabled=true", "controller.warm.standby_slices=0",
+               "controller.warm.handover_max_s=0", spare=("s1",))
     sim.fleet.copy_s = 0.01
     sim.fleet.on_step(6, lambda g: sim.controller.run_state.ledger.copy_costs.extend([0.01] * 3))
     sim.fleet.on_step(7, lambda g: sim.notice(host="vm-s0-0", deadline_in=30))
@@ -382,3 +383,16 @@ def test_a_notice_that_dooms_every_holder_of_a_copy_saves_durably(tmp_path):
     assert [p.purpose for p in checkpointing] == ["drain"]
     assert sim.fleet.ram_copies == []
     assert summary.restores[1]["tier"] == "durable" and summary.lost_steps == 0
+
+
+def test_one_slice_with_a_standby_hands_over_in_ram_on_the_spare(tmp_path):
+    """One slice with a standby on the spare (the default): the peer copies are on the spare
+    slice, which the notice spares, so the drain hands over in RAM and the next group, formed
+    on the spare, restores from there."""
+    sim = make(tmp_path, "checkpoint.ram.enabled=true", spare=("s1",))
+    sim.fleet.on_step(7, lambda g: sim.notice(host="vm-s0-0", deadline_in=30))
+    summary = sim.run()
+    assert summary.state == "SUCCEEDED"
+    checkpointing = [p for p in sim.payloads("CHECKPOINTING") if p.purpose != "final"]
+    assert [p.purpose for p in checkpointing] == ["drain-ram-then-durable"]
+    assert summary.restores[1]["tier"] == "ram" and summary.lost_steps == 0

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from policies.ram_tier import ReplicaEntry, choose_tier, peers
+from policies.ram_tier import ReplicaEntry, choose_tier, peer_nodes, peers
 
 
 def entry(step: int, source: int, *, holder: str = "h0", sources: int = 2, incarnation: int = 1,
@@ -79,3 +79,16 @@ def test_a_copy_saved_from_ram_is_a_durable_candidate():
     assert choose_tier([], durable_step=6, copy_step=6).tier == "durable"
     fresh = choose_tier([], durable_step=None)
     assert (fresh.tier, fresh.step) == ("durable", None)
+
+
+def test_peer_nodes_put_a_one_slice_meshs_copies_on_the_warm_spare():
+    mesh = [("a", "a0"), ("a", "a1")]
+    # no spare: the next host of the slice (a notice for the slice takes both)
+    assert peer_nodes(mesh) == ["a1", "a0"]
+    # a spare slice kept warm: the same position there (the first spare slice only)
+    assert peer_nodes(mesh, [("s", "s0"), ("s", "s1"), ("t", "t0")]) == ["s0", "s1"]
+    assert peer_nodes(mesh, [("s", "s0")]) == ["s0", "s0"]
+    # several slices: peers in the next slice, the spare is not needed
+    two = [("a", "a0"), ("b", "b0")]
+    assert peer_nodes(two, [("s", "s0")]) == ["b0", "a0"]
+    assert peer_nodes([("a", "a0")]) == [None]
