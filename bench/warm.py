@@ -144,8 +144,8 @@ def render(result: dict) -> str:
 
     cell = fmt_spread
     for system, x in f.items():
-        if system not in SYSTEMS:
-            continue
+        if system not in SYSTEMS or not (x["lost_steps"] or x["failed_runs"]):
+            continue  # not in this run (--systems)
         lines.append(f"| {system} | {cell(x['to_first_step_s'])} | {cell(x['downtime_s'])} | "
                      f"{cell(x['phases_s'].get('FORMING', {}))} | {x['lost_steps']} | "
                      f"{x['processes'][0] if x['processes'] else '-'} |")
@@ -153,8 +153,9 @@ def render(result: dict) -> str:
     if chosen:
         lines.append("\nRAM copy interval chosen (checkpoint.ram.every: auto), per run: "
                      + "; ".join(f"{k} {v}" for k, v in chosen.items()))
-    lines.append(f"\nmedian step, standby alive / none (per repeat): "
-                 f"{cell(f['step_ratio_standby_vs_none'])}")
+    if f["step_ratio_standby_vs_none"].get("n"):
+        lines.append(f"\nmedian step, standby alive / none (per repeat): "
+                     f"{cell(f['step_ratio_standby_vs_none'])}")
     return "\n".join(lines)
 
 

@@ -133,3 +133,25 @@ def _log_record(stderr: str, event: str) -> dict:
                 found.append(rec)
     assert len(found) == 1, stderr[-3000:]
     return found[0]
+
+
+def test_auto_turns_a_ram_tier_that_does_not_fit_off_where_true_refuses_the_run():
+    """``checkpoint.ram.enabled``: ``auto`` (the default) estimates the run with the tier and,
+    when its copies exceed ``max_host_bytes``, turns it off (the check says why and the driver's
+    protection choice follows); ``true`` refuses the run with the numbers and the fix."""
+    from orchestrator.driver import protection
+    from orchestrator.driver.task_check import run_check
+
+    cap = ["checkpoint.ram.max_host_bytes=100000"]  # the default LM's copies are ~2.5 MB
+    auto = run_check(load_config(None, cap)).memory
+    assert auto["refused"] is None and auto["ram_keep"] == 0
+    assert "exceeds checkpoint.ram.max_host_bytes=100000" in auto["ram_auto_off"]
+    assert "RAM tier off" in memory_line(auto)
+    cfg, rec = protection.resolve(load_config(None, cap), auto, hosts=2, spare_slices=0)
+    assert cfg.checkpoint.ram.enabled is False and "do not fit" in rec["ram_tier"]["reason"]
+
+    forced = run_check(load_config(None, [*cap, "checkpoint.ram.enabled=true"])).memory
+    assert forced["refused"]["component"] == "ram_tier" and forced["ram_auto_off"] is None
+
+    fits = run_check(load_config(None, [])).memory
+    assert fits["refused"] is None and fits["ram_keep"] == 2 and fits["ram_auto_off"] is None
