@@ -249,8 +249,11 @@ def test_killed_driver_autoresumed_past_a_corrupt_checkpoint_keeps_the_sample_or
             f"run.run_dir={run_dir}", "cluster.mode=auto", *base, *TWO_SLICES,
             "metrics.cloud_monitoring.enabled=false", "metrics.console_every_steps=0",
             # Orbax's own periodic saves, one of which is corrupted below (with the RAM tier
-            # the holders would write them from their copies)
-            "checkpoint.ram.enabled=false"]
+            # the holders would write them from their copies); a chunk per step, so steps reach
+            # metrics.jsonl as they happen and the kill below lands before step 20; no standby
+            # on the spare slice (the hosts counted below are the group's two)
+            "checkpoint.ram.enabled=false", "run.steps_per_call=1",
+            "controller.warm.standby_slices=0"]
     jobs = LocalJobs(cluster.address, tmp_path)
     first = f"{run_id}-r0"
     jobs.submit(submission_id=first, entrypoint=shlex.join(argv), runtime_env={},
