@@ -10,7 +10,7 @@ import json
 
 from orchestrator.controller import ahead, recovering
 from orchestrator.controller.context import Next, Run, log
-from orchestrator.controller.seam import Formed, GroupFailed, GroupSpec
+from orchestrator.controller.seam import Formed, GroupFailed, GroupSpec, WarmStandby
 from orchestrator.lifecycle import Compiling, Restoring, RunState
 from orchestrator.lifecycle.payloads import data_resumed_text
 from orchestrator.shared.files import atomic_write_text, read_jsonl
@@ -28,6 +28,8 @@ def forming(run: Run) -> Next:
                      accum_steps=p.batch_plan.accum_steps if p.batch_plan else 1,
                      init_faults=tuple(init_faults), standby=p.standby)
     run.group = run.make_group(spec)
+    if not isinstance(run.group, WarmStandby):
+        p.standby = ()  # a seam that keeps no standby (the simulator): no hot swap onto one
     try:
         formed = run.group.form()
     except GroupFailed as exc:

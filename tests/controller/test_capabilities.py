@@ -60,3 +60,16 @@ def test_chaos_sends_notices_but_cannot_inject_faults(tmp_path):
     assert all(g.injected == [] for g in sim.fleet.groups)
     assert [e["kind"] for e in logs if e["event"] == "chaos_unsupported"] == ["kill"]
     assert any(e["event"] == "chaos_notice" for e in logs)
+
+
+def test_no_hot_swap_onto_a_standby_the_group_cannot_keep(tmp_path):
+    """``standby_slices: auto`` with a group that keeps no standby: a host failure backs off and
+    re-forms as before (no hot spare is claimed), and no group is told of standby hosts."""
+    from tests.controller.fakes import lost
+
+    sim = _plain(make(tmp_path, spare=("s1",)))
+    sim.fleet.on_step(7, lambda g: lost(hosts=(1,)))
+    summary = sim.run()
+    assert summary.state == "SUCCEEDED"
+    assert "BACKOFF" in sim.states()
+    assert not any("hot_swap" in str(e) for e in sim.events())
