@@ -145,7 +145,10 @@ def test_default_job_survives_a_cli_preemption_and_reports(journey: Journey) -> 
         ("emulated_slice_reclaimed", "emu-slice-0"), ("emulated_slice_returned", "emu-slice-2")]
     actions = [e.get("action") for e in _jsonl(run_dir / "events.jsonl")
                if e.get("event_id") == journey.event_id]
-    assert "drain_now" in actions and "drain:save" in actions, actions
+    # a durable save, or (a notice too short for one) a copy to the RAM tier's holders on the
+    # spare slice (the defaults): either keeps the stopped step, 0 lost (above)
+    assert "drain_now" in actions, actions
+    assert {"drain:save", "drain:ram_copy_only"} & set(actions), actions
     assert "MFU" in output and "goodput" in output
 
     assert journey.rejected == [], journey.rejected[:5]
