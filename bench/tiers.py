@@ -44,17 +44,18 @@ from bench.stats import fmt, ratio, spread
 SAVE_EVERY = 10
 KILL_AT = 37
 AB_BLOCK = ab_blocks.BLOCK
+# the tier as this figure measures it: a copy every step (auto may choose fewer)
+RAM_EVERY_STEP = ["checkpoint.ram.enabled=true", "checkpoint.ram.every=1"]
 SYSTEMS: dict[str, list[str]] = {
     "plain": ["controller.checkpoint_interval.every_steps=100000"],
-    "ram": ["controller.checkpoint_interval.every_steps=100000", "checkpoint.ram.enabled=true"],
-    "ram-ab": ["controller.checkpoint_interval.every_steps=100000", "checkpoint.ram.enabled=true"],
+    "ram": ["controller.checkpoint_interval.every_steps=100000", *RAM_EVERY_STEP],
+    "ram-ab": ["controller.checkpoint_interval.every_steps=100000", *RAM_EVERY_STEP],
     "orbax": [f"controller.checkpoint_interval.every_steps={SAVE_EVERY}"],
-    "ram+copy": [f"controller.checkpoint_interval.every_steps={SAVE_EVERY}",
-                 "checkpoint.ram.enabled=true"],
+    "ram+copy": [f"controller.checkpoint_interval.every_steps={SAVE_EVERY}", *RAM_EVERY_STEP],
     "kill-orbax": [f"controller.checkpoint_interval.every_steps={SAVE_EVERY}",
                    f"controller.chaos=[{{at_step: {KILL_AT}, host: 1, kind: kill}}]"],
     "kill-ram": [f"controller.checkpoint_interval.every_steps={SAVE_EVERY}",
-                 "checkpoint.ram.enabled=true",
+                 *RAM_EVERY_STEP,
                  f"controller.chaos=[{{at_step: {KILL_AT}, host: 1, kind: kill}}]"],
 }
 TOPOLOGY = ["cluster.emulate.slices=2", "cluster.emulate.hosts_per_slice=1",

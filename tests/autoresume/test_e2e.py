@@ -58,6 +58,7 @@ E2E_OVERRIDES = [
     # The RAM tier: a copy of every step on the other host, in detached holders that outlive
     # the killed driver; durable saves are written from those copies (checkpoints-from-ram).
     "checkpoint.ram.enabled=true",
+    "checkpoint.ram.every=1",  # every step, whatever the copy costs here (auto may choose fewer)
 ]
 TIMEOUT_S = 300
 RESTORED = re.compile(r"restored step (\d+) from (\w+) tier")
