@@ -201,6 +201,9 @@ class FailureModel:
     preemption_per_slice_hour: float = 0.0
     preemption_notice_s: float = 30.0
     notice_missed_fraction: float = 0.0
+    notices_read: bool = True
+    """False: the job reads no notices at all (a plain job that a full restart brings back):
+    preemptions and maintenance windows take their slices unannounced."""
     maintenance_per_slice_hour: float = 0.0
     maintenance_lead_h: float = 72.0
     maintenance_duration_s: float = 3600.0

@@ -149,11 +149,11 @@ class Actor:
         if h.kind == "preemption":
             if not any(self.cluster.slice_nodes(n) for n in names):
                 return
-            if h.notice:
+            if h.notice and self.cfg.failures.notices_read:
                 self._notice("preemption_notice", names, h, deadline=now + h.lead_s,
                              host=self._host(names, h))
             else:
-                self._count("preemption_notice_missed")
+                self._count("preemption_notice_missed" if not h.notice else "notice_unread")
             if not h.effect:
                 return
             self.world.at(now + h.lead_s, "preempted", lambda: [
@@ -162,8 +162,11 @@ class Actor:
             return
         if h.kind == "maintenance":
             start, end = now + h.lead_s, now + h.lead_s + h.duration_s
-            self._notice("maintenance_scheduled", names, h, deadline=start,
-                         window=(start, end), host=self._host(names, h))
+            if self.cfg.failures.notices_read:
+                self._notice("maintenance_scheduled", names, h, deadline=start,
+                             window=(start, end), host=self._host(names, h))
+            else:
+                self._count("notice_unread")
             if not h.effect:
                 return
             self.world.at(start, "maintenance_window", lambda: [
