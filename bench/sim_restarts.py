@@ -159,9 +159,10 @@ def render(result: dict) -> str:
     rows = result["systems"]
     names = list(rows)
     top = result["topology"]
+    base = " ".join(["week-256.yaml", *result["extra"]])
     lines = [f"{result['hours']:g} simulated hours x {result['seeds']} seed(s); "
              f"{top['slices']} slices x {top['hosts_per_slice']} hosts, {top['spare_slices']} "
-             f"spare slice(s) (week-256.yaml {' '.join(result['extra'])})".rstrip() + "", "",
+             f"spare slice(s) ({base})", "",
              "| | " + " | ".join(names) + " |", "|---|" + "---|" * len(names),
              "| goodput | " + " | ".join(f"{rows[n]['goodput']:.1%}" for n in names) + " |",
              "| goodput relative to the orchestrator | " + " | ".join(
