@@ -59,11 +59,11 @@ class LocalJobs:
 
 
 
-def wait_for(pred, timeout_s: float, what: str) -> None:
+def wait_for(pred, timeout_s: float, what: str, *, every_s: float = 0.2) -> None:
     deadline = time.monotonic() + timeout_s
     while not pred():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
+        time.sleep(every_s)
 
 
 def host_pids() -> set[int]:
