@@ -25,7 +25,6 @@ the value is ours, measured on CPU, and named so.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from pathlib import Path
 
 from orchestrator.shared.errors import OrchestratorError
 from orchestrator.sim.config import load_sim_config
+from orchestrator.sim.report import write_json
 from orchestrator.sim.runner import SimResult, simulate
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "orchestrator" / "sim" / "examples"
@@ -76,12 +76,14 @@ PUBLISHED: dict[str, Figure] = {
         "the same vLLM documentation"),
 }
 
-OURS_MEASURED = {
-    "forming_s": (4.0, "FORMING of a cold re-form on this machine's emulated cluster (bench "
-                       "figure 11 'kill-old-default': 2.7-3.5 s; the sim's default 4 s); with "
-                       "a warm standby 0.17 s"),
-    "restore_ram_s": (0.11, "RESTORING from the RAM tier on the emulated cluster (figure 11)"),
-    "compile_stored_s": (0.28, "COMPILING that loads the stored executable (figure 11)"),
+OURS_MEASURED: dict[str, Figure] = {
+    "forming_s": Figure(4.0, "FORMING of a cold re-form on this machine's emulated cluster "
+                             "(bench figure 11 'kill-old-default': 2.7-3.5 s; the sim's default "
+                             "4 s); with a warm standby 0.17 s", "ours"),
+    "restore_ram_s": Figure(0.11, "RESTORING from the RAM tier on the emulated cluster "
+                                  "(figure 11)", "ours"),
+    "compile_stored_s": Figure(0.28, "COMPILING that loads the stored executable (figure 11)",
+                               "ours"),
 }
 
 
@@ -94,13 +96,13 @@ def systems() -> dict[str, list[str]]:
     return {
         "orchestrator": [
             "checkpoint.tier=ram", f"reform.restore_base_s={p['restore_in_cluster'].seconds}",
-            f"reform.forming_s={OURS_MEASURED['forming_s'][0]}", *compile_],
+            f"reform.forming_s={OURS_MEASURED['forming_s'].seconds}", *compile_],
         "whole_group": [
             "checkpoint.tier=gcs", f"reform.restore_base_s={p['restore_persistent'].seconds}",
             f"reform.forming_s={p['restart_in_place'].seconds}", *compile_, *waits],
         "full_restart": [
             "checkpoint.tier=gcs", f"reform.restore_base_s={p['restore_persistent'].seconds}",
-            f"reform.forming_s={p['reschedule_job'].seconds + OURS_MEASURED['forming_s'][0]}",
+            f"reform.forming_s={p['reschedule_job'].seconds + OURS_MEASURED['forming_s'].seconds}",
             "failures.notices_read=false", *compile_, *waits],
     }
 
@@ -111,7 +113,8 @@ def run(hours: float, seeds: int, extra: list[str], runs_dir: Path | None = None
     simulated run's directory there (timeline, events, summary; ~6 MB per week-long run)."""
     rows: dict[str, dict] = {}
     topology: dict = {}
-    for name, overrides in systems().items():
+    overrides_by_system = systems()
+    for name, overrides in overrides_by_system.items():
         per_seed: list[SimResult] = []
         for seed in range(seeds):
             cfg = load_sim_config(str(BASE), [*overrides, f"horizon_h={hours}", f"seed={seed}",
@@ -121,8 +124,9 @@ def run(hours: float, seeds: int, extra: list[str], runs_dir: Path | None = None
             per_seed.append(simulate(cfg, run_dir=run_dir, time_decisions=False))
         rows[name] = summarize(per_seed)
     return {"hours": hours, "seeds": seeds, "extra": extra, "topology": topology, "systems": rows,
-            "overrides": systems(), "published": {k: vars(v) for k, v in PUBLISHED.items()},
-            "ours_measured": {k: {"seconds": v[0], "what": v[1]}
+            "overrides": overrides_by_system,
+            "published": {k: vars(v) for k, v in PUBLISHED.items()},
+            "ours_measured": {k: {"seconds": v.seconds, "what": v.what}
                               for k, v in OURS_MEASURED.items()}}
 
 
@@ -155,37 +159,37 @@ def _mean(values: list) -> float | None:
     return sum(got) / len(got) if got else None
 
 
+def _row(label: str, cells: list[str]) -> str:
+    return f"| {label} | " + " | ".join(cells) + " |"
+
+
+def _recovery_cell(rec: dict | None) -> str:
+    if not rec or not rec["count"]:
+        return "-"
+    t = rec["mean_to_running_s"]
+    return f"{rec['count']:.0f} x {t / 60:.1f} min" if t is not None else f"{rec['count']:.0f}"
+
+
 def render(result: dict) -> str:
     rows = result["systems"]
     names = list(rows)
     top = result["topology"]
     base = " ".join(["week-256.yaml", *result["extra"]])
+    ours = rows["orchestrator"]["goodput"]
     lines = [f"{result['hours']:g} simulated hours x {result['seeds']} seed(s); "
              f"{top['slices']} slices x {top['hosts_per_slice']} hosts, {top['spare_slices']} "
              f"spare slice(s) ({base})", "",
              "| | " + " | ".join(names) + " |", "|---|" + "---|" * len(names),
-             "| goodput | " + " | ".join(f"{rows[n]['goodput']:.1%}" for n in names) + " |",
-             "| goodput relative to the orchestrator | " + " | ".join(
-                 f"{rows[n]['goodput'] / rows['orchestrator']['goodput']:.3f}"
-                 for n in names) + " |",
-             "| steps re-done | " + " | ".join(f"{rows[n]['lost_steps']:.0f}" for n in names)
-             + " |"]
-    causes = sorted({c for n in names for c in rows[n]["badput_fraction"]})
-    for c in causes:
-        lines.append(f"| badput: {c} | " + " | ".join(
-            f"{rows[n]['badput_fraction'].get(c, 0.0):.2%}" for n in names) + " |")
-    kinds = sorted({k for n in names for k in rows[n]["recoveries"]})
-    for k in kinds:
-        cells = []
-        for n in names:
-            rec = rows[n]["recoveries"].get(k)
-            if not rec or not rec["count"]:
-                cells.append("-")
-            else:
-                t = rec["mean_to_running_s"]
-                cells.append(f"{rec['count']:.0f} x {t / 60:.1f} min" if t is not None
-                             else f"{rec['count']:.0f}")
-        lines.append(f"| {k} (count x mean to RUNNING) | " + " | ".join(cells) + " |")
+             _row("goodput", [f"{rows[n]['goodput']:.1%}" for n in names]),
+             _row("goodput relative to the orchestrator",
+                  [f"{rows[n]['goodput'] / ours:.3f}" for n in names]),
+             _row("steps re-done", [f"{rows[n]['lost_steps']:.0f}" for n in names])]
+    for c in sorted({c for n in names for c in rows[n]["badput_fraction"]}):
+        lines.append(_row(f"badput: {c}",
+                          [f"{rows[n]['badput_fraction'].get(c, 0.0):.2%}" for n in names]))
+    for k in sorted({k for n in names for k in rows[n]["recoveries"]}):
+        lines.append(_row(f"{k} (count x mean to RUNNING)",
+                          [_recovery_cell(rows[n]["recoveries"].get(k)) for n in names]))
     return "\n".join(lines)
 
 
@@ -217,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     print(table)
     if out:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "result.json").write_text(json.dumps(result, indent=2, default=str))
+        write_json(out / "result.json", result)
         (out / "table.md").write_text(table + "\n")
         print(f"\njson: {out / 'result.json'}")
     return 0
