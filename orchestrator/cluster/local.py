@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.cluster.nodes import Shape, head_args, host_args, host_labels
-from orchestrator.raygroup.topology import INSTANCE_LABEL, LOOPBACK
+from orchestrator.raygroup.topology import INSTANCE_LABEL, LOOPBACK, SLICE_LABEL, WORKER_LABEL
 from orchestrator.shared import host_env
 from orchestrator.shared.errors import OrchestratorError
 from orchestrator.shared.files import atomic_write_json
@@ -270,8 +270,9 @@ def _start_host(state: ClusterState, state_dir: Path, shape: Shape, slice_name: 
         log_path = state_dir / f"{instance}-{attempt}.log"
         # Its own temp dir: nodes sharing one would unpack (and garbage-collect) a job's
         # working_dir package in the same place at once, and the driver imports a torn tree.
-        node_dir = Path(state.temp_dir) / f"h{len(state.nodes)}"
-        node_dir.mkdir(exist_ok=True)
+        # A fresh one per start (a removed slice's hosts leave theirs): never a dead node's.
+        node_dir = Path(state.temp_dir) / f"h{len(list(Path(state.temp_dir).glob('h*')))}"
+        node_dir.mkdir()
         proc = _launch(host_args(slice_name, worker, shape, gcs_address=state.gcs_address,
                                  agent_port=free_port(), temp_dir=str(node_dir)),
                        log_path, env)
@@ -287,6 +288,62 @@ def _start_host(state: ClusterState, state_dir: Path, shape: Shape, slice_name: 
         f"emulated TPU host {instance} did not join after {START_ATTEMPTS} attempts "
         f"(last exit code {proc.poll()}); its log ends:\n{_tail(log_path)}",
         fix=f"read the logs in {state_dir}; retry when the machine is less loaded")
+
+
+def slice_nodes(state: ClusterState) -> dict[str, list[dict[str, str]]]:
+    """Alive emulated TPU hosts by slice: ``{slice: [{"instance", "node_id"}, ...]}``, by worker
+    id; {} if the head does not answer."""
+    try:
+        body = _get(state, "/nodes?view=summary")
+    except (urllib.error.URLError, OSError, ValueError):
+        return {}
+    out: dict[str, list[dict[str, str]]] = {}
+    for n in body.get("data", {}).get("summary", []):
+        raylet = n.get("raylet", {})
+        labels = raylet.get("labels") or {}
+        if raylet.get("state") == "ALIVE" and SLICE_LABEL in labels:
+            out.setdefault(labels[SLICE_LABEL], []).append(
+                {"instance": labels.get(INSTANCE_LABEL, ""), "node_id": raylet.get("nodeId", ""),
+                 "worker": labels.get(WORKER_LABEL, "0")})
+    return {s: sorted(h, key=lambda h: int(h["worker"])) for s, h in sorted(out.items())}
+
+
+def add_slice(slice_name: str, *, state_dir: Path | None = None) -> ClusterState:
+    """A new slice of the cluster's shape joins (a replacement the cloud hands out): its hosts
+    start and join; returns once they are alive. Refused if the name is already a node's."""
+    state_dir = Path(state_dir or default_state_dir())
+    state = _require_state(state_dir)
+    shape = Shape(**state.shape)
+    if any(n["name"].startswith(f"{slice_name}-w") for n in state.nodes):
+        raise LocalClusterError(f"slice {slice_name} is already part of the cluster",
+                                fix="give the new slice a name no node has had")
+    for worker in range(shape.hosts_per_slice):
+        _start_host(state, state_dir, shape, slice_name, worker)
+    return state
+
+
+def remove_slice(slice_name: str, *, state_dir: Path | None = None) -> list[str]:
+    """The slice's VMs stop at once (a preemption's deadline): every process of its hosts is
+    SIGKILLed; returns the instances stopped. The head and other slices are untouched."""
+    state_dir = Path(state_dir or default_state_dir())
+    state = _require_state(state_dir)
+    gone = [n for n in state.nodes if n["name"].startswith(f"{slice_name}-w")]
+    if not gone:
+        raise LocalClusterError(f"no host of slice {slice_name} was started by this cluster",
+                                fix="name a slice `python -m orchestrator.cluster status` lists")
+    for node in gone:
+        _kill_group(node["pid"])
+    state.nodes = [n for n in state.nodes if n not in gone]
+    _save(state_dir, state)
+    return [n["name"] for n in gone]
+
+
+def _require_state(state_dir: Path) -> ClusterState:
+    state = load_state(state_dir)
+    if state is None:
+        raise LocalClusterError(f"no local cluster recorded in {state_dir}",
+                                fix="start one with `python -m orchestrator.cluster up`")
+    return state
 
 
 def _tail(path: Path, lines: int = 15) -> str:

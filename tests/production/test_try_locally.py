@@ -11,8 +11,9 @@ the test stops what the block started.
 Before the block's last command (`make cluster-down`), while its cluster is still up, the test
 also checks the two ways that cluster must refuse misuse: a client without the token gets no job
 API, and `cluster.mode=emulate` submitted as a job fails at once with exit 2 and one actionable
-paragraph (no traceback, no RuntimeEnvSetupError). After `make cluster-down`, no process of the
-cluster is left.
+paragraph (no traceback, no RuntimeEnvSetupError); and that a slice can vanish and a new one join
+(the standing-cluster bench's cloud). After `make cluster-down`, no process of the cluster is
+left, the new slice's included.
 
 Heavy (a Ray cluster and a training job on 2 cores, ~3 min): marked `cluster`.
 """
@@ -83,6 +84,27 @@ def check_misuse_is_refused(state_dir: Path, code: Path, run_dir: Path) -> str:
     return state.temp_dir
 
 
+def check_slices_come_and_go(state_dir: Path) -> None:
+    """The standing cluster's cloud (``bench.standing``): a slice's hosts vanish at once, a new
+    slice of the same shape joins, a name already used is refused; ``down`` stops them all."""
+    from orchestrator.cluster import local
+
+    assert sorted(local.slice_nodes(local.load_state(state_dir))) == [
+        "local-slice-0", "local-slice-1"]
+    assert local.remove_slice("local-slice-1", state_dir=state_dir) == [
+        "local-slice-1-w0", "local-slice-1-w1"]
+    local.add_slice("local-slice-2", state_dir=state_dir)
+    deadline = time.monotonic() + 60  # the GCS marks a SIGKILLed node dead after its checks
+    while "local-slice-1" in (now := local.slice_nodes(local.load_state(state_dir))):
+        assert time.monotonic() < deadline, now
+        time.sleep(1)
+    assert sorted(now) == ["local-slice-0", "local-slice-2"]
+    assert [h["instance"] for h in now["local-slice-2"]] == ["local-slice-2-w0",
+                                                             "local-slice-2-w1"]
+    with pytest.raises(local.LocalClusterError, match="already part"):
+        local.add_slice("local-slice-0", state_dir=state_dir)
+
+
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
@@ -113,6 +135,7 @@ def test_readme_try_it_locally_block_runs_as_written(tmp_path):
                              env=env, capture_output=True, text=True, timeout=1100)
         assert res.returncode == 0, (res.stdout + res.stderr)[-6000:]
         temp_dir = check_misuse_is_refused(tmp_path / "cluster", clone, tmp_path / "misuse")
+        check_slices_come_and_go(tmp_path / "cluster")
         down = subprocess.run(["bash", "-e", "-c", last], cwd=clone, env=env,
                               capture_output=True, text=True, timeout=300)
         assert down.returncode == 0, (down.stdout + down.stderr)[-3000:]
