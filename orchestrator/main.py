@@ -311,7 +311,8 @@ class Driver:
         """Ray as an event source: a run host whose node dies becomes a HOST_LOST event."""
         from orchestrator.events.ray_source import RayNodeWatcher
 
-        self.node_watcher = RayNodeWatcher(job=self.cfg.run.name)
+        self.node_watcher = RayNodeWatcher(job=self.cfg.run.name, **(
+            {} if self.cfg.events.ray_drains else {"draining": None}))
         self.node_watcher.start(lambda ev: self.intake.submit(ev, source="ray"), hosts,
                                 interval_s=1.0)
 

@@ -155,6 +155,9 @@ class EventsConfig:
     """RUN_DIR/inbox, written by `python -m orchestrator.events publish`. None: on unless Pub/Sub
     is configured (``inbox_on``); true or false as set."""
     inbox_poll_s: float = 0.2
+    ray_drains: bool = True
+    """Ray Core's node drains (``ray drain-node``, KubeRay, the autoscaler) read as preemption
+    notices. false: only a drained node's death is seen (a job that ignores notices)."""
     dedupe_window: int = 10000  # event ids remembered (persisted in RUN_DIR/event_dedupe.json)
     notice_s: float = 30.0  # notice assumed for log-sink preemption/maintenance entries
     stale_grace_s: float = 0.0  # a notice is stale once now > deadline + grace
@@ -177,6 +180,9 @@ class EventsConfig:
             raise ConfigError("events.inbox", f"{self.inbox!r} is not true, false or null",
                               "set `events.inbox` to true, false, or leave it unset (on unless "
                               "Pub/Sub is configured)")
+        if not isinstance(self.ray_drains, bool):
+            raise ConfigError("events.ray_drains", f"{self.ray_drains!r} is not true or false",
+                              "set `events.ray_drains` to true (drains are notices) or false")
         if isinstance(self.dedupe_window, bool) or self.dedupe_window < 1:
             raise ConfigError("events.dedupe_window", f"must be >= 1, got {self.dedupe_window!r}",
                               "set `events.dedupe_window` to e.g. 10000")
