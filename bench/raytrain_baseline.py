@@ -1,11 +1,23 @@
-"""Peer baseline for figure 4: Ray Train's JaxTrainer with FailureConfig restarts, same model.
+"""Peer baseline: Ray Train's JaxTrainer with the same model, in two modes.
 
-``python -m bench.raytrain_baseline --minutes M --preempt-every-s N --workdir DIR``: starts a
-local Ray instance (CPU), runs ``ray.train.v2.jax.JaxTrainer`` (``JaxConfig(use_tpu=True)`` and
-``JAX_PLATFORMS=cpu`` in the workers, which makes it initialise ``jax.distributed`` on CPU) with
-the project's Trainer, Orbax checkpoints every K steps in a shared directory, and kills one
-worker process every N seconds (an unannounced preemption: JaxTrainer has no notice path).
-Rank 0 appends one JSON line per step to DIR/records.jsonl; stops itself after M minutes.
+``python -m bench.raytrain_baseline --minutes M --preempt-every-s N --workdir DIR`` (figure 4):
+starts a local Ray instance (CPU), runs ``ray.train.v2.jax.JaxTrainer`` (``JaxConfig(use_tpu=True)``
+and ``JAX_PLATFORMS=cpu`` in the workers, which makes it initialise ``jax.distributed`` on CPU)
+with the project's Trainer, Orbax checkpoints every K steps in a shared directory, and kills one
+worker process every N seconds (unannounced). Stops itself after M minutes.
+
+``--address auto --workdir DIR`` (the standing-cluster figure, ``bench.standing``): submitted
+with ``ray job submit`` to a standing local TPU-like cluster, its workers on the emulated TPU
+hosts, and Ray Train's own preemption lifecycle on: its ``PreemptionWatcher`` reads Ray Core's
+node drains (polled every second), the loop asks ``ray.train.get_preemption_info()`` every
+``--check-every`` steps, saves a just-in-time checkpoint at once, a last one just before the
+deadline and then waits to be torn down (steps after it would be lost), and
+``FailureConfig(max_failures=-1, max_preemption_failures=-1)`` restarts the group on the nodes
+left. Runs until the job is stopped.
+
+Rank 0 appends one JSON line per step to DIR/records.jsonl (and a restore marker per start);
+every rank writes its Ray node id to DIR/nodes/rank<R>; lifecycle events go to
+DIR/lifecycle.jsonl.
 """
 
 from __future__ import annotations
@@ -23,6 +35,7 @@ from pathlib import Path
 def train_loop(config: dict) -> None:
     """Runs in every Ray Train worker: restore the latest checkpoint (or init), train, save."""
     import jax
+    import ray
     import ray.train
 
     from orchestrator.config import load_config
@@ -36,6 +49,8 @@ def train_loop(config: dict) -> None:
     workdir = Path(config["workdir"])
     (workdir / "pids").mkdir(parents=True, exist_ok=True)
     (workdir / "pids" / f"rank{rank}").write_text(str(os.getpid()))
+    (workdir / "nodes").mkdir(exist_ok=True)
+    (workdir / "nodes" / f"rank{rank}").write_text(ray.get_runtime_context().get_node_id())
     cfg = load_config(None, config["overrides"])
     dev = jax.local_device_count()
     shape = cfg.validate_for(slices=1, hosts_per_slice=n, devices_per_host=dev)
@@ -54,6 +69,9 @@ def train_loop(config: dict) -> None:
         out.write(json.dumps({"step": restored, "restored": True, "wall_time": time.time()}) + "\n")
         out.flush()
     tr.compile()
+    if config.get("standing"):
+        _standing_loop(tr, workdir, out, rank, every, int(config["check_every"]))
+        return
     try:
         # Every process must agree on when to stop: the same step-boundary decision everywhere.
         from jax.experimental import multihost_utils
@@ -77,6 +95,57 @@ def train_loop(config: dict) -> None:
     tr.close()
 
 
+def _lifecycle(workdir: Path, rank: int, **record: object) -> None:
+    if rank == 0:
+        with (workdir / "lifecycle.jsonl").open("a", encoding="utf-8") as f:
+            f.write(json.dumps({"at": time.time(), **record}) + "\n")
+
+
+def _standing_loop(tr, workdir: Path, out, rank: int, every: int, check_every: int) -> None:
+    """Train until torn down, with Ray Train's preemption path: a just-in-time checkpoint when
+    a preemption is announced, a last one just before its deadline, then wait (no step that
+    would be lost). Every decision is the same on every rank (a broadcast of rank 0's)."""
+    import jax
+    import ray.train
+    from jax.experimental import multihost_utils
+
+    saved_for: int | None = None  # the deadline whose just-in-time checkpoint is written
+    margin_s = 1.0
+    try:
+        while True:
+            if tr.step % check_every == 0:
+                info = ray.train.get_preemption_info()
+                if info is not None and info.deadline_ms:
+                    if saved_for != info.deadline_ms:
+                        t0 = time.time()
+                        tr.save(wait=True)
+                        save_s = time.time() - t0
+                        # the last save starts this long before the deadline: two saves and
+                        # the steps between two checks, plus a second
+                        margin_s = 2 * save_s + check_every * 0.5 + 1.0
+                        saved_for = info.deadline_ms
+                        _lifecycle(workdir, rank, event="jit_checkpoint", step=tr.step,
+                                   deadline_ms=info.deadline_ms, save_s=round(save_s, 3))
+                    late = info.deadline_ms / 1000.0 - time.time() <= margin_s
+                    if int(multihost_utils.broadcast_one_to_all(
+                            jax.numpy.asarray(late, dtype=jax.numpy.int32))):
+                        tr.save(wait=True)
+                        _lifecycle(workdir, rank, event="last_checkpoint", step=tr.step,
+                                   deadline_ms=info.deadline_ms)
+                        while True:  # Ray Train tears the group down at the deadline
+                            time.sleep(1.0)
+            o = tr.train_step()
+            if o.step % every == 0:
+                tr.save()
+            if out is not None:
+                out.write(json.dumps({"step": o.step, "step_time_s": o.step_time_s,
+                                      "wall_time": time.time(), "pid": os.getpid()}) + "\n")
+                out.flush()
+    finally:
+        if out is not None:
+            out.close()
+
+
 def _preempter(workdir: Path, every_s: float, stop: threading.Event, log: list[dict]) -> None:
     """Every ``every_s`` after the first step: SIGKILL the rank-1 worker (host lost, no notice)."""
     pid_file = workdir / "pids" / "rank1"
@@ -94,13 +163,22 @@ def _preempter(workdir: Path, every_s: float, stop: threading.Event, log: list[d
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.raytrain_baseline")
-    p.add_argument("--minutes", type=float, required=True)
-    p.add_argument("--preempt-every-s", type=float, required=True)
+    p.add_argument("--minutes", type=float, default=None)
+    p.add_argument("--preempt-every-s", type=float, default=None)
+    p.add_argument("--address", default=None,
+                   help="a standing cluster (auto: the job's): Ray Train's preemption path, "
+                        "notices from node drains, no kills of its own")
+    p.add_argument("--check-every", type=int, default=10,
+                   help="steps between ray.train.get_preemption_info() calls (a barrier)")
     p.add_argument("--workdir", required=True)
     p.add_argument("--hosts", type=int, default=2)
     p.add_argument("--devices", type=int, default=2)
     p.add_argument("--checkpoint-every", type=int, default=10)
     args = p.parse_args(argv)
+    if args.address is not None:
+        return standing(args)
+    if args.minutes is None or args.preempt_every_s is None:
+        p.error("--minutes and --preempt-every-s are required without --address")
     import ray
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.v2.jax import JaxConfig, JaxTrainer
@@ -149,6 +227,40 @@ def main(argv: list[str]) -> int:
     (workdir / "summary.json").write_text(json.dumps({
         "started_at": started, "ended_at": time.time(), "kills": kills, "error": error}))
     return 0 if error is None else 1
+
+
+def standing(args: argparse.Namespace) -> int:
+    """On a standing cluster (``ray job submit``): Ray Train at its best against preemptions."""
+    os.environ["RAY_TRAIN_V2_ENABLED"] = "1"
+    import ray
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.v2.jax import JaxConfig, JaxTrainer
+
+    from orchestrator.raygroup.topology import EMULATED_LABEL
+
+    workdir = Path(args.workdir).absolute()
+    workdir.mkdir(parents=True, exist_ok=True)
+    ray.init(address=args.address)
+    trainer = JaxTrainer(
+        train_loop,
+        train_loop_config={"workdir": str(workdir), "overrides": ["run.total_steps=1000000"],
+                           "checkpoint_every": args.checkpoint_every, "standing": True,
+                           "check_every": args.check_every, "end_at": 0.0},
+        jax_config=JaxConfig(use_tpu=True),
+        # One worker per emulated TPU host (each has one CPU). Ray Train's TPU slice
+        # reservation (ScalingConfig(use_tpu=True, topology=..., accelerator_type=...)) needs
+        # a real TPU accelerator type, which CPU hosts cannot advertise.
+        scaling_config=ScalingConfig(num_workers=args.hosts, resources_per_worker={"CPU": 1},
+                                     label_selector={EMULATED_LABEL: "true"}),
+        run_config=RunConfig(name="bench-raytrain-standing", storage_path=str(workdir / "ray"),
+                             failure_config=FailureConfig(max_failures=-1,
+                                                          max_preemption_failures=-1)))
+    try:
+        trainer.fit()
+    except Exception as exc:
+        print(f"Ray Train ended: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
