@@ -84,6 +84,7 @@ class Pending:
     handover_started: float | None = None  # when HANDING_OVER began
     handover_until: float | None = None  # HANDING_OVER: drain by then even if not warm
     handover: str = ""  # how the handover ended: "ready" or "not ready: ..." (empty: none)
+    awaiting_capacity: bool = False  # HANDING_OVER with no replacement yet: train on, await one
 
 
 @dataclass

@@ -2,6 +2,10 @@
 then drain. The re-form then takes warm processes (``controller.warm``) instead of starting
 cold ones; if they are not warm by the last safe moment, the drain goes ahead anyway and the
 re-form starts what is missing cold (the reason says so).
+
+A notice that dooms the whole mesh while no replacement slice exists yet trains on too, until
+one joins (then it warms up as above) or the last safe moment: draining at once would only
+wait for capacity with the steps the notice still allowed thrown away.
 """
 
 from __future__ import annotations
@@ -32,13 +36,15 @@ def begin(run: Run) -> Next | None:
         return None
     hosts = replacement_hosts(run)
     if not hosts:
-        return None  # a shrink, or the replacement is warm already
-    try:
-        started = group.warm_up(hosts)
-    except Exception as exc:  # warming is an optimisation: drain as before
-        log.warning("handover_warm_up_failed", error=str(exc))
-        return None
-    if not started:
+        if not _awaits_capacity(run):
+            return None  # a shrink, or the replacement is warm already
+        until = _last_safe(run, p.deadline)
+        p.handover_started, p.handover_until, p.awaiting_capacity = now, until, True
+        log.info("handover_awaiting_capacity", event_id=p.event_id, until_s=round(until - now, 2))
+        return Next(S.HANDING_OVER, "no replacement slice yet: training on until one joins "
+                    f"(drain within {until - now:.1f}s)",
+                    HandingOver(event_id=p.event_id, hosts=(), until=until))
+    if not _warm_up(group, hosts):
         return None
     p.handover_started, p.handover_until = now, until
     log.info("handover_started", event_id=p.event_id, hosts=[h.instance for h in hosts],
@@ -54,8 +60,11 @@ def drain_now(run: Run) -> bool:
     p, group = run.pending, run.group
     if p is None or p.handover_until is None or p.handover:
         return True
+    if p.awaiting_capacity:
+        _capacity_joined(run, p, group)
     try:
-        ready = isinstance(group, WarmStandby) and group.warm_ready()
+        ready = (not p.awaiting_capacity and isinstance(group, WarmStandby)
+                 and group.warm_ready())
     except Exception as exc:
         log.warning("handover_probe_failed", error=str(exc))
         ready = False
@@ -64,11 +73,58 @@ def drain_now(run: Run) -> bool:
         latest = min(latest, _last_safe(run, p.deadline))
     if ready:
         p.handover = "ready"
+    elif run.now() >= latest and p.awaiting_capacity:
+        p.handover = ("no replacement joined during the notice: drained at the last safe "
+                      "moment, after training on")
+        log.info("handover_no_capacity", event_id=p.event_id)
     elif run.now() >= latest:
         p.handover = ("not ready: the replacement was not warm at the last safe moment; the "
                       "re-form starts cold processes for it")
         log.warning("handover_fallback", event_id=p.event_id, reason=p.handover)
     return bool(p.handover)
+
+
+def _warm_up(group: WarmStandby, hosts: list[HostRef]) -> bool:
+    try:
+        return bool(group.warm_up(hosts))
+    except Exception as exc:  # warming is an optimisation: drain as before
+        log.warning("handover_warm_up_failed", error=str(exc))
+        return False
+
+
+def _capacity_joined(run: Run, p, group) -> None:
+    """While awaiting capacity: a replacement slice that joined is warmed up (or is warm
+    already: then the drain is due)."""
+    if not _spare_slices(run):
+        return
+    hosts = replacement_hosts(run)
+    if hosts and not _warm_up(group, hosts):
+        return  # it cannot be warmed: keep training until the last safe moment
+    p.awaiting_capacity = False
+    log.info("handover_capacity_joined", event_id=p.event_id,
+             hosts=[h.instance for h in hosts], warm_already=not hosts)
+
+
+def _awaits_capacity(run: Run) -> bool:
+    """The notice dooms every slice of the mesh and no complete spare slice exists."""
+    plan, pending = run.plan, run.pending
+    if plan is None or pending is None:
+        return False
+    doomed = set(pending.doomed)
+    lost = {h.slice_name for h in plan.hosts if h.node_id in doomed}
+    return lost == {h.slice_name for h in plan.hosts} and not _spare_slices(run)
+
+
+def _spare_slices(run: Run) -> list[str]:
+    """Complete slices outside the mesh that the notice does not doom."""
+    plan, pending = run.plan, run.pending
+    if plan is None or pending is None:
+        return []
+    doomed = set(pending.doomed)
+    hosts = [h for h in usable_hosts(run) if h.node_id not in doomed]
+    mesh = {h.slice_name for h in plan.hosts}
+    return [s for s in complete_slices(hosts, run.placement.hosts_per_slice or 1)
+            if s not in mesh]
 
 
 def _last_safe(run: Run, deadline: float) -> float:

@@ -154,6 +154,45 @@ def test_a_replacement_not_warm_by_the_last_safe_moment_drains_anyway_and_says_s
     assert "not ready" in drain.reason and "cold" in drain.reason
 
 
+def test_a_notice_for_the_whole_mesh_with_no_spare_trains_on_until_a_slice_joins(tmp_path):
+    """One slice, no spare: the notice leaves 60 s. Draining at once would only wait for
+    capacity; the run trains on (HANDING_OVER with no host yet) until s1 joins, warms it up,
+    drains once it is warm and re-forms on it, losing nothing."""
+    sim = make(tmp_path, COLD, "run.total_steps=200")
+    sim.fleet.on_step(7, lambda g: sim.notice(host="vm-s0-1"))
+    sim.fleet.on_step(40, lambda g: sim.cluster.add_slice("s1"))
+    summary = sim.run()
+    assert summary.state == "SUCCEEDED" and summary.lost_steps == 0
+    states = sim.states()
+    assert states[states.index("HANDING_OVER") + 1] == "DRAINING"
+    assert "WAITING_FOR_CAPACITY" not in states
+    assert sim.fleet.warmed == [["vm-s1-0", "vm-s1-1"]]
+    first, second = sim.fleet.groups
+    assert first.chunks[-1]["until"] >= 40, "training went on until the slice joined"
+    assert {h.slice_name for h in second.spec.plan.hosts} == {"s1"}
+    assert summary.recoveries[0]["handover"] == "ready"
+
+
+def test_a_notice_with_no_capacity_in_sight_drains_at_the_last_safe_moment(tmp_path):
+    """No slice joins: the steps the notice allows are trained and saved at the last safe
+    moment (deadline − 2 s − 2 × the expected save), then the run waits for capacity."""
+    sim = make(tmp_path, COLD, "run.total_steps=400")
+    sent: list[float] = []
+
+    def notice(g):
+        sent.append(sim.clock.now())
+        sim.notice(host="vm-s0-1", deadline_in=10.0)
+
+    sim.fleet.on_step(7, notice)
+    sim.run()
+    drain = next(t for t in sim.controller.lifecycle.timeline if t.state.value == "DRAINING")
+    assert 3.0 <= drain.at - sent[0] <= 8.0, drain.at - sent[0]
+    assert sim.fleet.groups[0].chunks[-1]["until"] > 30, "it did not train on"
+    assert "no replacement joined" in drain.reason
+    assert sim.fleet.warmed == []
+    assert "WAITING_FOR_CAPACITY" in sim.states()[sim.states().index("DRAINING"):]
+
+
 @pytest.mark.parametrize("why, overrides, notice", [
     ("handover off", ("controller.warm.handover_max_s=0",), {}),
     ("deadline too close", (), {"deadline_in": 3.0}),
