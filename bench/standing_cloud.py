@@ -50,6 +50,8 @@ class StandingCloud:
     _schedule: CapacitySchedule = field(init=False)
     _joins: list[threading.Thread] = field(default_factory=list)
     _draining: set[str] = field(default_factory=set)
+    _removed: set[str] = field(default_factory=set)
+    """Slices whose hosts were killed: Ray's node table lists them alive for a while after."""
     _next: int = 0
 
     def __post_init__(self) -> None:
@@ -69,7 +71,7 @@ class StandingCloud:
         """Complete slices not being drained: what a job may be (re)started on."""
         per = int(self.state().shape["hosts_per_slice"])
         return [s for s, hosts in self.alive().items()
-                if len(hosts) == per and s not in self._draining]
+                if len(hosts) == per and s not in self._draining | self._removed]
 
     def preempt(self, slice_name: str, *, now: float | None = None) -> dict:
         """Drain every host of ``slice_name``; it goes at the deadline, a new slice comes later."""
@@ -102,6 +104,7 @@ class StandingCloud:
             gone = []
             log.warning("bench_cloud_remove_failed", slice=slice_name, error=str(exc))
         self._draining.discard(slice_name)
+        self._removed.add(slice_name)
         self.log.append({"event": "reclaim", "slice": slice_name, "at": now, "hosts": gone})
 
     def _add(self, now: float) -> None:
@@ -132,6 +135,12 @@ class StandingCloud:
             t.join(timeout=timeout_s)
         self._joins.clear()
         deadline = time.monotonic() + timeout_s
+        # the next system must not see a removed slice's nodes as alive (a planner would count
+        # it, and the node watcher report its death later as if it were the run's)
+        while set(self.alive()) & self._removed:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"Ray still lists removed slices {sorted(self._removed)}")
+            time.sleep(1.0)
         while len(self.healthy()) < self.slices:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the standing cluster has {self.healthy()} healthy slices, "

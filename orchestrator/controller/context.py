@@ -7,7 +7,7 @@ seams held here and return the next state with its payload. Only ``core.Controll
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -127,12 +127,13 @@ class Run:
     def now(self) -> float:
         return self.clock.now()
 
-    def teardown(self, *, graceful: bool, keep_processes: bool = False) -> None:
+    def teardown(self, *, graceful: bool, keep_processes: bool = False,
+                 doomed: Collection[str] = ()) -> None:
         """Stop the current group, if any (idempotent); ``keep_processes``: a re-form follows,
-        the seam may keep its processes warm for it."""
+        the seam may keep its processes warm for it (not those on ``doomed`` nodes)."""
         group, self.group = self.group, None
         if group is not None:
             try:
-                group.shutdown(graceful=graceful, keep_processes=keep_processes)
+                group.shutdown(graceful=graceful, keep_processes=keep_processes, doomed=doomed)
             except Exception as exc:  # teardown must never mask what caused it
                 log.error("group_shutdown_failed", error=str(exc))

@@ -94,7 +94,8 @@ def releasing(run: Run) -> Next:
     pending = run.pending
     announced = pending is not None and pending.announced
     # a re-form follows (unless stopping): the seam may keep the processes it can warm
-    run.teardown(graceful=announced, keep_processes=not (pending and pending.stop))
+    run.teardown(graceful=announced, keep_processes=not (pending and pending.stop),
+                 doomed=pending.doomed if pending else ())
     if pending is None:  # defensive: RELEASING is entered only with a reason
         pending = Pending(cause=StopCause.HOST_LOST, reason="group released", announced=False)
     run.placement.excluded |= set(pending.doomed)

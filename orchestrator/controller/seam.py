@@ -226,10 +226,12 @@ class WorkerGroup(Protocol):
         """``status`` with its hosts narrowed to the ones the others wait for, and why (the
         seam asks the hosts where they are); unchanged when it cannot tell them apart."""
 
-    def shutdown(self, *, graceful: bool, keep_processes: bool = False) -> None:
+    def shutdown(self, *, graceful: bool, keep_processes: bool = False,
+                 doomed: Collection[str] = ()) -> None:
         """Stop every actor (graceful: let pending saves finish first). ``keep_processes``: a
         drained group about to be re-formed; its processes may be kept warm for the next
-        group (the seam decides whether it can). Idempotent."""
+        group (the seam decides whether it can). ``doomed``: node ids a notice says are going
+        away; processes there are not worth keeping. Idempotent."""
 
 
 GroupFactory = Callable[[GroupSpec], WorkerGroup]

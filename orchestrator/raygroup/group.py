@@ -274,7 +274,16 @@ class RayWorkerGroup:
         """The gathered parameters (a collective: every host takes part; host 0's copy)."""
         return self._wait([a.params.remote() for a in self.actors], "save", 120.0)[0]
 
-    def shutdown(self, *, graceful: bool, keep_processes: bool = False) -> None:
+    def shutdown(self, *, graceful: bool, keep_processes: bool = False,
+                 doomed: Collection[str] = ()) -> None:
+        # A group whose every host a notice dooms is done with (its step is saved or copied
+        # before RELEASING): kill it at once instead of quiescing and parking processes that
+        # vanish at the deadline. Part of a group is never killed so: a save in flight may
+        # still need the others.
+        if doomed and self.actors and all(h.node_id in doomed for h in self.spec.plan.hosts):
+            graceful, keep_processes = False, False
+            self._refs = []
+            log.info("doomed_group_killed", hosts=len(self.actors))
         # after a failure only a chunk's survivors are kept: a phase that failed (a host that
         # never joined the runtime, a hung restore) leaves processes in no known state
         if keep_processes and self.reuse and self.actors and (graceful or self._refs):

@@ -287,7 +287,8 @@ class SimGroup:
     def name_hung(self, status: Hung) -> Hung:
         return status
 
-    def shutdown(self, *, graceful: bool, keep_processes: bool = False) -> None:
+    def shutdown(self, *, graceful: bool, keep_processes: bool = False,
+                 doomed: Collection[str] = ()) -> None:
         self._call(self._shutdown, graceful)
 
     def _shutdown(self, graceful: bool) -> None:

@@ -78,6 +78,25 @@ def test_restore_reclaims_what_is_pending_and_refills_to_the_healthy_count(monke
     assert cloud.healthy() == ["local-slice-0", "local-slice-2"]
 
 
+def test_a_removed_slice_that_ray_still_lists_alive_is_not_healthy(monkeypatch, tmp_path):
+    """Ray's node table lists a SIGKILLed node alive until its health checks fail: the cloud
+    does not count it, and restore waits until Ray no longer lists it."""
+    fake = FakeCluster()
+    fake.install(monkeypatch)
+    ghost = {}
+    monkeypatch.setattr(local, "remove_slice", lambda name, state_dir: ghost.setdefault(
+        name, [h["instance"] for h in fake.slices[name]]))  # killed, still listed
+    cloud = standing_cloud.StandingCloud(state_dir=tmp_path, deadline_s=30.0,
+                                         replace_after_s=60.0, slices=2)
+    cloud.preempt("local-slice-1", now=0.0)
+    cloud.tick(30.0)
+    assert cloud.healthy() == ["local-slice-0"]
+    monkeypatch.setattr(standing_cloud.time, "sleep", lambda s: fake.slices.pop(
+        "local-slice-1", None))  # Ray notices the death while restore waits
+    cloud.restore()
+    assert cloud.healthy() == ["local-slice-0", "local-slice-2"]
+
+
 def test_the_training_slice_is_the_newest_alive_one_of_the_timeline_or_rank_1s(
         monkeypatch, tmp_path):
     fake = FakeCluster()

@@ -139,6 +139,7 @@ class FakeGroup:
         self.injected: list[tuple[int, dict]] = list(spec.init_faults)
         self.shutdowns: list[bool] = []
         self.kept_processes: list[bool] = []
+        self.doomed_at_shutdown: list[frozenset[str]] = []
         self._warm_polls = 0
         self.hang = False
 
@@ -276,9 +277,11 @@ class FakeGroup:
     def name_hung(self, status: Hung) -> Hung:
         return status
 
-    def shutdown(self, *, graceful: bool, keep_processes: bool = False) -> None:
+    def shutdown(self, *, graceful: bool, keep_processes: bool = False,
+                 doomed: Collection[str] = ()) -> None:
         self.shutdowns.append(graceful)
         self.kept_processes.append(keep_processes)
+        self.doomed_at_shutdown.append(frozenset(doomed))
 
 
 class PlainGroup(FakeGroup):

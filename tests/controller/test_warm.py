@@ -49,6 +49,18 @@ def test_processes_may_be_kept_whenever_a_re_form_follows(tmp_path):
     assert kept == [[True], [True], [False]]
 
 
+def test_the_seam_is_told_which_nodes_the_notice_dooms_when_it_releases_the_group(tmp_path):
+    """A notice for a host dooms its node: the group's release names it (the Ray seam kills,
+    rather than parks, a group whose every node is doomed); a loss dooms none."""
+    sim = make(tmp_path, "run.total_steps=30", spare=("s1",))
+    sim.fleet.on_step(7, lambda g: sim.notice(host="vm-s0-1"))
+    sim.fleet.on_step(17, lambda g: lost())
+    assert sim.run().state == "SUCCEEDED"
+    first, second, _ = sim.fleet.groups
+    assert first.doomed_at_shutdown == [frozenset({"s0-h1"})]
+    assert second.doomed_at_shutdown == [frozenset()]
+
+
 def test_an_operator_stop_keeps_no_process(tmp_path):
     sim = make(tmp_path, "run.total_steps=100")
     sim.fleet.on_step(12, lambda g: sim.notice("operator_stop", deadline_in=None))
