@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import signal
+import statistics
 import sys
 import threading
 import time
@@ -111,6 +112,7 @@ def _standing_loop(tr, workdir: Path, out, rank: int, every: int, check_every: i
 
     saved_for: int | None = None  # the deadline whose just-in-time checkpoint is written
     margin_s = 1.0
+    recent: list[float] = []  # the last steps' times
     try:
         while True:
             if tr.step % check_every == 0:
@@ -121,8 +123,9 @@ def _standing_loop(tr, workdir: Path, out, rank: int, every: int, check_every: i
                         tr.save(wait=True)
                         save_s = time.time() - t0
                         # the last save starts this long before the deadline: two saves and
-                        # the steps between two checks, plus a second
-                        margin_s = 2 * save_s + check_every * 0.5 + 1.0
+                        # the steps between two checks (at the recent step time), plus a second
+                        step_s = statistics.median(recent) if recent else 0.5
+                        margin_s = 2 * save_s + check_every * step_s + 1.0
                         saved_for = info.deadline_ms
                         _lifecycle(workdir, rank, event="jit_checkpoint", step=tr.step,
                                    deadline_ms=info.deadline_ms, save_s=round(save_s, 3))
@@ -135,6 +138,7 @@ def _standing_loop(tr, workdir: Path, out, rank: int, every: int, check_every: i
                         while True:  # Ray Train tears the group down at the deadline
                             time.sleep(1.0)
             o = tr.train_step()
+            recent = [*recent[-9:], o.step_time_s]
             if o.step % every == 0:
                 tr.save()
             if out is not None:
