@@ -28,6 +28,7 @@ Every system checkpoints durably every ``checkpoint_every`` steps (the orchestra
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import sys
@@ -261,37 +262,47 @@ def down_at_end(out: dict, records: list[dict], preemptions: list[dict],
                useful_step_time_share=useful_step_time(steps, resume) / out["wall_s"])
 
 
+GOODPUT = ("productive step time / the window: the time of the last run of each useful step "
+           "(ml-goodput-measurement's goodput); the median-step goodput counts each useful step "
+           "at the run's median step, and so charges slow steps as lost time")
+
+
 def relative(runs: list[dict]) -> dict[str, dict]:
-    """Per system: goodput disturbed, undisturbed, and their ratio (per repeat; the median)."""
+    """Per system: goodput under the schedule, undisturbed, and their ratio (the relative
+    goodput), in both measures (per repeat; the median over repeats)."""
     import statistics
+
+    def med(vals: list[float]) -> float | None:
+        return statistics.median(vals) if vals else None
 
     out: dict[str, dict] = {}
     for name in SYSTEMS:
-        pairs = {}
+        pairs: dict[int, dict[bool, dict]] = {}
         for r in runs:
             if r.get("system") == name:
                 pairs.setdefault(r["repeat"], {})[r["disturbed"]] = r
         if not pairs:
             continue
 
+        def side(key: str, disturbed: bool, pairs: dict = pairs) -> list[float]:
+            return [p[disturbed][key] for p in pairs.values()
+                    if p.get(disturbed, {}).get(key) is not None]
+
         def rel_of(key: str, pairs: dict = pairs) -> list[float]:
             vals = [ratio(p[True].get(key), p[False].get(key))
                     for p in pairs.values() if True in p and False in p]
             return [x for x in vals if x is not None]
 
-        rel = rel_of("goodput")
-        share = rel_of("useful_step_time_share")
-        d = [p[True]["goodput"] for p in pairs.values() if p.get(True, {}).get("goodput")]
-        u = [p[False]["goodput"] for p in pairs.values() if p.get(False, {}).get("goodput")]
-        out[name] = {"relative_goodput": statistics.median(rel) if rel else None,
-                     "relative_all": rel,
-                     "relative_useful_step_time_share": statistics.median(share) if share
-                     else None,
-                     "goodput": statistics.median(d) if d else None,
-                     "undisturbed_goodput": statistics.median(u) if u else None,
-                     "steps_lost": [p[True]["steps_lost"] for p in pairs.values() if True in p],
-                     "preemptions": [p[True]["preemptions"] for p in pairs.values()
-                                     if True in p]}
+        out[name] = {
+            "relative_goodput": med(rel_of("useful_step_time_share")),
+            "relative_all": rel_of("useful_step_time_share"),
+            "goodput": med(side("useful_step_time_share", True)),
+            "undisturbed_goodput": med(side("useful_step_time_share", False)),
+            "relative_goodput_median_step": med(rel_of("goodput")),
+            "goodput_median_step": med(side("goodput", True)),
+            "undisturbed_goodput_median_step": med(side("goodput", False)),
+            "steps_lost": [p[True].get("steps_lost") for p in pairs.values() if True in p],
+            "preemptions": [p[True].get("preemptions") for p in pairs.values() if True in p]}
     return out
 
 
@@ -301,15 +312,16 @@ def table(result: dict) -> str:
             f"every {s['preempt_every_s']} s (notice {s['deadline_s']} s, capacity back "
             f"{s['replace_after_s']} s after the deadline); "
             f"{'VALID' if result['validity']['valid'] else 'NOT A RESULT'}",
-            "| system | goodput | undisturbed | relative goodput | relative useful step time "
-            "| steps lost | preemptions |",
+            "| system | goodput | undisturbed | **relative goodput** | median-step goodput: "
+            "scheduled / undisturbed = relative | steps lost | preemptions |",
             "|---|---|---|---|---|---|---|"]
     for name, f in result["figures"].items():
         rows.append(f"| {name} | {fmt(f['goodput'])} | {fmt(f['undisturbed_goodput'])} | "
-                    f"**{fmt(f['relative_goodput'])}** | "
-                    f"{fmt(f['relative_useful_step_time_share'])} | {f['steps_lost']} | "
+                    f"**{fmt(f['relative_goodput'])}** | {fmt(f['goodput_median_step'])} / "
+                    f"{fmt(f['undisturbed_goodput_median_step'])} = "
+                    f"{fmt(f['relative_goodput_median_step'])} | {f['steps_lost']} | "
                     f"{f['preemptions']} |")
-    return "\n".join(rows)
+    return "\n".join([*rows, f"goodput: {GOODPUT}"])
 
 
 def run(settings: Settings, *, out: Path, progress: Callable[[str], None] = print) -> dict:
@@ -377,7 +389,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--systems", default=",".join(SYSTEMS))
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    p.add_argument("--render", type=Path, default=None,
+                   help="print the table of a result file again (figures recomputed)")
     a = p.parse_args(argv)
+    if a.render is not None:
+        result = json.loads(a.render.read_text())
+        result["figures"] = relative(result["runs"])
+        print(table(result))
+        return 0
     try:
         settings = Settings(minutes=a.minutes, preempt_every_s=a.preempt_every_s,
                             deadline_s=a.deadline_s, replace_after_s=a.replace_after_s,

@@ -231,7 +231,7 @@ class WorkerGroup(Protocol):
         """Stop every actor (graceful: let pending saves finish first). ``keep_processes``: a
         drained group about to be re-formed; its processes may be kept warm for the next
         group (the seam decides whether it can). ``doomed``: node ids a notice says are going
-        away; processes there are not worth keeping. Idempotent."""
+        away (and with them their slices); processes there are not worth keeping. Idempotent."""
 
 
 GroupFactory = Callable[[GroupSpec], WorkerGroup]

@@ -276,11 +276,13 @@ class RayWorkerGroup:
 
     def shutdown(self, *, graceful: bool, keep_processes: bool = False,
                  doomed: Collection[str] = ()) -> None:
-        # A group whose every host a notice dooms is done with (its step is saved or copied
-        # before RELEASING): kill it at once instead of quiescing and parking processes that
-        # vanish at the deadline. Part of a group is never killed so: a save in flight may
-        # still need the others.
-        if doomed and self.actors and all(h.node_id in doomed for h in self.spec.plan.hosts):
+        # A group whose every slice a notice dooms is done with (its step is saved or copied
+        # before RELEASING; a TPU slice goes as a unit, so a doomed host dooms its slice): kill
+        # it at once instead of quiescing and parking processes that vanish at the deadline.
+        # Part of a group is never killed so: a save in flight may still need the others.
+        hosts = self.spec.plan.hosts
+        gone = {h.slice_name for h in hosts if h.node_id in doomed}
+        if gone and self.actors and all(h.slice_name in gone for h in hosts):
             graceful, keep_processes = False, False
             self._refs = []
             log.info("doomed_group_killed", hosts=len(self.actors))

@@ -136,19 +136,26 @@ def test_the_full_restart_is_deaf_to_drains_and_the_orchestrator_runs_its_defaul
 
 
 def test_relative_goodput_pairs_each_disturbed_window_with_its_undisturbed_twin():
+    """Relative goodput in productive time (the headline) and at the median step."""
     runs = [{"system": "orchestrator", "repeat": 0, "disturbed": True, "goodput": 0.70,
-             "steps_lost": 0, "preemptions": 2},
+             "useful_step_time_share": 0.80, "steps_lost": 0, "preemptions": 2},
             {"system": "orchestrator", "repeat": 0, "disturbed": False, "goodput": 0.72,
-             "steps_lost": 0, "preemptions": 0},
+             "useful_step_time_share": 0.82, "steps_lost": 0, "preemptions": 0},
             {"system": "ray_train", "repeat": 0, "disturbed": True, "goodput": 0.40,
-             "steps_lost": 30, "preemptions": 2},
+             "useful_step_time_share": 0.45, "steps_lost": 30, "preemptions": 2},
             {"system": "ray_train", "repeat": 0, "disturbed": False, "goodput": None,
              "error": "boom"}]
     figures = standing.relative(runs)
-    assert figures["orchestrator"]["relative_goodput"] == pytest.approx(0.70 / 0.72)
+    orch = figures["orchestrator"]
+    assert orch["relative_goodput"] == pytest.approx(0.80 / 0.82)
+    assert orch["relative_goodput_median_step"] == pytest.approx(0.70 / 0.72)
+    assert (orch["goodput"], orch["undisturbed_goodput"]) == (0.80, 0.82)
     assert figures["ray_train"]["relative_goodput"] is None  # no twin: no ratio
-    assert figures["ray_train"]["goodput"] == 0.40
+    assert figures["ray_train"]["goodput"] == 0.45
     assert "full_restart" not in figures
+    text = standing.table({"settings": vars(standing.Settings()), "validity": {"valid": True},
+                           "figures": figures})
+    assert "| orchestrator | 0.8 | 0.82 | **0.976** | 0.7 / 0.72 = 0.972 |" in text
 
 
 def test_bad_settings_are_refused():
