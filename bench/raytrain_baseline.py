@@ -83,17 +83,23 @@ def train_loop(config: dict) -> None:
                     jax.numpy.asarray(time.time() >= end_at, dtype=jax.numpy.int32))
                 if int(stop):
                     break
-            o = tr.train_step()
-            if o.step % every == 0:
-                tr.save()
-            if out is not None:
-                out.write(json.dumps({"step": o.step, "step_time_s": o.step_time_s,
-                                      "wall_time": time.time(), "pid": os.getpid()}) + "\n")
-                out.flush()
+            _step(tr, every, out)
     finally:
         if out is not None:
             out.close()
     tr.close()
+
+
+def _step(tr, every: int, out):
+    """One step, a save on the interval, and rank 0's record of it."""
+    o = tr.train_step()
+    if o.step % every == 0:
+        tr.save()
+    if out is not None:
+        out.write(json.dumps({"step": o.step, "step_time_s": o.step_time_s,
+                              "wall_time": time.time(), "pid": os.getpid()}) + "\n")
+        out.flush()
+    return o
 
 
 def _lifecycle(workdir: Path, rank: int, **record: object) -> None:
@@ -137,14 +143,8 @@ def _standing_loop(tr, workdir: Path, out, rank: int, every: int, check_every: i
                                    deadline_ms=info.deadline_ms)
                         while True:  # Ray Train tears the group down at the deadline
                             time.sleep(1.0)
-            o = tr.train_step()
+            o = _step(tr, every, out)
             recent = [*recent[-9:], o.step_time_s]
-            if o.step % every == 0:
-                tr.save()
-            if out is not None:
-                out.write(json.dumps({"step": o.step, "step_time_s": o.step_time_s,
-                                      "wall_time": time.time(), "pid": os.getpid()}) + "\n")
-                out.flush()
     finally:
         if out is not None:
             out.close()
