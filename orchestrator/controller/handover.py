@@ -10,7 +10,7 @@ wait for capacity with the steps the notice still allowed thrown away.
 
 from __future__ import annotations
 
-from orchestrator.controller.context import Next, Run, log
+from orchestrator.controller.context import Next, Pending, Run, log
 from orchestrator.controller.planning import complete_slices, usable_hosts
 from orchestrator.controller.seam import WarmStandby
 from orchestrator.lifecycle import HandingOver, RunState
@@ -92,7 +92,7 @@ def _warm_up(group: WarmStandby, hosts: list[HostRef]) -> bool:
         return False
 
 
-def _capacity_joined(run: Run, p, group) -> None:
+def _capacity_joined(run: Run, p: Pending, group: WarmStandby) -> None:
     """While awaiting capacity: a replacement slice that joined is warmed up (or is warm
     already: then the drain is due)."""
     if not _spare_slices(run):
@@ -136,17 +136,13 @@ def _last_safe(run: Run, deadline: float) -> float:
 def replacement_hosts(run: Run) -> list[HostRef]:
     """Hosts the next mesh would add: the first complete slices that are not doomed, not in
     the current mesh and have no standby yet, as many as the doomed slices leave missing."""
-    p, plan, pending = run.placement, run.plan, run.pending
+    plan, pending = run.plan, run.pending
     if plan is None or pending is None:
         return []
     doomed = set(pending.doomed)
-    mesh_slices = {h.slice_name for h in plan.hosts}
-    lost = {h.slice_name for h in plan.hosts if h.node_id in doomed}
-    missing = len(lost)
+    missing = len({h.slice_name for h in plan.hosts if h.node_id in doomed})
     if not missing:
         return []
-    hosts = [h for h in usable_hosts(run) if h.node_id not in doomed]
-    hps = p.hosts_per_slice or 1
-    spare = [s for s in complete_slices(hosts, hps) if s not in mesh_slices][:missing]
-    warm = {h.node_id for h in p.standby}
-    return [h for h in hosts if h.slice_name in set(spare) and h.node_id not in warm]
+    spare = set(_spare_slices(run)[:missing])
+    skip = doomed | {h.node_id for h in run.placement.standby}
+    return [h for h in usable_hosts(run) if h.slice_name in spare and h.node_id not in skip]
