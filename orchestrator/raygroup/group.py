@@ -15,7 +15,7 @@ from typing import Any
 
 import ray
 import structlog
-from ray.exceptions import RayActorError, RayTaskError
+from ray.exceptions import RayTaskError
 
 from orchestrator.controller.seam import (
     Compiled,
@@ -32,6 +32,7 @@ from orchestrator.controller.seam import (
     Saved,
 )
 from orchestrator.raygroup import hangs as ray_hangs
+from orchestrator.raygroup import release
 from orchestrator.raygroup import results as ray_results
 from orchestrator.raygroup.cluster_view import dead_hosts, spawn
 from orchestrator.raygroup.ram_holders import RamTier
@@ -50,7 +51,6 @@ log = structlog.get_logger(__name__)
 
 _RemoteHost = ray.remote(HostActor)
 STOP_MARGIN_STEPS = 2
-FAILED_RELEASE_S = 5.0  # after a failure, a survivor's release (stuck on a dead peer) is cut
 
 
 def host_envs(plan: MeshPlan) -> list[dict[str, str]]:
@@ -276,20 +276,17 @@ class RayWorkerGroup:
 
     def shutdown(self, *, graceful: bool, keep_processes: bool = False,
                  doomed: Collection[str] = ()) -> None:
-        # A group whose every slice a notice dooms is done with (its step is saved or copied
-        # before RELEASING; a TPU slice goes as a unit, so a doomed host dooms its slice): kill
-        # it at once instead of quiescing and parking processes that vanish at the deadline.
-        # Part of a group is never killed so: a save in flight may still need the others.
-        hosts = self.spec.plan.hosts
-        gone = {h.slice_name for h in hosts if h.node_id in doomed}
-        if gone and self.actors and all(h.slice_name in gone for h in hosts):
+        if self.actors and release.all_doomed(self.spec.plan.hosts, doomed):
             graceful, keep_processes = False, False
             self._refs = []
             log.info("doomed_group_killed", hosts=len(self.actors))
         # after a failure only a chunk's survivors are kept: a phase that failed (a host that
         # never joined the runtime, a hung restore) leaves processes in no known state
         if keep_processes and self.reuse and self.actors and (graceful or self._refs):
-            self._park(graceful)
+            assert self.pool is not None
+            release.park(self.pool, self.spec.plan.hosts, self.actors, self._refs,
+                         graceful=graceful)
+            self.actors, self._refs = [], []
             return
         if graceful and self.actors:
             try:
@@ -309,28 +306,6 @@ class RayWorkerGroup:
         if self._standby_due and self.pool is not None:
             self._standby_due = False
             self.pool.ensure_standby(self.spec.standby)
-
-    def _park(self, graceful: bool) -> None:
-        """Keep the processes for the next group: quiesce them all, then release them (a
-        drained group finishes its saves first). After a failure in a chunk only hosts whose
-        chunk returned are released (a dead one's release fails at once; one still inside a
-        step is hung) and within a short bound; every other process is killed."""
-        assert self.pool is not None
-        busy: set[int] = set()
-        if not graceful and self._refs:
-            ready, _ = ray.wait(self._refs, num_returns=len(self._refs), timeout=0.5)
-            busy = {i for i, r in enumerate(self._refs) if r not in ready}
-            # a host whose chunk ended in its own death is known dead: no release to try
-            busy |= {i for i, r in enumerate(self._refs) if r in ready and _died(r)}
-        pairs = [(h.node_id, a) for i, (h, a) in
-                 enumerate(zip(self.spec.plan.hosts, self.actors, strict=True))
-                 if i not in busy]
-        for i in busy:
-            ray.kill(self.actors[i], no_restart=True)
-        kept = self.pool.park(pairs, coordinator=self.spec.plan.hosts[0].node_id,
-                              timeout_s=None if graceful else FAILED_RELEASE_S)
-        log.info("processes_parked", kept=kept, of=len(self.actors), after_failure=not graceful)
-        self.actors, self._refs = [], []
 
     def _host_specs(self, spec: GroupSpec) -> list[HostSpec]:
         # the store dir is unused when compile.cache=off
@@ -399,13 +374,3 @@ class RayWorkerGroup:
             kind = lost_kind(kind, gone, self.spec.plan.hosts)
         return HostsLost(hosts=hosts, kind=kind, message=message, nodes_gone=frozenset(gone))
 
-
-def _died(ref: Any) -> bool:
-    """Whether a finished call's actor died (its process is gone)."""
-    try:
-        ray.get(ref, timeout=0)
-    except RayActorError:
-        return True
-    except Exception:  # a live host's error
-        return False
-    return False
