@@ -161,6 +161,11 @@ class WarmConfig:
     """Spare slices whose hosts keep a warm standby process (JAX imported, no runtime): a
     re-form onto them skips the process start and the imports. ``auto`` (the default): every
     complete spare slice; a number caps them; 0 = none (the opt-out)."""
+    preform: bool = True
+    """Standbys that can hold the whole mesh (a one-slice job and its spare slice) join a JAX
+    runtime of their own for it while the job trains, and build, load and run the step once:
+    a move of the whole mesh there then only restores (``orchestrator/raygroup/preform.py``).
+    Costs the spare hosts one copy of the state in device memory; false = standbys only."""
     handover_max_s: float = 20.0
     """On a notice that leaves time, training goes on (HANDING_OVER) for at most this long
     while the replacement hosts warm up, then drains; 0 = drain at once."""

@@ -99,6 +99,8 @@ def compiling(run: Run) -> Next:
     log.info("compiled", compile_s=round(out.compile_s, 3), flops=out.flops, source=out.source,
              key=out.key)
     ahead.guarded(run, force_check=True)
+    if out.source == "preformed":
+        return Next(S.RUNNING, "step loaded and run once before the switch (pre-formed group)")
     if out.source == "loaded":
         return Next(S.RUNNING, f"step loaded from the executable store (key {out.key})")
     if out.source == "mixed":

@@ -35,16 +35,18 @@ def begin(run: Run) -> Next | None:
     if until <= now + 0.5:
         return None
     hosts = replacement_hosts(run)
-    if not hosts:
-        if not _awaits_capacity(run):
-            return None  # a shrink, or the replacement is warm already
+    if not hosts and _awaits_capacity(run):
         until = _last_safe(run, p.deadline)
         p.handover_started, p.handover_until, p.awaiting_capacity = now, until, True
         log.info("handover_awaiting_capacity", event_id=p.event_id, until_s=round(until - now, 2))
         return Next(S.HANDING_OVER, "no replacement slice yet: training on until one joins "
                     f"(drain within {until - now:.1f}s)",
                     HandingOver(event_id=p.event_id, hosts=(), until=until))
-    if not _warm_up(group, hosts):
+    if not hosts:  # standbys wait there already: train on while they still warm or pre-form
+        hosts = next_standby(run)
+        if not hosts or not _warm_up(group, hosts) or _ready(group):
+            return None  # a shrink, or the replacement is ready: drain now
+    elif not _warm_up(group, hosts):
         return None
     p.handover_started, p.handover_until = now, until
     log.info("handover_started", event_id=p.event_id, hosts=[h.instance for h in hosts],
@@ -82,6 +84,14 @@ def drain_now(run: Run) -> bool:
                       "re-form starts cold processes for it")
         log.warning("handover_fallback", event_id=p.event_id, reason=p.handover)
     return bool(p.handover)
+
+
+def _ready(group: WarmStandby) -> bool:
+    try:
+        return bool(group.warm_ready())
+    except Exception as exc:  # cannot tell: drain now, as without standbys
+        log.warning("handover_probe_failed", error=str(exc))
+        return True
 
 
 def _warm_up(group: WarmStandby, hosts: list[HostRef]) -> bool:
@@ -131,6 +141,17 @@ def _last_safe(run: Run, deadline: float) -> float:
     """The latest moment to start the drain: the deadline less a margin and twice the
     expected save."""
     return deadline - DRAIN_MARGIN_S - 2 * (run.ledger.median_save_s() or 2.0)
+
+
+def next_standby(run: Run) -> list[HostRef]:
+    """The standby hosts (``placement.standby``) of the spare slices the next mesh takes."""
+    plan, pending = run.plan, run.pending
+    if plan is None or pending is None:
+        return []
+    doomed = set(pending.doomed)
+    missing = len({h.slice_name for h in plan.hosts if h.node_id in doomed})
+    spare = set(_spare_slices(run)[:missing])
+    return [h for h in run.placement.standby if h.slice_name in spare]
 
 
 def replacement_hosts(run: Run) -> list[HostRef]:

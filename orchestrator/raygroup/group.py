@@ -7,6 +7,7 @@ sees a Ray type. A half-built group is always torn down by ``shutdown``.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import time
@@ -32,7 +33,7 @@ from orchestrator.controller.seam import (
     Saved,
 )
 from orchestrator.raygroup import hangs as ray_hangs
-from orchestrator.raygroup import release
+from orchestrator.raygroup import preform, release
 from orchestrator.raygroup import results as ray_results
 from orchestrator.raygroup.cluster_view import dead_hosts, spawn
 from orchestrator.raygroup.ram_holders import RamTier
@@ -81,6 +82,8 @@ class RayWorkerGroup:
         self.pool = pool
         self.reuse = reuse and pool is not None
         self.origins: list[str] = []
+        self.preformed = False  # its processes were pre-formed (``raygroup.preform``)
+        self._preform_asked = False
         self._warming: list[str] = []
         self._standby_due = False  # after the MFU peak or at the first chunk (or save): their
         # imports slowed restore, compile and the peak measured after it (bench/RESULTS.md 7)
@@ -100,10 +103,12 @@ class RayWorkerGroup:
         for host, fault in self.spec.init_faults:
             self._wait([self.actors[host].inject_fault.remote(fault)], "init", 30.0)
         at["actors"] = round(time.perf_counter() - t0, 3)
-        self._initialize()
-        at["init"] = round(time.perf_counter() - t0, 3)
-        self._wait([a.build.remote() for a in self.actors], "restore", self.timeouts.restore_s)
-        at["build"] = round(time.perf_counter() - t0, 3)
+        if not self.preformed:  # a pre-formed group joined its runtime and built its step
+            self._initialize()
+            at["init"] = round(time.perf_counter() - t0, 3)
+            self._wait([a.build.remote() for a in self.actors], "restore",
+                       self.timeouts.restore_s)
+            at["build"] = round(time.perf_counter() - t0, 3)
         if self.ram is not None:
             self._wait(self.ram.attach_calls(self.actors, self.spec.plan,
                                             incarnation=self.spec.incarnation,
@@ -120,6 +125,8 @@ class RayWorkerGroup:
             ids = {str(i): str(n) for i, n in (f for f in found if f)}
         at["watchers"] = round(time.perf_counter() - t0, 3)
         processes = {k: self.origins.count(k) for k in ("fresh", "parked", "standby")}
+        if self.preformed:
+            processes["preformed"] = len(self.actors)
         log.info("form_timing", **at)
         return Formed(hosts=len(self.spec.plan.hosts), metadata_watchers=watching,
                       instance_ids=ids, processes=processes)
@@ -231,6 +238,7 @@ class RayWorkerGroup:
         self._standby_due = False  # started here with the rest (a later call would kill these)
         if self.pool is not None:
             self.pool.ensure_standby([*self.spec.standby, *hosts])
+            self._preform()
         return self.pool is not None
 
     def warm_ready(self) -> bool:
@@ -301,11 +309,22 @@ class RayWorkerGroup:
                 log.debug("kill_failed", error=str(exc))
         self.actors, self._refs = [], []
 
+    def _preform(self) -> None:
+        """As the standbys start: pre-form those that can hold the whole mesh, once
+        (``raygroup.preform``; ``controller.warm.preform``)."""
+        if self._preform_asked or self.pool is None or not self.spec.cfg.controller.warm.preform:
+            return
+        self._preform_asked = True
+        if (plan := preform.spare_plan(self.spec)) is not None:
+            self.pool.start_preform(self._host_specs(dataclasses.replace(self.spec, plan=plan)),
+                                    host_envs(plan))
+
     def _standby_now(self) -> None:
         """Start the standbys ``compile`` deferred (``__init__``), once."""
         if self._standby_due and self.pool is not None:
             self._standby_due = False
             self.pool.ensure_standby(self.spec.standby)
+            self._preform()
 
     def _host_specs(self, spec: GroupSpec) -> list[HostSpec]:
         # the store dir is unused when compile.cache=off
@@ -319,7 +338,11 @@ class RayWorkerGroup:
         plan = self.spec.plan
         specs = list(zip(plan.hosts, host_envs(plan), self._host_specs(self.spec), strict=True))
         fresh = functools.partial(spawn, self.actor_cls)
-        got = (self.pool.acquire(specs, fresh) if self.pool is not None else
+        adopted = None if self.pool is None else self.pool.adopt(
+            [s for *_, s in specs], [e for _, e, _ in specs])
+        self.preformed = adopted is not None
+        got = ([(a, "standby") for a in adopted] if adopted is not None else
+               self.pool.acquire(specs, fresh) if self.pool is not None else
                [(fresh(*s), "fresh") for s in specs])
         self.actors = [a for a, _ in got]
         self.origins = [origin for _, origin in got]

@@ -19,7 +19,9 @@ import ray
 import structlog
 from ray.exceptions import RayActorError
 
+from orchestrator.raygroup import preform
 from orchestrator.shared.hosts import HostRef
+from orchestrator.shared.hostspec import HostSpec
 
 log = structlog.get_logger(__name__)
 
@@ -46,6 +48,7 @@ class WarmPool:
         self.parked: dict[str, Any] = {}
         self.standby: dict[str, Any] = {}
         self.warming: dict[str, Any] = {}  # node id -> the standby's ``warm`` call
+        self.preformed: preform.Preformed | None = None  # standbys in a runtime of their own
         self.stats = PoolStats()
 
     def park(self, actors: Sequence[tuple[str, Any]], *, coordinator: str | None = None,
@@ -145,6 +148,8 @@ class WarmPool:
         """Keep one warm standby on each of ``hosts`` (spare hosts not in the mesh); standbys
         on other hosts are killed. Returns how many were started now."""
         wanted = {h.node_id: h for h in hosts}
+        if self.preformed is not None and any(n not in wanted for n in self.preformed.node_ids):
+            self.drop_preformed()
         for node_id in [n for n in self.standby if n not in wanted]:
             _kill(self.standby.pop(node_id))
             self.warming.pop(node_id, None)
@@ -164,8 +169,11 @@ class WarmPool:
         return started
 
     def ready(self, node_ids: Sequence[str]) -> bool:
-        """Whether the standbys on ``node_ids`` finished warming (a failed warm counts as
-        finished: its rejoin fails and a fresh process replaces it)."""
+        """Whether the standbys on ``node_ids`` finished warming, and pre-forming where they
+        are (a failed warm or pre-form counts as finished: a fresh process replaces it)."""
+        pre = self.preformed
+        if pre is not None and set(node_ids) & set(pre.node_ids) and not pre.done():
+            return False
         if any(n not in self.standby for n in node_ids):
             return False
         refs = [self.warming[n] for n in node_ids if n in self.warming]
@@ -174,8 +182,59 @@ class WarmPool:
         done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
         return len(done) == len(refs)
 
+    def start_preform(self, specs: list[HostSpec], envs: list[dict[str, str]]) -> bool:
+        """Pre-form the standbys on ``specs``' hosts as the group of ``specs``
+        (``raygroup.preform``; not awaited). False when a host has no standby or the start
+        failed (logged). A different pre-form is dropped first; the same one is kept."""
+        pre = self.preformed
+        if pre is not None and preform.matches(pre, specs, envs):
+            return True
+        nodes = [s.host.node_id for s in specs]
+        if any(n not in self.standby for n in nodes):
+            return False
+        self.drop_preformed()
+        try:
+            self.preformed = preform.start([self.standby[n] for n in nodes], specs, envs)
+        except Exception as exc:  # an optimisation: the standbys stay as they are
+            log.warning("preform_not_started", error=str(exc)[:300])
+            return False
+        return True
+
+    def adopt(self, specs: Sequence[HostSpec], envs: Sequence[dict[str, str]]
+              ) -> list[Any] | None:
+        """The pre-formed processes when a group of exactly ``specs`` and ``envs`` wants them
+        and their pre-form succeeded (waited for while in flight); else None, and a pre-form
+        on any of these hosts is dropped (its processes hold a runtime: they cannot rejoin)."""
+        pre = self.preformed
+        if pre is None:
+            return None
+        if not preform.matches(pre, specs, envs):
+            if set(pre.node_ids) & {s.host.node_id for s in specs}:
+                self.drop_preformed()
+            return None
+        if not pre.succeeded(preform.ADOPT_WAIT_S):
+            self.drop_preformed()
+            return None
+        self.preformed = None
+        for node_id in pre.node_ids:
+            self.standby.pop(node_id, None)
+            self.warming.pop(node_id, None)
+        return pre.actors
+
+    def drop_preformed(self) -> None:
+        """Kill a pre-form's processes (its runtime is of no use to another mesh)."""
+        pre, self.preformed = self.preformed, None
+        if pre is None:
+            return
+        log.info("preform_dropped", hosts=len(pre.actors))
+        for node_id, actor in zip(pre.node_ids, pre.actors, strict=True):
+            self.standby.pop(node_id, None)
+            self.warming.pop(node_id, None)
+            _kill(actor)
+
     def close(self) -> None:
         """Kill every process kept here (the run is over)."""
+        self.drop_preformed()
         self.drop_parked()
         for actor in self.standby.values():
             _kill(actor)

@@ -101,6 +101,7 @@ class FakeFleet:
         self.persisted: list[int] = []  # of those, steps the holders were asked to persist
         self.warmed: list[list[str]] = []  # hosts each warm_up was asked for
         self.warm_after_polls: int | None = 3  # warm_ready after this many probes (None: no pool)
+        self.standby_ready_after_polls = 0  # the same for hosts with a standby (pre-forming)
         self.ahead: list[GroupSpec] = []  # specs compile_ahead was asked for
         self.ahead_steps: list[int] = []  # the group's step when it was asked
         self.stored: set[tuple] = set()  # executable keys compiled ahead (compile loads them)
@@ -248,12 +249,16 @@ class FakeGroup:
     def warm_up(self, hosts) -> bool:
         self.fleet.warmed.append([h.instance for h in hosts])
         self._warm_polls = 0
+        standby = {h.node_id for h in self.spec.standby}
+        self._warm_need = (self.fleet.standby_ready_after_polls
+                           if all(h.node_id in standby for h in hosts)
+                           else self.fleet.warm_after_polls)
         return self.fleet.warm_after_polls is not None
 
     def warm_ready(self) -> bool:
         self._warm_polls += 1
         return (self.fleet.warm_after_polls is not None
-                and self._warm_polls >= self.fleet.warm_after_polls)
+                and self._warm_polls >= (self._warm_need or 0))
 
     def copy_to_ram(self, *, persist: bool = False) -> Saved:
         self.fleet.clock.sleep(self.fleet.copy_s)

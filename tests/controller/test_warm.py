@@ -230,6 +230,25 @@ def test_no_handover_when_the_replacement_is_a_standby_already_or_the_run_shrink
     assert "HANDING_OVER" not in shrink.states()
 
 
+def test_a_notice_while_the_standby_still_warms_or_pre_forms_trains_on_until_it_is_ready(
+        tmp_path):
+    """The spare slice has its standbys, but they are not ready yet (importing, or pre-forming
+    the whole mesh: ``raygroup.preform``): training goes on (HANDING_OVER) until they are, then
+    the drain; the re-form takes them. Ready at once: drain at once (the test above)."""
+    sim = make(tmp_path, "run.total_steps=30", slices=("s0",), spare=("s1",))
+    sim.fleet.standby_ready_after_polls = 3
+    sim.fleet.on_step(7, lambda g: sim.notice(host="vm-s0-1"))
+    summary = sim.run()
+    assert summary.state == "SUCCEEDED" and summary.lost_steps == 0
+    assert ("RUNNING", "HANDING_OVER") in sim.edges()
+    assert ("HANDING_OVER", "DRAINING") in sim.edges()
+    assert sim.fleet.warmed == [["vm-s1-0", "vm-s1-1"]]  # the standby hosts, not new ones
+    first, second = sim.fleet.groups
+    assert {h.slice_name for h in second.spec.plan.hosts} == {"s1"}
+    assert first.chunks[-1]["until"] > 7 + 1, "trained on while the standbys got ready"
+    assert summary.recoveries[0]["handover"] == "ready"
+
+
 def test_a_failure_during_the_handover_is_an_ordinary_failure(tmp_path):
     sim = make(tmp_path, COLD, "cluster.emulate.slices=2", slices=("s0", "s1"), spare=("s2",))
     sim.fleet.warm_after_polls = 10**9

@@ -7,6 +7,7 @@ milliseconds on the fake seam (tests/controller/); these prove the real parts be
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -14,6 +15,8 @@ import pytest
 from structlog.testing import capture_logs
 
 from orchestrator.controller.config import ChaosFaultConfig
+from orchestrator.controller.listener import RunListener
+from orchestrator.controller.wiring import from_config
 from tests.faults.harness import (
     alive_host_processes,
     fault_config,
@@ -43,6 +46,18 @@ def _restored(result) -> list[int | None]:
 # ---- announced ---------------------------------------------------------------------------
 
 
+class WaitForPreform(RunListener):
+    """Holds the second chunk until the spare slice's standbys are pre-formed, so that the
+    notice at step 8 finds them ready on a slow machine too (the run would otherwise hand over
+    until they are, and may end first)."""
+
+    def before_chunk(self, run, step: int, until: int) -> None:
+        pre = run.group.pool.preformed if step > 0 else None
+        deadline = time.monotonic() + 120
+        while pre is not None and not pre.done() and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+
 def test_notice_for_one_host_reforms_on_spare_with_bit_identical_params(cluster, tmp_path):
     """Preempt 1 host of a 2-host slice: 0 lost steps, params equal an uninterrupted run's."""
     plain = run_controller(fault_config(tmp_path / "plain"), collect_params=True)
@@ -50,13 +65,17 @@ def test_notice_for_one_host_reforms_on_spare_with_bit_identical_params(cluster,
     assert plain.summary.step == 20
 
     chaos = [ChaosFaultConfig(at_step=8, host=1, kind="preempt", deadline_s=60)]
-    hit = run_controller(fault_config(tmp_path / "hit", "controller.warm.standby_slices=1",
-                                      chaos=chaos), collect_params=True)
+    cfg = fault_config(tmp_path / "hit", "controller.warm.standby_slices=1", chaos=chaos)
+    hit = run_controller(cfg, collect_params=True,
+                         listeners=[*from_config(cfg).listeners, WaitForPreform()])
     print_recovery("announced", hit)
-    # the spare slice's hosts were kept warm and the new group took them: no new process
+    # the spare slice's hosts were kept warm, pre-formed as the whole mesh (the training went on
+    # until they were), and the new group adopted them: no new process, no runtime to join
     assert [f["processes"] for f in hit.summary.forms] == [
-        {"fresh": 2, "parked": 0, "standby": 0}, {"fresh": 0, "parked": 0, "standby": 2}]
+        {"fresh": 2, "parked": 0, "standby": 0},
+        {"fresh": 0, "parked": 0, "standby": 2, "preformed": 2}]
     assert hit.summary.recoveries[0]["processes"]["standby"] == 2
+    assert [c["source"] for c in hit.summary.compiles][1:] == ["preformed"]
 
     s = hit.summary
     assert (s.state, s.step, s.lost_steps) == ("SUCCEEDED", 20, 0)

@@ -15,6 +15,7 @@ bounds, the host reports what committed.
 
 from __future__ import annotations
 
+import dataclasses
 import faulthandler
 import logging
 import os
@@ -70,6 +71,7 @@ class HostActor:
         self._steps = StepLoop(self._position, chaos=self._chaos, copies=self._ram)
         self._ahead = CompileAhead()
         self._notices = Notices()
+        self._preformed = False  # ``preform`` loaded and ran the step: ``compile`` has it
 
     def _need_trainer(self, what: str) -> Trainer:
         if self.trainer is None:
@@ -86,8 +88,8 @@ class HostActor:
     def joining(self) -> bool:  # reached JAX's init (answers while it blocks)
         return self._runtime.joining
 
-    def coordinator_address(self) -> str:
-        return f"{self.host.node_ip}:{free_port()}"
+    def coordinator_address(self, ip: str | None = None) -> str:  # ip: a standby's next host
+        return f"{ip or self.host.node_ip}:{free_port()}"
 
     def initialize(self, coordinator: str, num_processes: int, process_id: int) -> dict:
         """Join the JAX group (``JaxRuntime.join``); a ``hang_init`` fault strikes first."""
@@ -135,8 +137,11 @@ class HostActor:
         off), ``reason`` why it was compiled; ``init`` is the same for the init function when a
         fresh start used it."""
         tr = self._need_trainer("compile")
-        compile_s = tr.compile()
-        info = tr.compile_info
+        if self._preformed:  # loaded and run once before the switch (``preform``)
+            compile_s, self._preformed = 0.0, False
+            info = dataclasses.replace(tr.compile_info, source="preformed", seconds=0.0)
+        else:
+            compile_s, info = tr.compile(), tr.compile_info
         return {"compile_s": compile_s, "source": info.source, "key": info.key,
                 "reason": info.reason, "save_s": info.save_s, "waited_s": info.waited_s,
                 "flops_xla": tr.flops_xla, "flops_analytic": tr.flops_analytic,
@@ -145,19 +150,9 @@ class HostActor:
 
     def measure_peak_flops(self, size: int = 512, repeats: int = 5) -> float:
         """Measured CPU matmul FLOP/s of one local device (the honest CPU 'peak' for MFU)."""
-        import jax
-        import jax.numpy as jnp
+        from workers.training.peak import matmul_flops
 
-        dev = jax.local_devices()[0]
-        a = jax.device_put(jnp.ones((size, size), jnp.float32), dev)
-        f = jax.jit(lambda x: x @ x)
-        f(a).block_until_ready()
-        best = float("inf")
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            f(a).block_until_ready()
-            best = min(best, time.perf_counter() - t0)
-        return 2.0 * size**3 / best
+        return matmul_flops(size, repeats)
 
     # ---- running ------------------------------------------------------------------------
 
@@ -334,6 +329,7 @@ class HostActor:
         self._ahead.leave(ahead_wait_s)  # and no compile ahead starts from now on
         self._notices.stop()
         self._ram.detach()
+        self._preformed = False
         if self.trainer is not None:
             self.trainer.close()
             self.trainer = None
@@ -375,6 +371,21 @@ class HostActor:
         self.spec, self.host = spec, spec.host
         self._ahead.rejoin()
         return {"pid": os.getpid()}
+
+    def preform(self, spec: HostSpec, env: dict[str, str], coordinator: str,
+                num_processes: int, process_id: int) -> dict:
+        """A standby joins the group its spare slice would form, before any switch
+        (``orchestrator.raygroup.preform``): runtime joined, step built, loaded and run once.
+        A group that adopts it then only restores into it."""
+        t0 = time.perf_counter()
+        self.rejoin(spec, env)
+        self.initialize(coordinator, num_processes, process_id)
+        self.build()
+        source = self.compile()["source"]
+        first_run_s = self._need_trainer("preform").run_once()
+        self._preformed = True
+        return {"preform_s": time.perf_counter() - t0, "first_run_s": first_run_s,
+                "source": source}
 
     def shutdown(self) -> None:
         """Finish pending saves so a drained host leaves complete checkpoints behind."""

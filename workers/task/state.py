@@ -10,6 +10,7 @@ continues the same sample order.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax.sharding import PartitionSpec as P
 
@@ -120,6 +122,17 @@ def batch_specs(example: Any) -> Any:
 def abstract_batch(example: Any, accum: int, micro: int) -> Any:
     return jax.tree.map(lambda e: jax.ShapeDtypeStruct((accum, micro, *e.shape), e.dtype),
                         example)
+
+
+def zero_batch(shapes: Any, shardings: Any) -> Any:
+    """A global batch of zeros laid out as ``shardings`` (each process makes its own shards)."""
+    return jax.tree.map(lambda a, sh: jax.make_array_from_callback(
+        a.shape, sh, functools.partial(_zeros, sh.shard_shape(a.shape), a.dtype)),
+        shapes, shardings)
+
+
+def _zeros(shape: tuple, dtype: Any, _index: Any) -> np.ndarray:
+    return np.zeros(shape, dtype)
 
 
 def check_params(task: Task, params: Any) -> None:

@@ -37,6 +37,7 @@ from workers.task.state import (
     init_unboxed,
     state_specs,
     train_step,
+    zero_batch,
 )
 from workers.training.checkpoints import CheckpointStore, RestoreOutcome
 from workers.training.compile_share import CompileInfo, obtain, share_for
@@ -174,6 +175,18 @@ class Trainer:
         self.state = self._init_compiled(jax.random.key(seed))
         self._host_step = None
         self.data_resumed = self._resume_data(None, None, "seed")
+
+    def run_once(self) -> float:
+        """The step once on the seed state and a zero batch, the state dropped (no data read,
+        no step counted): XLA:CPU's first run of an executable costs several steps, paid here
+        by a pre-formed group before its switch (``workers.host.actor.preform``)."""
+        t0 = time.perf_counter()
+        self.init_state(self.spec.seed)
+        zeros = zero_batch(self.batch_shape, self.batch_sharding)
+        _, metrics = self._compiled(self.state, zeros)  # the state is donated: gone now
+        jax.block_until_ready(metrics)
+        self.state, self._host_step = None, None
+        return time.perf_counter() - t0
 
     # ---- executables --------------------------------------------------------------------
 
