@@ -208,6 +208,9 @@ def test_drain_onto_standby_then_kill_9_from_ram_keep_the_sample_order(cluster, 
     chaos = [ChaosFaultConfig(at_step=6, host=1, kind="preempt", deadline_s=60),
              ChaosFaultConfig(at_step=13, host=1, kind="kill")]
     hit = run_controller(run_config(tmp_path, data_dir, "controller.warm.standby_slices=1",
+                                    # drain at once, not after the standby's warm-up: the kill
+                                    # at 13 must find the re-formed group
+                                    "controller.warm.handover_max_s=0",
                                     "checkpoint.ram.enabled=true",
                                     # a copy every step (auto may choose fewer on a slow
                                     # machine): the kill at 13 then loses at most one
