@@ -26,6 +26,7 @@ the old defaults written out (``checkpoint.ram.enabled=false``, ``standby_slices
 |---|---|---|
 | notice-default | defaults + ``spare_slices=1`` | preemption notice, 30 s deadline |
 | notice-old-default | the same + the old defaults | the same |
+| notice-no-preform | the same + ``controller.warm.preform=false`` (standbys only) | the same |
 | kill-default | defaults + ``spare_slices=1``, a durable save every 10 steps | kill -9 |
 | kill-old-default | the same + the old defaults | the same |
 
@@ -72,6 +73,7 @@ DEFAULTS = ["cluster.emulate.spare_slices=1", "metrics.console_every_steps=0",
 OLD_DEFAULTS = ["checkpoint.ram.enabled=false", "controller.warm.standby_slices=0"]
 EVERY_10 = "controller.checkpoint_interval.every_steps=10"
 DEFAULT_SYSTEMS = {"notice-default": [NOTICE], "notice-old-default": [*OLD_DEFAULTS, NOTICE],
+                   "notice-no-preform": ["controller.warm.preform=false", NOTICE],
                    "kill-default": [EVERY_10, KILL],
                    "kill-old-default": [*OLD_DEFAULTS, EVERY_10, KILL]}
 SYSTEMS = {"notice-cold": [*COLD, NOTICE], "notice-warm": [*WARM, NOTICE],
