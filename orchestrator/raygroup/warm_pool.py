@@ -219,6 +219,7 @@ class WarmPool:
         for node_id in pre.node_ids:
             self.standby.pop(node_id, None)
             self.warming.pop(node_id, None)
+        self.drop_parked()  # as ``acquire``: their nodes may get standbys now
         return pre.actors
 
     def drop_preformed(self) -> None:
