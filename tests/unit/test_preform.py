@@ -71,8 +71,10 @@ def _pool_with_preform(ok: bool = True) -> tuple[WarmPool, list[HostSpec], list[
 
 def test_a_re_form_onto_exactly_that_mesh_adopts_the_processes():
     pool, specs, envs = _pool_with_preform()
+    pool.parked = {"n0": "p0"}  # a survivor of the old slice: it holds its node
     assert pool.adopt(specs, envs) == ["p2", "p3"]
     assert pool.preformed is None and pool.standby == {"n9": "p9"}  # taken, not killed
+    assert pool.parked == {}  # killed, as ``acquire`` does: a standby may start there now
 
 
 def test_another_mesh_on_those_hosts_drops_the_pre_form_and_one_elsewhere_keeps_it():
