@@ -7,14 +7,27 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+import ray
+
 from orchestrator.config import load_config
 from orchestrator.controller.seam import GroupSpec
-from orchestrator.raygroup import preform
+from orchestrator.raygroup import preform, warm_pool
 from orchestrator.raygroup.group import host_envs
 from orchestrator.raygroup.warm_pool import WarmPool
 from orchestrator.shared.hosts import HostRef
 from orchestrator.shared.hostspec import HostSpec
 from orchestrator.shared.plan import plan_mesh
+
+
+@pytest.fixture(autouse=True)
+def killed(monkeypatch) -> list:
+    """The pool's kills, recorded: ``ray.kill`` would start a local Ray in this process."""
+    out: list = []
+    monkeypatch.setattr(warm_pool, "_kill", out.append)
+    before = ray.is_initialized()
+    yield out
+    assert ray.is_initialized() == before, "a test of pure logic started Ray"
 
 
 def _host(i: int, slice_name: str) -> HostRef:
@@ -69,32 +82,42 @@ def _pool_with_preform(ok: bool = True) -> tuple[WarmPool, list[HostSpec], list[
     return pool, specs, envs
 
 
-def test_a_re_form_onto_exactly_that_mesh_adopts_the_processes():
+def test_a_re_form_onto_exactly_that_mesh_adopts_the_processes(killed):
     pool, specs, envs = _pool_with_preform()
     pool.parked = {"n0": "p0"}  # a survivor of the old slice: it holds its node
     assert pool.adopt(specs, envs) == ["p2", "p3"]
     assert pool.preformed is None and pool.standby == {"n9": "p9"}  # taken, not killed
-    assert pool.parked == {}  # killed, as ``acquire`` does: a standby may start there now
+    assert pool.parked == {} and killed == ["p0"]  # as ``acquire`` does: a standby may start
 
 
-def test_another_mesh_on_those_hosts_drops_the_pre_form_and_one_elsewhere_keeps_it():
+def test_another_mesh_on_those_hosts_drops_the_pre_form_and_one_elsewhere_keeps_it(killed):
     pool, specs, envs = _pool_with_preform()
     other = [dataclasses.replace(s, seed=s.seed + 1) for s in specs]
     assert pool.adopt(other, envs) is None
-    assert pool.preformed is None and pool.standby == {"n9": "p9"}  # killed: they hold a runtime
+    assert pool.preformed is None and pool.standby == {"n9": "p9"}
+    assert killed == ["p2", "p3"]  # they hold a runtime: they cannot rejoin another
+    killed.clear()
     pool, _, _ = _pool_with_preform()
     home = _spec(1, [])  # the mesh's own slice again (a failure re-formed there)
     assert pool.adopt(_specs(home), host_envs(home.plan)) is None
-    assert pool.preformed is not None  # kept for a later move onto its hosts
+    assert pool.preformed is not None and killed == []  # kept for a later move onto its hosts
 
 
-def test_a_failed_pre_form_is_dropped_and_the_group_starts_fresh_processes():
+def test_a_failed_pre_form_is_dropped_and_the_group_starts_fresh_processes(killed):
     pool, specs, envs = _pool_with_preform(ok=False)
     assert pool.adopt(specs, envs) is None
-    assert pool.preformed is None and "n2" not in pool.standby
+    assert pool.preformed is None and "n2" not in pool.standby and killed == ["p2", "p3"]
 
 
-def test_a_standby_no_longer_wanted_drops_the_pre_form_it_was_part_of():
+def test_a_standby_no_longer_wanted_drops_the_pre_form_it_was_part_of(killed):
     pool, _, _ = _pool_with_preform()
-    pool.ensure_standby([_host(2, "z")])  # n3 is no spare any more
-    assert pool.preformed is None and "n3" not in pool.standby
+    started = []
+
+    class _Standby:  # ``warm.remote()`` answers like a Ray actor's method
+        warm = type("_M", (), {"remote": staticmethod(lambda **kw: "warming")})()
+
+    pool.start_standby = lambda h: started.append(h.node_id) or _Standby()
+    assert pool.ensure_standby([_host(2, "z")]) == 1  # n3 is no spare any more
+    assert pool.preformed is None and list(pool.standby) == ["n2"]
+    assert sorted(killed) == ["p2", "p3", "p9"]  # the pre-form's (in a runtime), and n9's
+    assert started == ["n2"]  # a plain standby again on the host still wanted
