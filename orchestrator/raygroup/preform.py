@@ -20,8 +20,7 @@ import ray
 import structlog
 
 from orchestrator.controller.seam import GroupSpec
-from orchestrator.shared.errors import TopologyError
-from orchestrator.shared.hosts import HostRef
+from orchestrator.shared.errors import ConfigError, TopologyError
 from orchestrator.shared.hostspec import HostSpec
 from orchestrator.shared.plan import MeshPlan, plan_mesh
 
@@ -33,22 +32,17 @@ the pre-form is that rejoin and a few seconds more)."""
 
 
 def spare_plan(spec: GroupSpec) -> MeshPlan | None:
-    """The mesh the first complete standby slices would form if the whole of ``spec``'s mesh
-    moved there (what planning makes of them: ``plan_mesh`` with this mesh's config), or None
-    when the standbys cannot hold it."""
+    """The mesh the complete standby slices would form if the whole of ``spec``'s mesh moved
+    there (what planning makes of them: ``plan_mesh`` with this mesh's config), or None when
+    the standbys cannot hold it."""
     plan = spec.plan
     per_slice = plan.num_processes // plan.num_slices
-    by_slice: dict[str, list[HostRef]] = {}
-    for h in spec.standby:
-        by_slice.setdefault(h.slice_name, []).append(h)
-    complete = [name for name, hosts in by_slice.items() if len(hosts) == per_slice]
-    if len(complete) < plan.num_slices:
-        return None
-    hosts = [h for name in complete[:plan.num_slices] for h in by_slice[name]]
     try:
-        return plan_mesh(spec.cfg, hosts, platform=plan.platform, hosts_per_slice=per_slice)
-    except TopologyError:
+        spare = plan_mesh(spec.cfg, spec.standby, platform=plan.platform,
+                          hosts_per_slice=per_slice, max_slices=plan.num_slices)
+    except (TopologyError, ConfigError):  # no complete spare slice, or fewer than the mesh's
         return None
+    return spare if spare.num_slices == plan.num_slices else None
 
 
 @dataclass
