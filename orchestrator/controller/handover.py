@@ -145,25 +145,26 @@ def _last_safe(run: Run, deadline: float) -> float:
 
 def next_standby(run: Run) -> list[HostRef]:
     """The standby hosts (``placement.standby``) of the spare slices the next mesh takes."""
-    plan, pending = run.plan, run.pending
-    if plan is None or pending is None:
-        return []
-    doomed = set(pending.doomed)
-    missing = len({h.slice_name for h in plan.hosts if h.node_id in doomed})
-    spare = set(_spare_slices(run)[:missing])
+    spare = _next_spare(run)
     return [h for h in run.placement.standby if h.slice_name in spare]
 
 
 def replacement_hosts(run: Run) -> list[HostRef]:
     """Hosts the next mesh would add: the first complete slices that are not doomed, not in
     the current mesh and have no standby yet, as many as the doomed slices leave missing."""
+    spare = _next_spare(run)
+    if not spare:
+        return []
+    skip = set(run.pending.doomed) | {h.node_id for h in run.placement.standby}
+    return [h for h in usable_hosts(run) if h.slice_name in spare and h.node_id not in skip]
+
+
+def _next_spare(run: Run) -> set[str]:
+    """The spare slices the next mesh takes: as many as the notice's doomed slices leave
+    missing."""
     plan, pending = run.plan, run.pending
     if plan is None or pending is None:
-        return []
+        return set()
     doomed = set(pending.doomed)
     missing = len({h.slice_name for h in plan.hosts if h.node_id in doomed})
-    if not missing:
-        return []
-    spare = set(_spare_slices(run)[:missing])
-    skip = doomed | {h.node_id for h in run.placement.standby}
-    return [h for h in usable_hosts(run) if h.slice_name in spare and h.node_id not in skip]
+    return set(_spare_slices(run)[:missing]) if missing else set()
