@@ -1,0 +1,224 @@
+"""The realistic presets on one accelerator, for the record: the llama task's step at the
+``1b`` shape (and the ``8b`` shape cut to a few layers), its MFU from the task's analytic FLOPs
+against XLA's cost analysis of the compiled step, the executable's store and load at that size
+(``workers.training.executables.ExecutableStore``), and the RAM tier's device→host copy
+(``workers.ram.replica.Packer``) and restore (``unpack``).
+
+No Ray, no cluster: one process, the task contract's own pieces (``workers.task.llama``,
+``workers.task.state.train_step``). Run where a GPU or TPU is lent (``bench/RESULTS.md``
+"Realistic presets on a device" has the figures and the device)::
+
+    python -m bench.device_presets --out results/device.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.95")  # before JAX's backend starts
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from orchestrator.shared.sections import TrainConfig
+from workers.ram.replica import Packer, unpack
+from workers.task.contract import TaskContext
+from workers.task.llama import LlamaSettings, make_task
+from workers.task.state import init_boxed, init_unboxed, train_step
+from workers.training import memory
+from workers.training.executables import ExecutableStore, executable_key
+
+PEAK_BF16 = {"H100": 989.4e12, "H200": 989.4e12}
+"""Dense bf16 tensor-core peaks (NVIDIA's H100 SXM / H200 datasheets, without sparsity)."""
+
+CASES = (
+    # name, preset, overrides, global batch
+    ("tiny", "tiny", {}, 4),  # a check of this script on CPU
+    ("1b", "1b", {"remat": True}, 1),
+    ("8b-shape-4-layers", "8b", {"remat": True, "num_layers": 4}, 1),
+)
+
+
+def _peak(device) -> tuple[float | None, str]:
+    kind = getattr(device, "device_kind", "")
+    for name, value in PEAK_BF16.items():
+        if name in kind:
+            return value, f"{name} datasheet bf16 dense"
+    return None, "unknown device"
+
+
+def _matmul_peak(n: int = 8192) -> float:
+    a = jnp.ones((n, n), jnp.bfloat16)
+    f = jax.jit(lambda x: x @ x)
+    f(a).block_until_ready()
+    best = float("inf")
+    for _ in range(10):
+        t0 = time.perf_counter()
+        f(a).block_until_ready()
+        best = min(best, time.perf_counter() - t0)
+    return 2.0 * n**3 / best
+
+
+def run_case(name: str, preset: str, overrides: dict, batch: int, *, steps: int) -> dict:
+    settings = LlamaSettings(preset=preset, model=overrides)
+    cfg = settings.config()
+    ctx = TaskContext(train=TrainConfig(global_batch=batch), total_steps=1000, seed=0)
+    task = make_task(settings, ctx)
+    out: dict = {"case": name, "preset": preset, "overrides": overrides, "global_batch": batch,
+                 "seq_len": cfg.seq_len}
+    device = jax.devices()[0]
+
+    boxed = jax.eval_shape(functools.partial(init_boxed, task), jax.random.key(0))
+    est = memory.estimate(boxed, mesh_shape={"data": 1, "fsdp": 1, "tensor": 1},
+                          devices_per_host=1, rules=task.all_rules())
+    out["estimate"] = est.human()
+    out["estimate_device_bytes"] = est.device_total
+    limit = (device.memory_stats() or {}).get("bytes_limit")
+    out["device_bytes_limit"] = limit
+    try:
+        memory.check_fits(est, device_bytes=limit, host_bytes=None)
+        out["fits"] = "yes"
+    except memory.DoesNotFit as exc:
+        out["fits"] = f"refused: {exc}"
+        return out
+
+    t0 = time.perf_counter()
+    state = jax.jit(functools.partial(init_unboxed, task))(jax.random.key(0))
+    jax.block_until_ready(state)
+    out["init_s"] = time.perf_counter() - t0
+    n_params = sum(x.size for x in jax.tree.leaves(state["params"]))
+    out["parameters"] = int(n_params)
+    rows = task.data.rows(0, 0, range(batch))
+    batch_arr = jnp.asarray(rows)[None]  # (accum=1, micro, seq)
+
+    step = jax.jit(functools.partial(train_step, task), donate_argnums=0)
+    t0 = time.perf_counter()
+    lowered = step.lower(state, batch_arr)
+    compiled = lowered.compile()
+    out["compile_s"] = time.perf_counter() - t0
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    out["xla_flops_compiled"] = float((cost or {}).get("flops", float("nan")))
+    out["analytic_flops"] = float(task.flops_per_step)
+    # XLA counts a scanned (or rematerialised) layer stack's loop body once (or twice): the
+    # useful FLOPs to set against the analytic count are those of the plain, unrolled step,
+    # taken from compiles at 1 and 2 layers and extended linearly to the model's depth
+    counts = []
+    for layers in (1, 2):
+        flat = make_task(LlamaSettings(preset=preset, model={
+            **overrides, "scan_layers": False, "remat": False, "num_layers": layers}), ctx)
+        flat_state = jax.eval_shape(functools.partial(init_unboxed, flat), jax.random.key(0))
+        flat_cost = jax.jit(functools.partial(train_step, flat)).lower(
+            flat_state, jax.ShapeDtypeStruct(batch_arr.shape, batch_arr.dtype)
+        ).compile().cost_analysis()
+        flat_cost = flat_cost[0] if isinstance(flat_cost, list) else flat_cost
+        counts.append(float((flat_cost or {}).get("flops", float("nan"))))
+    out["xla_flops_unrolled"] = counts[0] + (cfg.num_layers - 1) * (counts[1] - counts[0])
+    mem = compiled.memory_analysis()
+    if mem is not None:
+        out["temp_bytes"] = int(getattr(mem, "temp_size_in_bytes", 0))
+
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        state, metrics = compiled(state, batch_arr)
+        jax.block_until_ready(metrics["loss"])
+        times.append(time.perf_counter() - t0)
+    out["step_s"] = times
+    steady = float(np.median(times[2:])) if len(times) > 2 else times[-1]
+    out["step_s_median"] = steady
+    out["loss"] = float(metrics["loss"])
+    peak, source = _peak(device)
+    out["peak_flops"], out["peak_source"] = peak, source
+    if peak:
+        out["mfu_analytic"] = task.flops_per_step / steady / peak
+        out["mfu_xla_unrolled"] = out["xla_flops_unrolled"] / steady / peak
+    out["tokens_per_s"] = batch * (cfg.seq_len - 1) / steady
+
+    # the executable tier at this size: store, then load into this process, and its first run
+    with tempfile.TemporaryDirectory() as tmp:
+        store = ExecutableStore(Path(tmp) / "exe", key_file=str(Path(tmp) / "key"))
+        key = executable_key(function="train_step", runtime={"jax": jax.__version__},
+                             config={"case": name}, mesh={"devices": 1}, process_index=0,
+                             process_count=1)
+        out["exe_save_s"] = store.save(key, compiled)
+        files = list((Path(tmp) / "exe").glob("*"))
+        out["exe_bytes"] = sum(f.stat().st_size for f in files)
+        abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                                               sharding=x.sharding),
+                                (state, batch_arr))
+        found = store.load(key, args=abstract)
+        out["exe_load_s"] = found.load_s if found.compiled is not None else found.reason
+        if found.compiled is not None:
+            t0 = time.perf_counter()
+            state, metrics = found.compiled(state, batch_arr)
+            jax.block_until_ready(metrics["loss"])
+            out["loaded_first_step_s"] = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            state, metrics = found.compiled(state, batch_arr)
+            jax.block_until_ready(metrics["loss"])
+            out["loaded_second_step_s"] = time.perf_counter() - t0
+
+    # the RAM tier's copy of this process's shards (all of them: one device) and its restore
+    packer = Packer(state)
+    t0 = time.perf_counter()
+    layout, data = packer.pack(state)
+    out["ram_pack_s"] = time.perf_counter() - t0
+    del data
+    t0 = time.perf_counter()  # every shard's device->host copy started at once, then packed
+    for leaf in jax.tree.leaves(state):
+        leaf.copy_to_host_async()
+    layout, data = packer.pack(state)
+    out["ram_pack_async_s"] = time.perf_counter() - t0
+    out["ram_copy_bytes"] = len(data)
+    out["ram_pack_gb_s"] = len(data) / out["ram_pack_s"] / 1e9
+    abstract_state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                                                 sharding=x.sharding), state)
+    del state
+    t0 = time.perf_counter()
+    restored = unpack([(layout, bytes(data))], abstract_state)
+    jax.block_until_ready(restored)
+    out["ram_unpack_s"] = time.perf_counter() - t0
+    del restored, data
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default="device-presets.json")
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--cases", default="1b,8b-shape-4-layers")
+    args = parser.parse_args(argv)
+    device = jax.devices()[0]
+    record: dict = {"jax": jax.__version__, "device": str(device),
+                    "device_kind": getattr(device, "device_kind", ""),
+                    "platform": device.platform, "cases": []}
+    if device.platform != "cpu":
+        record["matmul_peak_bf16_8192"] = _matmul_peak()
+    print(json.dumps({k: v for k, v in record.items() if k != "cases"}), flush=True)
+    wanted = set(args.cases.split(","))
+    for name, preset, overrides, batch in CASES:
+        if name not in wanted:
+            continue
+        try:
+            result = run_case(name, preset, overrides, batch, steps=args.steps)
+        except Exception as exc:  # keep the other cases' figures
+            result = {"case": name, "error": f"{type(exc).__name__}: {exc}"[:2000],
+                      "traceback": traceback.format_exc()[-3000:]}
+        record["cases"].append(result)
+        print(json.dumps(result, default=str), flush=True)
+        Path(args.out).write_text(json.dumps(record, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
