@@ -7,6 +7,9 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 ARGS   ?=
 PYTEST_ARGS ?=
+# Two pytest-xdist workers, one test file at a time each (a file's Ray cluster is started once):
+# the Ray tests leave a core idle about a third of the time one after another. 0 = in one process.
+TEST_WORKERS ?= 2
 CLUSTER_ARGS ?= --slices 2 --hosts-per-slice 2 --devices-per-host 2
 
 .PHONY: run test lint bench report clean cluster cluster-down
@@ -22,7 +25,7 @@ run: $(STAMP)
 
 ## The whole test suite (starts and stops its own Ray clusters, Pub/Sub emulator and servers).
 test: $(STAMP)
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 ## A local Ray cluster whose nodes look like TPU hosts, token auth on (README "Try it locally").
 cluster: $(STAMP)

@@ -63,6 +63,11 @@ BASE_OVERRIDES = (
     "controller.max_wait_for_capacity_s=5",
     "events.metadata.enabled='off'",
     "events.inbox=false",
+    # No standbys unless a test asks (``controller.warm.standby_slices=1``): on a cluster with
+    # a spare slice the default starts a standby on every spare host and pre-forms the next
+    # group there (a second JAX runtime, compile and step), which doubles the processes of
+    # every run and proves nothing a test of another path asserts.
+    "controller.warm.standby_slices=0",
 )
 
 
