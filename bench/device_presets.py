@@ -37,8 +37,9 @@ from workers.task.state import init_boxed, init_unboxed, train_step
 from workers.training import memory
 from workers.training.executables import ExecutableStore, executable_key
 
-PEAK_BF16 = {"H100": 989.4e12, "H200": 989.4e12}
-"""Dense bf16 tensor-core peaks (NVIDIA's H100 SXM / H200 datasheets, without sparsity)."""
+PEAK_BF16 = {"H100 PCIe": 756.0e12, "H100": 989.4e12, "H200": 989.4e12}
+"""Dense bf16 tensor-core peaks (NVIDIA's H100 / H200 datasheets, without sparsity), matched
+in this order against the device kind: an H100 that is not PCIe is the SXM part."""
 
 CASES = (
     # name, preset, overrides, global batch
