@@ -22,6 +22,7 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.95")  # before JAX's backend starts
 
@@ -83,11 +84,30 @@ def hlo_flops(preset: str, overrides: dict, ctx: TaskContext, batch_shape: tuple
     return float((cost or {}).get("flops", float("nan")))
 
 
-def count_case(name: str, preset: str, overrides: dict, batch: int) -> dict:
-    """The FLOP counts alone: the task's analytic count and XLA's count of the plain step."""
+def _case(preset: str, overrides: dict, batch: int) -> tuple[LlamaSettings, TaskContext, Any]:
+    """A case's settings, the context its task is made with, and the task."""
     settings = LlamaSettings(preset=preset, model=overrides)
     ctx = TaskContext(train=TrainConfig(global_batch=batch), total_steps=1000, seed=0)
-    task = make_task(settings, ctx)
+    return settings, ctx, make_task(settings, ctx)
+
+
+def _abstract(tree: Any) -> Any:
+    """Shapes, dtypes and shardings of ``tree``'s arrays (what a load or an unpack is given)."""
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+                        tree)
+
+
+def _timed_step(step: Any, state: Any, batch: Any) -> tuple[Any, Any, float]:
+    """One step, waited for: the new state, its metrics and the seconds it took."""
+    t0 = time.perf_counter()
+    state, metrics = step(state, batch)
+    jax.block_until_ready(metrics["loss"])
+    return state, metrics, time.perf_counter() - t0
+
+
+def count_case(name: str, preset: str, overrides: dict, batch: int) -> dict:
+    """The FLOP counts alone: the task's analytic count and XLA's count of the plain step."""
+    settings, ctx, task = _case(preset, overrides, batch)
     shape = (1, batch, settings.config().seq_len)
     hlo = hlo_flops(preset, overrides, ctx, shape)
     return {"case": name, "analytic_flops": float(task.flops_per_step), "xla_flops_hlo": hlo,
@@ -95,10 +115,8 @@ def count_case(name: str, preset: str, overrides: dict, batch: int) -> dict:
 
 
 def run_case(name: str, preset: str, overrides: dict, batch: int, *, steps: int) -> dict:
-    settings = LlamaSettings(preset=preset, model=overrides)
+    settings, ctx, task = _case(preset, overrides, batch)
     cfg = settings.config()
-    ctx = TaskContext(train=TrainConfig(global_batch=batch), total_steps=1000, seed=0)
-    task = make_task(settings, ctx)
     out: dict = {"case": name, "preset": preset, "overrides": overrides, "global_batch": batch,
                  "seq_len": cfg.seq_len}
     device = jax.devices()[0]
@@ -142,10 +160,8 @@ def run_case(name: str, preset: str, overrides: dict, batch: int, *, steps: int)
 
     times = []
     for _ in range(steps):
-        t0 = time.perf_counter()
-        state, metrics = compiled(state, batch_arr)
-        jax.block_until_ready(metrics["loss"])
-        times.append(time.perf_counter() - t0)
+        state, metrics, seconds = _timed_step(compiled, state, batch_arr)
+        times.append(seconds)
     out["step_s"] = times
     steady = float(np.median(times[2:])) if len(times) > 2 else times[-1]
     out["step_s_median"] = steady
@@ -166,20 +182,11 @@ def run_case(name: str, preset: str, overrides: dict, batch: int, *, steps: int)
         out["exe_save_s"] = store.save(key, compiled)
         files = list((Path(tmp) / "exe").glob("*"))
         out["exe_bytes"] = sum(f.stat().st_size for f in files)
-        abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
-                                                               sharding=x.sharding),
-                                (state, batch_arr))
-        found = store.load(key, args=abstract)
+        found = store.load(key, args=_abstract((state, batch_arr)))
         out["exe_load_s"] = found.load_s if found.compiled is not None else found.reason
         if found.compiled is not None:
-            t0 = time.perf_counter()
-            state, metrics = found.compiled(state, batch_arr)
-            jax.block_until_ready(metrics["loss"])
-            out["loaded_first_step_s"] = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            state, metrics = found.compiled(state, batch_arr)
-            jax.block_until_ready(metrics["loss"])
-            out["loaded_second_step_s"] = time.perf_counter() - t0
+            state, _, out["loaded_first_step_s"] = _timed_step(found.compiled, state, batch_arr)
+            state, _, out["loaded_second_step_s"] = _timed_step(found.compiled, state, batch_arr)
 
     # the RAM tier's copy of this process's shards (all of them: one device) and its restore
     packer = Packer(state)
@@ -194,8 +201,7 @@ def run_case(name: str, preset: str, overrides: dict, batch: int, *, steps: int)
     out["ram_pack_async_s"] = time.perf_counter() - t0
     out["ram_copy_bytes"] = len(data)
     out["ram_pack_gb_s"] = len(data) / out["ram_pack_s"] / 1e9
-    abstract_state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
-                                                                 sharding=x.sharding), state)
+    abstract_state = _abstract(state)
     del state
     t0 = time.perf_counter()
     restored = unpack([(layout, bytes(data))], abstract_state)
