@@ -12,6 +12,11 @@ from orchestrator.events.ray_source import RayNodeWatcher
 from orchestrator.raygroup.results import failure_kind
 from policies.causes import FailureKind
 from tests.events.helpers import hosts
+from tests.support.ray_cluster import RunningCluster, cluster_fixture
+
+# One emulated host (1 device, TPU resource) on a head node, shared by the two tests that need
+# a real cluster: its start is retried and whatever it started is reaped (tests/support).
+cluster = cluster_fixture(layout=[1], names=["drain"], devices_per_host=1)
 
 
 def test_node_watcher_reports_dead_and_missing_nodes_once():
@@ -34,38 +39,34 @@ def test_node_watcher_survives_an_unreachable_gcs():
 
 
 @pytest.mark.cluster
-def test_real_actor_death_and_node_table():
+def test_real_actor_death_and_node_table(cluster: RunningCluster):
     """A killed actor's real exception -> ACTOR_DIED; the live head node is not reported."""
-    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
-    try:
-        @ray.remote(num_cpus=0)
-        class Host:
-            def ping(self) -> str:
-                return "pong"
+    @ray.remote(num_cpus=0)
+    class Host:
+        def ping(self) -> str:
+            return "pong"
 
-        actor = Host.remote()
-        assert ray.get(actor.ping.remote(), timeout=60) == "pong"
-        ray.kill(actor, no_restart=True)
-        # the kill is asynchronous: a call submitted at once may still be answered
-        deadline, error = time.monotonic() + 60, None
-        while error is None:
-            try:
-                ray.get(actor.ping.remote(), timeout=60)
-            except ray.exceptions.RayActorError as exc:
-                error = exc
-            assert error is not None or time.monotonic() < deadline, "the actor still answers"
-            time.sleep(0.05)
-        host = hosts(1)[0]
-        assert failure_kind(error) is FailureKind.ACTOR_DIED
+    actor = Host.remote()
+    assert ray.get(actor.ping.remote(), timeout=60) == "pong"
+    ray.kill(actor, no_restart=True)
+    # the kill is asynchronous: a call submitted at once may still be answered
+    deadline, error = time.monotonic() + 60, None
+    while error is None:
+        try:
+            ray.get(actor.ping.remote(), timeout=60)
+        except ray.exceptions.RayActorError as exc:
+            error = exc
+        assert error is not None or time.monotonic() < deadline, "the actor still answers"
+        time.sleep(0.05)
+    host = hosts(1)[0]
+    assert failure_kind(error) is FailureKind.ACTOR_DIED
 
-        node_id = ray.get_runtime_context().get_node_id()
-        from dataclasses import replace
-        alive = replace(host, node_id=node_id)
-        gone = replace(hosts(2)[1], node_id="f" * 56)
-        events = RayNodeWatcher().check([alive, gone])
-        assert [e.target.host for e in events] == ["f" * 56]
-    finally:
-        ray.shutdown()
+    node_id = ray.get_runtime_context().get_node_id()
+    from dataclasses import replace
+    alive = replace(host, node_id=node_id)
+    gone = replace(hosts(2)[1], node_id="f" * 56)
+    events = RayNodeWatcher().check([alive, gone])
+    assert [e.target.host for e in events] == ["f" * 56]
 
 
 def test_a_draining_node_is_a_preemption_notice_with_its_deadline_once():
@@ -95,39 +96,32 @@ def test_drain_polling_that_fails_reports_nothing_and_does_not_raise():
 
 
 @pytest.mark.cluster
-def test_a_real_ray_drain_with_reason_preemption_becomes_a_notice(tmp_path):
+def test_a_real_ray_drain_with_reason_preemption_becomes_a_notice(cluster: RunningCluster):
     """``ray drain-node``'s call (reason preemption, a deadline) on a node running an actor:
     the watcher's default seam (Ray's private accessor, pinned here) reports it."""
     from ray._raylet import GcsClient
-    from ray.cluster_utils import Cluster
     from ray.core.generated import autoscaler_pb2
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
-    try:
-        node = cluster.add_node(num_cpus=1, resources={"TPU": 1})
-        ray.init(address=cluster.address, log_to_driver=False)
+    (host,) = cluster.hosts("drain")
 
-        @ray.remote(resources={"TPU": 1})
-        class Host:
-            def ping(self) -> int:
-                return 1
+    @ray.remote(resources={"TPU": 1})
+    class Host:
+        def ping(self) -> int:
+            return 1
 
-        actor = Host.remote()
-        assert ray.get(actor.ping.remote(), timeout=60) == 1
-        deadline_ms = int(time.time() * 1000) + 60_000
-        gcs = GcsClient(address=cluster.gcs_address)
-        accepted, why = gcs.drain_node(
-            node.node_id, autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"),
-            "spot reclaim", deadline_ms)
-        assert accepted, why
-        watcher = RayNodeWatcher(job="j")
-        t_end = time.monotonic() + 30
-        events = []
-        while not events and time.monotonic() < t_end:
-            events = watcher.check_drains(hosts(1))
-            time.sleep(0.2)
-        assert [(e.target.host, e.deadline) for e in events] == [
-            (node.node_id, deadline_ms / 1000.0)]
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
+    actor = Host.remote()
+    assert ray.get(actor.ping.remote(), timeout=60) == 1
+    deadline_ms = int(time.time() * 1000) + 60_000
+    gcs = GcsClient(address=cluster.emulated.cluster.gcs_address)
+    accepted, why = gcs.drain_node(
+        host.node_id, autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"),
+        "spot reclaim", deadline_ms)
+    assert accepted, why
+    watcher = RayNodeWatcher(job="j")
+    t_end = time.monotonic() + 30
+    events = []
+    while not events and time.monotonic() < t_end:
+        events = watcher.check_drains(hosts(1))
+        time.sleep(0.2)
+    assert [(e.target.host, e.deadline) for e in events] == [
+        (host.node_id, deadline_ms / 1000.0)]
