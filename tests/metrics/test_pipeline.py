@@ -258,10 +258,9 @@ def test_on_step_never_waits_for_a_stuck_sink():
 @pytest.mark.cluster
 def test_ray_sink_publishes_with_a_local_ray():
     """With Ray up, gauges and the restart counter are created and set without error."""
-    import ray
+    from tests.support.ray_cluster import emulated_cluster
 
-    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
-    try:
+    with emulated_cluster(layout=[]):  # a head node only; its start retried, its processes reaped
         sink = RayMetricsSink(job="j")
         pipe = MetricsPipeline([sink])
         pipe.on_transition(tr(0, "RUNNING", None, T0, slices=["s0"]))
@@ -273,8 +272,6 @@ def test_ray_sink_publishes_with_a_local_ray():
         assert pipe.stats()["ray_metrics"] == {"delivered": 5, "dropped": 0, "errors": 0,
                                                "queued": 0}
         assert sink._gauges is not None and set(sink._gauges) >= {"loss", "mfu", "step"}
-    finally:
-        ray.shutdown()
 
 
 def test_console_goodput_is_cached_briefly_then_refreshed():
