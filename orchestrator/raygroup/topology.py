@@ -19,6 +19,7 @@ import structlog
 from orchestrator.cluster.reaper import Reaper, marking
 from orchestrator.raygroup import ray_private
 from orchestrator.shared.errors import ClusterUnreachableError, ConfigError
+from orchestrator.shared.host_env import free_port
 from orchestrator.shared.hosts import HostRef
 
 log = structlog.get_logger(__name__)
@@ -140,7 +141,8 @@ class EmulatedCluster:
             self.cluster = Cluster(initialize_head=True, head_node_args={
                 "num_cpus": 2, "include_dashboard": include_dashboard,
                 "no_monitor": True,  # the autoscaler's monitor: nothing here autoscales
-                "node_ip_address": LOOPBACK, "object_store_memory": 150 * 1024 * 1024})
+                "node_ip_address": LOOPBACK, "object_store_memory": 150 * 1024 * 1024,
+                "dashboard_agent_listen_port": _agent_port()})
         return self.cluster.address
 
     @contextlib.contextmanager
@@ -162,7 +164,7 @@ class EmulatedCluster:
             with _sigterm_hook_off_main_thread(), self._marked():
                 self.nodes[(name, w)] = self.cluster.add_node(
                     num_cpus=1, resources=resources, labels=labels, node_ip_address=LOOPBACK,
-                    object_store_memory=80 * 1024 * 1024)
+                    object_store_memory=80 * 1024 * 1024, dashboard_agent_listen_port=_agent_port())
         return name
 
     def slice_workers(self, slice_name: str) -> list[int]:
@@ -233,6 +235,13 @@ def _sigterm_hook_off_main_thread() -> Iterator[None]:
         return
     with _NODE_START_LOCK, ray_private.sigterm_handler_skipped():
         yield
+
+
+def _agent_port() -> int:
+    """A free port for a node's dashboard agent. Ray's default is one fixed port (52365) for
+    every node: a second emulated cluster on the machine (two runs at once, two test workers)
+    then failed to start its head, whose agent could not bind."""
+    return free_port(LOOPBACK)
 
 
 def _pin_ray_to_loopback() -> None:
