@@ -22,7 +22,8 @@ cluster = cluster_fixture(layout=[1], names=["drain"], devices_per_host=1)
 def test_node_watcher_reports_dead_and_missing_nodes_once():
     """A node listed dead or no longer listed -> HOST_LOST, reported a single time."""
     table = [{"NodeID": "node0", "Alive": True}, {"NodeID": "node1", "Alive": False}]
-    watcher = RayNodeWatcher(job="j", nodes=lambda: table, clock=lambda: 5.0)
+    watcher = RayNodeWatcher(job="j", nodes=lambda: table, clock=lambda: 5.0,
+                             draining=lambda: {})
     hs = hosts(3)
     events = watcher.check(hs)
     assert sorted((e.target.host, e.labels["ray.node_state"]) for e in events) == [
@@ -35,7 +36,7 @@ def test_node_watcher_survives_an_unreachable_gcs():
     def broken():
         raise ConnectionError("gcs down")
 
-    assert RayNodeWatcher(nodes=broken).check(hosts(2)) == []
+    assert RayNodeWatcher(nodes=broken, draining=lambda: {}).check(hosts(2)) == []
 
 
 @pytest.mark.cluster
