@@ -71,8 +71,11 @@ def pytest_collection_modifyitems(config, items):
     if not hasattr(config, "workerinput"):  # not an xdist worker: the order stays as collected
         return
 
-    def weight(item) -> float:
-        path = item.nodeid.split("::", 1)[0]
-        return HEAVY_FIRST_S.get(path, 1 if item.get_closest_marker("cluster") else 0)
+    def path(item) -> str:
+        return item.nodeid.split("::", 1)[0]
 
-    items.sort(key=weight, reverse=True)  # stable: a file's tests keep their order
+    # A file's weight, not a test's: a file of unit and ``cluster`` tests stays in its own order
+    # (its unit tests must not run after its module-scoped cluster came up).
+    clustered = {path(i) for i in items if i.get_closest_marker("cluster")}
+    items.sort(key=lambda i: HEAVY_FIRST_S.get(path(i), 1 if path(i) in clustered else 0),
+               reverse=True)  # stable: a file's tests keep their order
