@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.raygroup.topology import EmulatedCluster
+from tests.support.ray_cluster import emulated_cluster
 
 pytestmark = pytest.mark.cluster
 
@@ -27,14 +27,11 @@ def test_every_node_agent_listens_on_a_port_of_its_own_while_rays_default_is_tak
         held.listen()
     except OSError:  # another process has it already: the case under test all the same
         pass
-    cluster = EmulatedCluster(devices_per_host=1)
     try:
-        cluster.start()
-        cluster.add_slice(1)
-        session = Path(cluster.cluster.head_node.get_session_dir_path())
-        ports = [int(p.read_text()) for p in session.glob("dashboard_agent_listen_port_*")]
+        with emulated_cluster(layout=[1], devices_per_host=1) as running:
+            session = Path(running.emulated.cluster.head_node.get_session_dir_path())
+            ports = [int(p.read_text()) for p in session.glob("dashboard_agent_listen_port_*")]
     finally:
-        cluster.shutdown()
         held.close()
     assert len(ports) == 2, ports  # the head and the host
     assert all(p > 0 and p != RAY_DEFAULT_AGENT_PORT for p in ports), ports
