@@ -66,8 +66,8 @@ def warm_imports(task: Any = None, train: Any = None, total_steps: int | None = 
     inside a switch)."""
     t0 = time.perf_counter()
     import jax  # noqa: F401
-    import orbax.checkpoint  # noqa: F401
 
+    import workers.training.orbax_import  # Orbax, without its Cloud Logging backend
     import workers.training.trainer  # noqa: F401  (the step's module)
 
     if task is not None and train is not None and total_steps is not None:

@@ -30,7 +30,7 @@ def copies_dir(checkpoint_dir: str | Path) -> Path:
 
 
 def _checkpointer() -> Any:
-    import orbax.checkpoint as ocp
+    from workers.training.orbax_import import ocp
 
     return ocp.Checkpointer(ocp.CompositeCheckpointHandler())
 
@@ -38,7 +38,7 @@ def _checkpointer() -> Any:
 def write(directory: str | Path, *, step: int, source: int, sources: int, incarnation: int,
           layout: dict, data: bytes | bytearray, mac: str) -> bool:
     """Save one source's copy of ``step``; returns True if this completed the step."""
-    import orbax.checkpoint as ocp
+    from workers.training.orbax_import import ocp
 
     step_dir = Path(directory) / str(step)
     path = step_dir / f"source-{source}"
@@ -79,7 +79,7 @@ def sources_of(directory: str | Path, step: int) -> int:
 def read(directory: str | Path, *, step: int, source: int) -> dict:
     """One source's copy as ``RamHolder.get`` returns it (description, layout, data, mac), not
     yet authenticated: ``ram_auth.verify_copy`` before use."""
-    import orbax.checkpoint as ocp
+    from workers.training.orbax_import import ocp
 
     path = Path(directory) / str(step) / f"source-{source}"
     out = _checkpointer().restore(path, args=ocp.args.Composite(

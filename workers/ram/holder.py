@@ -120,8 +120,7 @@ class _Durable:
         # (bench/RESULTS.md, section 6); where the class is unavailable, nice 19.
         if not idle_this_thread(what="the durable writer"):
             lower_this_thread(PERSIST_NICE, what="the durable writer")
-        import orbax.checkpoint  # noqa: F401  (before the first save needs it)
-
+        import workers.training.orbax_import  # noqa: F401  (Orbax, before the first save)
         from workers.ram import copy_store
         while True:
             copy, key = self.queue.get()

@@ -32,12 +32,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import orbax.checkpoint as ocp
 
 from orchestrator.shared import layout
 from orchestrator.shared.errors import CheckpointCorrupt, CheckpointError
 from orchestrator.shared.layout import StepState
 from workers.training import ckpt_space
+from workers.training.orbax_import import ocp
 
 log = logging.getLogger(__name__)
 
