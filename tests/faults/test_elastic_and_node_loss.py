@@ -31,7 +31,8 @@ def cluster() -> Iterator[RunningCluster]:
     with started_cluster(slices=2, hosts_per_slice=1, devices_per_host=2) as running:
         yield running
 
-TWO_SLICES = ("cluster.emulate.slices=2", "cluster.emulate.hosts_per_slice=1")
+TWO_SLICES = ("cluster.emulate.slices=2", "cluster.emulate.hosts_per_slice=1",
+              "cluster.emulate.devices_per_host=2")
 
 
 def _running_slices(result) -> list[tuple[str, ...]]:

@@ -1,8 +1,8 @@
 """The Ray seam end to end, on one shared emulated cluster of two 2-host slices (one CPU device
-per host): an announced drain onto a spare, kill -9 (mid-step and during an async save), a host
-that never joins the distributed init, and a corrupt newest checkpoint. Every other controller
-path runs in milliseconds on the fake seam (tests/controller/); these prove the real parts
-behave the same.
+per host, as ``harness.fault_config``'s runs): an announced drain onto a spare, kill -9
+(mid-step and during an async save), a host that never joins the distributed init, and a
+corrupt newest checkpoint. Every other controller path runs in milliseconds on the fake seam
+(tests/controller/); these prove the real parts behave the same.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from structlog.testing import capture_logs
 from orchestrator.controller.config import ChaosFaultConfig
 from orchestrator.controller.listener import RunListener
 from orchestrator.controller.wiring import from_config
-from tests.faults import harness
 from tests.faults.harness import (
     alive_host_processes,
+    fault_config,
     print_recovery,
     run_controller,
     started_cluster,
@@ -29,20 +29,9 @@ from tests.support.ray_cluster import RunningCluster
 
 pytestmark = pytest.mark.cluster
 
-DEVICES = 1
-"""Per host: the state is still sharded over the slice's 2 processes (fsdp), while every
-collective has 2 gloo ranks instead of 4. Under the suite's load the steps' collectives wait
-for peers that are not scheduled, spinning: at 2 devices the module took ~15 % more CPU."""
-
-
-def fault_config(run_dir, *overrides: str, chaos=()):
-    return harness.fault_config(run_dir, f"cluster.emulate.devices_per_host={DEVICES}",
-                                *overrides, chaos=chaos)
-
-
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[RunningCluster]:
-    with started_cluster(slices=2, hosts_per_slice=2, devices_per_host=DEVICES) as running:
+    with started_cluster(slices=2, hosts_per_slice=2, devices_per_host=1) as running:
         yield running
 
 

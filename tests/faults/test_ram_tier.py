@@ -28,7 +28,8 @@ from workers.ram import copy_store
 
 pytestmark = pytest.mark.cluster
 
-TWO_SLICES = ("cluster.emulate.slices=2", "cluster.emulate.hosts_per_slice=1")
+TWO_SLICES = ("cluster.emulate.slices=2", "cluster.emulate.hosts_per_slice=1",
+              "cluster.emulate.devices_per_host=2")
 RAM = ("checkpoint.ram.enabled=true", "checkpoint.ram.every=1")
 """The tier copying every step: what these tests hold it to (``every: auto`` is the controller's
 choice, tests/controller/test_chunks.py)."""
