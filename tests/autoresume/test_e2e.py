@@ -1,8 +1,8 @@
 """End to end: the real training job, killed, brought back by an alert.
 
 A local Ray cluster like a TPU cluster: `ray start --head` with the job server, and two worker
-nodes joined to it that carry TPU resources and slice labels (one emulated slice of 2 hosts x 2
-CPU devices). `python -m orchestrator.main` is submitted through the real job API with
+nodes joined to it that carry TPU resources and slice labels (one emulated slice of 2 hosts x 1
+CPU device). `python -m orchestrator.main` is submitted through the real job API with
 cluster.mode=auto, so the driver uses the job's RAY_ADDRESS and finds those hosts. Ray token auth
 is on throughout. It trains, checkpoints every 5 steps, and its driver is killed (SIGKILL: the job
 FAILS; a `ray job stop` would mean "do not resume"). A real-format Cloud Monitoring notification
