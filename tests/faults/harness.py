@@ -44,10 +44,12 @@ BASE_OVERRIDES = (
     "cluster.emulate.slices=1",
     "cluster.emulate.hosts_per_slice=2",
     # One CPU device per host: a slice of 2 hosts still shards the state over its 2 processes,
-    # and each collective has 2 gloo ranks instead of 4. Under the suite's load a collective
-    # spins while it waits for a peer that is not scheduled: tests/faults/test_group_faults.py
-    # took 124 CPU-s instead of 146 under a 1-core load. Modules whose slices have one host
-    # ask for 2 devices (``cluster.emulate.devices_per_host=2``) to shard within a slice.
+    # and each collective has 2 gloo ranks instead of 4. On shared cores a collective costs
+    # several times its CPU on idle ones (2,000 psums of 2 processes: 1.8 CPU-s alone, 7.7
+    # beside a busy loop; waiting for a sleeping peer costs nothing), so
+    # tests/faults/test_group_faults.py took 124 CPU-s instead of 146 beside a busy loop.
+    # Modules whose slices have one host ask for 2 devices
+    # (``cluster.emulate.devices_per_host=2``) to shard within a slice.
     "cluster.emulate.devices_per_host=1",
     "model.num_layers=1",
     "model.d_model=32",
