@@ -36,6 +36,9 @@ from tests.support.ray_cluster import RunningCluster, emulated_cluster
 
 log = structlog.get_logger(__name__)
 
+DEVICES_PER_HOST = 1
+"""What ``fault_config``'s runs give each host (see ``BASE_OVERRIDES``)."""
+
 BASE_OVERRIDES = (
     "run.total_steps=20",
     "run.steps_per_call=5",
@@ -50,7 +53,7 @@ BASE_OVERRIDES = (
     # tests/faults/test_group_faults.py took 124 CPU-s instead of 146 beside a busy loop.
     # Modules whose slices have one host ask for 2 devices
     # (``cluster.emulate.devices_per_host=2``) to shard within a slice.
-    "cluster.emulate.devices_per_host=1",
+    f"cluster.emulate.devices_per_host={DEVICES_PER_HOST}",
     "model.num_layers=1",
     "model.d_model=32",
     "model.d_ff=64",

@@ -19,6 +19,7 @@ from orchestrator.controller.config import ChaosFaultConfig
 from orchestrator.controller.listener import RunListener
 from orchestrator.controller.wiring import from_config
 from tests.faults.harness import (
+    DEVICES_PER_HOST,
     alive_host_processes,
     fault_config,
     print_recovery,
@@ -31,7 +32,8 @@ pytestmark = pytest.mark.cluster
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[RunningCluster]:
-    with started_cluster(slices=2, hosts_per_slice=2, devices_per_host=1) as running:
+    with started_cluster(slices=2, hosts_per_slice=2,
+                         devices_per_host=DEVICES_PER_HOST) as running:
         yield running
 
 

@@ -17,15 +17,13 @@ _SKIPPED = "google.cloud.logging"
 
 
 def _import_orbax():
-    if "orbax.checkpoint" in sys.modules or _SKIPPED in sys.modules:
-        import orbax.checkpoint
-
-        return orbax.checkpoint
-    sys.modules[_SKIPPED] = None  # type: ignore[assignment]  (import raises ImportError)
+    first = "orbax.checkpoint" not in sys.modules and _SKIPPED not in sys.modules
+    if first:
+        sys.modules[_SKIPPED] = None  # type: ignore[assignment]  (import raises ImportError)
     try:
         import orbax.checkpoint
     finally:
-        if sys.modules.get(_SKIPPED, 0) is None:
+        if first and sys.modules.get(_SKIPPED, 0) is None:
             del sys.modules[_SKIPPED]
     return orbax.checkpoint
 
