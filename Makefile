@@ -17,6 +17,9 @@ CLUSTER_ARGS ?= --slices 2 --hosts-per-slice 2 --devices-per-host 2
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
+	@# a current pip first: the one a venv ships (23.x on Python 3.11) spends ~20 CPU-s
+	@# checking every wheel of every release against this platform's tags (measured)
+	$(BIN)/pip install --quiet --disable-pip-version-check --upgrade "pip>=25.1"
 	$(BIN)/pip install --quiet --disable-pip-version-check -e ".[test]"
 	touch $(STAMP)
 

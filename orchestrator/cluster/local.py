@@ -358,6 +358,17 @@ def _kill_group(pid: int, sig: int = signal.SIGKILL) -> None:
         os.killpg(pid, sig)
 
 
+def _group_members(psutil: Any, leaders: list[int]) -> list[int]:
+    """Live processes in the process groups of ``leaders``, the leaders themselves left out."""
+    found = []
+    for p in psutil.process_iter(["pid", "status"]):
+        with contextlib.suppress(OSError):
+            if (p.info["pid"] not in leaders and p.info["status"] != psutil.STATUS_ZOMBIE
+                    and os.getpgid(p.info["pid"]) in leaders):
+                found.append(p.info["pid"])
+    return found
+
+
 def down(state_dir: Path | None = None) -> str:
     """Stop every node ``up`` started and the job drivers of this head; forget the state."""
     import psutil
@@ -366,11 +377,16 @@ def down(state_dir: Path | None = None) -> str:
     state = load_state(state_dir)
     if state is None:
         return f"no local cluster recorded in {state_dir}"
-    for node in reversed(state.nodes):  # hosts first, the head last
-        _kill_group(node["pid"], signal.SIGTERM)
     groups = [n["pid"] for n in state.nodes]
+    # The hosts' Ray processes stop on SIGTERM within seconds while the head is up (with it gone
+    # they wait out the grace); `ray start --block` itself never does, nor do the head's GCS,
+    # raylet and dashboard (still up 20 s later). So: SIGTERM the hosts, wait for their Ray
+    # processes, then SIGKILL every group.
+    hosts = [n["pid"] for n in state.nodes if n["name"] != "head"]
+    for pid in hosts:
+        _kill_group(pid, signal.SIGTERM)
     deadline = time.monotonic() + 15
-    while time.monotonic() < deadline and any(psutil.pid_exists(p) for p in groups):
+    while time.monotonic() < deadline and _group_members(psutil, hosts):
         time.sleep(0.3)
     for pid in groups:
         _kill_group(pid)
