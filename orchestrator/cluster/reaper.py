@@ -53,6 +53,16 @@ def start_time(pid: int) -> int | None:
         return None
 
 
+def _running(pid: int, born: int) -> bool:
+    """The process ``pid`` started at ``born`` runs still: a zombie has exited (only its parent's
+    wait is missing), so it is not waited for either."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return int(fields[19]) == born and fields[0] != "Z"
+    except (OSError, IndexError, ValueError):
+        return False
+
+
 def _table() -> dict[int, tuple[int, int, str]]:
     """This user's live processes (zombies excluded): pid -> (parent pid, start time, state)."""
     out: dict[int, tuple[int, int, str]] = {}
@@ -120,7 +130,7 @@ def kill_cluster(marker: str, *, known: dict[int, int] | None = None,
     killed: set[int] = set()
     until = time.monotonic() + within_s
     while True:
-        alive = {**{p: t for p, t in (known or {}).items() if start_time(p) == t},
+        alive = {**{p: t for p, t in (known or {}).items() if _running(p, t)},
                  **cluster(marker)}
         alive.pop(spare, None)  # type: ignore[arg-type]
         if not alive or time.monotonic() > until:
