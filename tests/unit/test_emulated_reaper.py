@@ -98,6 +98,24 @@ def test_a_normal_stop_kills_what_the_cluster_left():
     assert not reaper.record.exists()
 
 
+def test_a_killed_process_not_yet_waited_for_counts_as_gone():
+    """A zombie (the driver's own child, killed, its wait still to come) is not a process to
+    keep killing: a normal stop whose leftover was one used to kill on for KILL_WITHIN_S."""
+    child = subprocess.Popen([sys.executable, "-c", STUBBORN])
+    born = start_time(child.pid)
+    assert emulated_reaper._running(child.pid, born)
+    assert not emulated_reaper._running(child.pid, born + 1), "another process on that pid"
+    child.kill()
+    until = time.monotonic() + 5
+    while psutil.Process(child.pid).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < until
+        time.sleep(0.05)
+    assert start_time(child.pid) == born, "a zombie still has its /proc entry"
+    assert not emulated_reaper._running(child.pid, born)
+    child.wait(5)
+    assert not emulated_reaper._running(child.pid, born)
+
+
 def test_the_next_start_cleans_what_a_dead_driver_and_its_dead_reaper_left(tmp_path: Path):
     records = tmp_path / f"tpu-orchestrator-{os.getuid()}" / "emulated"
     records.mkdir(parents=True)
