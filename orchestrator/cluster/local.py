@@ -12,10 +12,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import secrets
 import shutil
 import signal
-import stat
 import subprocess
 import sys
 import tempfile
@@ -26,10 +24,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchestrator.cluster.auth_token import write_token
+from orchestrator.cluster.errors import LocalClusterError
 from orchestrator.cluster.nodes import Shape, head_args, host_args, host_labels
 from orchestrator.raygroup.topology import INSTANCE_LABEL, LOOPBACK, SLICE_LABEL, WORKER_LABEL
 from orchestrator.shared import host_env
-from orchestrator.shared.errors import OrchestratorError
 from orchestrator.shared.files import atomic_write_json
 
 STARTED = "Ray runtime started."
@@ -37,10 +36,6 @@ READY_TIMEOUT_S = 120.0
 START_ATTEMPTS = 3
 STATE_FILE = "cluster.json"
 TOKEN_FILE = "auth_token"
-
-
-class LocalClusterError(OrchestratorError):
-    """The local cluster could not be started, found or stopped; the message names the fix."""
 
 
 @dataclass
@@ -195,48 +190,6 @@ def up(shape: Shape, *, state_dir: Path | None = None, dashboard_port: int = 826
     return state
 
 
-def write_token(path: Path) -> None:
-    """A fresh token in ``path``, readable by this user alone.
-
-    Created exclusively with mode 0600, never through a symbolic link. A file there already (a
-    crashed ``up``) is rewritten only when it is a regular file of this user with mode 0600;
-    anything else could be read, or be a link to a file of someone else's, so it is refused."""
-    flags = os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK
-    try:
-        fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        fd = _open_own_token(path, flags)
-    with os.fdopen(fd, "w") as fh:
-        os.fchmod(fh.fileno(), 0o600)  # the umask may have taken bits; 0600 exactly
-        fh.truncate(0)
-        fh.write(secrets.token_hex(32) + "\n")
-
-
-def _open_own_token(path: Path, flags: int) -> int:
-    fix = f"remove {path} and run `python -m orchestrator.cluster up` again"
-    try:
-        fd = os.open(path, flags)
-    except OSError as exc:
-        kind = "a symbolic link" if os.path.islink(path) else f"not writable ({exc.strerror})"
-        raise LocalClusterError(f"the token file {path} is {kind}; refusing to write the "
-                                "cluster's token through it", fix=fix) from None
-    if (problem := _token_problem(os.fstat(fd))) is not None:
-        os.close(fd)
-        raise LocalClusterError(f"the token file {path} {problem}; refusing to write the "
-                                "cluster's token there", fix=fix)
-    return fd
-
-
-def _token_problem(st: os.stat_result) -> str | None:
-    if not stat.S_ISREG(st.st_mode):
-        return "is not a regular file"
-    if st.st_uid != os.geteuid():
-        return f"is owned by uid {st.st_uid}, not by this user ({os.geteuid()})"
-    if (mode := stat.S_IMODE(st.st_mode)) != 0o600:
-        return f"has mode {mode:04o}, not 0600"
-    return None
-
-
 def _start_head(state: ClusterState, state_dir: Path, dashboard_port: int) -> None:
     """Under heavy load Ray's fixed start-up timeouts can fail a start: kill and retry."""
     env = _node_env(state)
@@ -358,8 +311,10 @@ def _kill_group(pid: int, sig: int = signal.SIGKILL) -> None:
         os.killpg(pid, sig)
 
 
-def _group_members(psutil: Any, leaders: list[int]) -> list[int]:
+def _group_members(leaders: list[int]) -> list[int]:
     """Live processes in the process groups of ``leaders``, the leaders themselves left out."""
+    import psutil
+
     found = []
     for p in psutil.process_iter(["pid", "status"]):
         with contextlib.suppress(OSError):
@@ -386,7 +341,7 @@ def down(state_dir: Path | None = None) -> str:
     for pid in hosts:
         _kill_group(pid, signal.SIGTERM)
     deadline = time.monotonic() + 15
-    while time.monotonic() < deadline and _group_members(psutil, hosts):
+    while time.monotonic() < deadline and _group_members(hosts):
         time.sleep(0.3)
     for pid in groups:
         _kill_group(pid)

@@ -43,24 +43,27 @@ def records_dir() -> Path:
     return Path(tempfile.gettempdir()) / f"tpu-orchestrator-{os.getuid()}" / "emulated"
 
 
-def start_time(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (``/proc/<pid>/stat`` field 22):
-    with the pid, it names one process even after the pid is reused."""
+def _state_and_start(pid: int) -> tuple[str, int] | None:
+    """``/proc/<pid>/stat``'s state (field 3) and start time (field 22); None once gone."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return int(fields[19])
+        return fields[0], int(fields[19])
     except (OSError, IndexError, ValueError):
         return None
+
+
+def start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot: with the pid, it names one process
+    even after the pid is reused."""
+    found = _state_and_start(pid)
+    return None if found is None else found[1]
 
 
 def _running(pid: int, born: int) -> bool:
     """The process ``pid`` started at ``born`` runs still: a zombie has exited (only its parent's
     wait is missing), so it is not waited for either."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return int(fields[19]) == born and fields[0] != "Z"
-    except (OSError, IndexError, ValueError):
-        return False
+    found = _state_and_start(pid)
+    return found is not None and found[1] == born and found[0] != "Z"
 
 
 def _table() -> dict[int, tuple[int, int, str]]:
