@@ -214,8 +214,8 @@ class Reactions:
         events = pending.events or (pending.event,)
         if fulfilled or pending.at_step is None:
             self.run.placement.excluded |= set(pending.doomed)
-            reason = ("the noticed hosts died inside their notice window: the preemption "
-                      "came early" if fulfilled else "the group failed before the drain")
+            reason = ("the noticed hosts died inside their notice window (or as it ended): "
+                      "the preemption itself" if fulfilled else "the group failed before the drain")
             for ev in events:
                 self.record(ev, "excluded", outcome=True, reason=reason,
                             hosts=sorted(pending.doomed))

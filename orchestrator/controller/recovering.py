@@ -35,13 +35,21 @@ def classify(run: Run, status: Failure, *, noticed: str | None = None) -> StopCa
         StopObservation(event_kind=noticed, failure=kind, message=describe(status))).cause
 
 
+# A host the cloud takes at its notice's deadline is seen dead a little later: the step in
+# flight fails on its collectives, Ray's health checks miss a few beats.
+DEATH_SEEN_AFTER_DEADLINE_S = 60.0
+
+
 def noticed_death(run: Run, status: Failure) -> str | None:
     """The event kind of the pending preemption or maintenance notice whose doomed hosts are
-    exactly the ones that died, before its deadline: spot hosts do crash inside their notice
-    window, and that death is the preemption (its budget, no backoff), not a host failure."""
+    exactly the ones that died, inside its window or just after its deadline (no step boundary
+    came in time to drain): spot hosts do crash inside their notice window, and the cloud takes
+    them at the deadline; that death is the preemption (its budget, no backoff), not a host
+    failure."""
     p = run.pending
     if (not isinstance(status, HostsLost) or p is None or p.stop or p.event is None
-            or run.plan is None or p.deadline is None or run.now() > p.deadline
+            or run.plan is None or p.deadline is None
+            or run.now() > p.deadline + DEATH_SEEN_AFTER_DEADLINE_S
             or p.cause not in (StopCause.SPOT_PREEMPTION, StopCause.MAINTENANCE)):
         return None
     hosts = run.plan.hosts

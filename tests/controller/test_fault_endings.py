@@ -37,6 +37,31 @@ def test_a_noticed_host_that_crashes_inside_its_window_is_the_preemption(tmp_pat
     assert any("inside their notice window" in str(e) for e in actions), actions
 
 
+def test_a_noticed_host_seen_dead_just_after_its_deadline_is_the_preemption(tmp_path):
+    """No step boundary came inside a 0.05 s window (steps of 0.1 s): the cloud took host 1 at
+    the deadline and the failed step shows it 0.05 s later. The preemption, not a host loss."""
+    sim = make(tmp_path, spare=("s1",))
+    sim.fleet.on_step(7, lambda g: sim.notice(host="vm-s0-1", deadline_in=0.05, id="n1"))
+    sim.fleet.on_step(8, lambda g: lost(hosts=(1,)))
+    summary = sim.run()
+    assert sim.payloads("RELEASING")[0].cause.value == "spot_preemption"
+    assert set(summary.restarts) == {"spot_preemption"}
+
+
+def test_a_noticed_host_dead_long_after_its_deadline_stays_a_host_loss(tmp_path):
+    """Steps of 100 s: host 1 dies 70 s after its notice's deadline (more than the 60 s a death
+    takes to show), so it is not the preemption."""
+    from orchestrator.controller.recovering import DEATH_SEEN_AFTER_DEADLINE_S
+
+    sim = make(tmp_path, "timeouts.step_s=300", spare=("s1",), step_s=100.0)
+    deadline_in = 100.0 - DEATH_SEEN_AFTER_DEADLINE_S - 10.0
+    sim.fleet.on_step(7, lambda g: sim.notice(host="vm-s0-1", deadline_in=deadline_in, id="n1"))
+    sim.fleet.on_step(8, lambda g: lost(hosts=(1,)))
+    summary = sim.run()
+    assert sim.payloads("RELEASING")[0].cause.value == "host_lost"
+    assert "host_lost" in summary.restarts
+
+
 def test_a_crash_of_a_host_without_notice_stays_a_host_loss(tmp_path):
     """The other host of the slice dies after host 1's notice: not the preemption."""
     sim = make(tmp_path, spare=("s1",))

@@ -91,6 +91,10 @@ def journey(tmp_path_factory) -> Journey:
                 timeline = run_dir / "timeline.jsonl"
                 _wait_for(lambda: any(t["state"] == "RUNNING" for t in _jsonl(timeline)), 240,
                           proc, "RUNNING")
+                # a user watches it train first; a 5 s notice sent before the first step ends
+                # (its first run, slower on a loaded machine) finds no step boundary to drain at
+                _wait_for(lambda: len(_jsonl(run_dir / "metrics.jsonl")) >= 3, 120, proc,
+                          "the first steps in metrics.jsonl")
                 published_at = time.time()
                 cli = subprocess.run(
                     [sys.executable, "-m", "orchestrator.events", "publish", "--run-dir",
