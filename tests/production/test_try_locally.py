@@ -84,9 +84,9 @@ def check_misuse_is_refused(state_dir: Path, code: Path, run_dir: Path) -> str:
     return state.temp_dir
 
 
-def check_slices_come_and_go(state_dir: Path) -> None:
+def swap_slices(state_dir: Path) -> None:
     """The standing cluster's cloud (``bench.standing``): a slice's hosts vanish at once, a new
-    slice of the same shape joins, a name already used is refused; ``down`` stops them all."""
+    slice of the same shape joins (``check_slices_swapped`` sees the result)."""
     from orchestrator.cluster import local
 
     assert sorted(local.slice_nodes(local.load_state(state_dir))) == [
@@ -94,6 +94,13 @@ def check_slices_come_and_go(state_dir: Path) -> None:
     assert local.remove_slice("local-slice-1", state_dir=state_dir) == [
         "local-slice-1-w0", "local-slice-1-w1"]
     local.add_slice("local-slice-2", state_dir=state_dir)
+
+
+def check_slices_swapped(state_dir: Path) -> None:
+    """After ``swap_slices``: the vanished slice's nodes are gone from Ray, the new slice is
+    there, a name already used is refused; ``down`` stops them all."""
+    from orchestrator.cluster import local
+
     deadline = time.monotonic() + 60  # the GCS marks a SIGKILLed node dead after its checks
     while "local-slice-1" in (now := local.slice_nodes(local.load_state(state_dir))):
         assert time.monotonic() < deadline, now
@@ -134,8 +141,10 @@ def test_readme_try_it_locally_block_runs_as_written(tmp_path):
         res = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", block], cwd=clone,
                              env=env, capture_output=True, text=True, timeout=1100)
         assert res.returncode == 0, (res.stdout + res.stderr)[-6000:]
+        swap_slices(tmp_path / "cluster")  # the GCS needs ~15 s to see the nodes gone: the
+        # job refused meanwhile fills that wait
         temp_dir = check_misuse_is_refused(tmp_path / "cluster", clone, tmp_path / "misuse")
-        check_slices_come_and_go(tmp_path / "cluster")
+        check_slices_swapped(tmp_path / "cluster")
         down = subprocess.run(["bash", "-e", "-c", last], cwd=clone, env=env,
                               capture_output=True, text=True, timeout=300)
         assert down.returncode == 0, (down.stdout + down.stderr)[-3000:]
