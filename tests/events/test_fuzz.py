@@ -11,7 +11,6 @@ import base64
 import copy
 import json
 import random
-import tempfile
 import time
 from pathlib import Path
 
@@ -206,8 +205,8 @@ PAYLOADS = {
 class Harness:
     """One intake and one autoresume service for a whole fuzz test; counts what went in."""
 
-    def __init__(self) -> None:
-        self.dir = Path(tempfile.mkdtemp(prefix="fuzz-"))
+    def __init__(self, root: Path) -> None:
+        self.dir = root
         self.intake = EventIntake(EventsConfig(inbox=False), run_dir=self.dir, job="fuzz")
         self.intake.start()
         cfg = AutoresumeConfig(state_dir=str(self.dir / "autoresume"),
@@ -231,10 +230,10 @@ class Harness:
 
 
 @pytest.mark.parametrize("name", sorted(PAYLOADS))
-def test_parser_and_intake_never_crash_and_account_for_everything(name):
+def test_parser_and_intake_never_crash_and_account_for_everything(name, tmp_path):
     """10,000 payloads over five families: Event or MalformedEvent, exactly one record each."""
     strategy, examples = PAYLOADS[name]
-    harness = Harness()
+    harness = Harness(tmp_path)
     outcomes = {"event": 0, "malformed": 0}
 
     @settings(max_examples=examples, **BASE)
@@ -286,7 +285,7 @@ emulator_host = emulator_fixture(scope="module")
 
 @pytest.mark.emulator
 @pytest.mark.skipif(not gcloud_available(), reason="needs gcloud (emulator)")
-def test_fuzz_through_pubsub(emulator_host):
+def test_fuzz_through_pubsub(emulator_host, tmp_path):
     """300 generated payloads through the emulator: each acked once recorded, all accounted."""
     rng = random.Random(7)
     payloads: list[bytes] = []
@@ -303,7 +302,7 @@ def test_fuzz_through_pubsub(emulator_host):
         else:
             payloads.append(json.dumps(rng.choice(FIXTURE_DOCS)).encode())
     ps = PubSubFixture(emulator_host)
-    tmp = Path(tempfile.mkdtemp(prefix="fuzz-ps-"))
+    tmp = tmp_path
     try:
         cfg = EventsConfig(inbox=False, pubsub=ps.config(max_messages=50))
         with EventIntake(cfg, run_dir=tmp, job="fuzz") as intake:

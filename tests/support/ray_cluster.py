@@ -42,7 +42,7 @@ class RunningCluster:
 @contextmanager
 def emulated_cluster(*, slices: int = 1, hosts_per_slice: int = 2, devices_per_host: int = 2,
                      layout: Sequence[int] | None = None, names: Sequence[str] | None = None,
-                     connect_timeout_s: float = 120.0, start_attempts: int = 2
+                     connect_timeout_s: float = 120.0, start_attempts: int = 3
                      ) -> Iterator[RunningCluster]:
     """``slices`` × ``hosts_per_slice`` hosts of ``devices_per_host`` CPU devices each.
 
@@ -75,19 +75,50 @@ def emulated_cluster(*, slices: int = 1, hosts_per_slice: int = 2, devices_per_h
 def _start(cluster: EmulatedCluster, sizes: list[int], names: Sequence[str] | None, *,
            attempts: int) -> tuple[str, ...]:
     """Start head and slices; on a loaded machine a raylet can miss Ray's fixed 30 s
-    registration window, so a failed start is torn down and tried again from scratch."""
+    registration window, so a failed start is torn down and tried again from scratch.
+
+    A rare failure seen in suite runs: a head whose raylet never writes a log line (GCS,
+    dashboard and log monitor up), twice in a row once. What this process's children are
+    doing then goes into the warning and the error, to tell a stuck fork from a dead raylet."""
     for attempt in range(1, attempts + 1):
         try:
             cluster.start()
             return tuple(cluster.add_slice(n, name=names[i] if names else None)
                          for i, n in enumerate(sizes))
         except Exception as exc:
+            children = _children()
             cluster.shutdown()
             if attempt == attempts:
+                exc.add_note(f"this process's children at the failure: {children}")
                 raise
-            log.warning("test_cluster_start_retry", attempt=attempt, error=str(exc)[:200])
+            log.warning("test_cluster_start_retry", attempt=attempt, error=str(exc)[:200],
+                        children=children)
             cluster._next_slice = 0
     raise AssertionError("unreachable")
+
+
+def _children() -> list[str]:
+    """``pid comm state wchan`` of this process's children (a diagnostic; never raises)."""
+    import os
+    from pathlib import Path
+
+    out = []
+    try:
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                comm = (entry / "comm").read_text().strip()
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                if int(fields[1]) != os.getpid():
+                    continue
+                wchan = (entry / "wchan").read_text().strip() or "-"
+                out.append(f"{entry.name} {comm} {fields[0]} {wchan}")
+            except (OSError, IndexError, ValueError):
+                continue
+    except OSError:
+        pass
+    return out
 
 
 def _wait_for_hosts(running: RunningCluster, count: int, *, timeout_s: float) -> None:

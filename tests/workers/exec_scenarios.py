@@ -13,6 +13,7 @@ The assertions live in ``test_executables.py``.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import shutil
@@ -98,6 +99,7 @@ def roundtrip(tmp: Path) -> dict:
     listed = files(tmp / "executables")
     second = train(make_actor(tmp))
     _BASE_STORE = Path(tempfile.mkdtemp(prefix="exec-base-")) / "executables"
+    atexit.register(shutil.rmtree, _BASE_STORE.parent, True)
     shutil.copytree(tmp / "executables", _BASE_STORE)
     return {"first": first, "second": second, "files": listed,
             "files_after": files(tmp / "executables")}
