@@ -8,6 +8,7 @@ then every Ray node of the emulated cluster, so no raylet or worker outlives the
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -93,6 +94,10 @@ def _start(cluster: EmulatedCluster, sizes: list[int], names: Sequence[str] | No
                 raise
             log.warning("test_cluster_start_retry", attempt=attempt, error=str(exc)[:200],
                         children=children)
+            # in the run's warnings summary too, which CI prints even when the retry saved it
+            warnings.warn(f"emulated cluster start {attempt} of {attempts} failed "
+                          f"({str(exc)[:120]}); children: {children}", RuntimeWarning,
+                          stacklevel=2)
             cluster._next_slice = 0
     raise AssertionError("unreachable")
 
