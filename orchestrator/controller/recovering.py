@@ -42,10 +42,10 @@ DEATH_SEEN_AFTER_DEADLINE_S = 60.0
 
 def noticed_death(run: Run, status: Failure) -> str | None:
     """The event kind of the pending preemption or maintenance notice whose doomed hosts are
-    exactly the ones that died, inside its window or just after its deadline (no step boundary
-    came in time to drain): spot hosts do crash inside their notice window, and the cloud takes
-    them at the deadline; that death is the preemption (its budget, no backoff), not a host
-    failure."""
+    exactly the ones that died, inside its window or up to a minute after its deadline while
+    its drain had not completed (no step boundary in time, a save running past it): spot hosts
+    do crash inside their notice window, and the cloud takes them at the deadline; that death
+    is the preemption (its budget, no backoff), not a host failure."""
     p = run.pending
     if (not isinstance(status, HostsLost) or p is None or p.stop or p.event is None
             or run.plan is None or p.deadline is None

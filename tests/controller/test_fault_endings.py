@@ -60,6 +60,8 @@ def test_a_noticed_host_dead_long_after_its_deadline_stays_a_host_loss(tmp_path)
     summary = sim.run()
     assert sim.payloads("RELEASING")[0].cause.value == "host_lost"
     assert "host_lost" in summary.restarts
+    actions = [e for e in sim.events() if e.get("event_id") == "n1" and e.get("action")]
+    assert any("failed before the drain" in str(e) for e in actions), actions  # it was live
 
 
 def test_a_crash_of_a_host_without_notice_stays_a_host_loss(tmp_path):

@@ -91,7 +91,8 @@ def journey(tmp_path_factory) -> Journey:
                 timeline = run_dir / "timeline.jsonl"
                 _wait_for(lambda: any(t["state"] == "RUNNING" for t in _jsonl(timeline)), 240,
                           proc, "RUNNING")
-                # a user watches it train first; a 5 s notice sent before the first step ends
+                # a user watches it train first (3 lines: a couple of chunks in, metrics.jsonl
+                # is flushed about once a second); a 5 s notice sent before the first step ends
                 # (its first run, slower on a loaded machine) finds no step boundary to drain at
                 _wait_for(lambda: len(_jsonl(run_dir / "metrics.jsonl")) >= 3, 120, proc,
                           "the first steps in metrics.jsonl")
