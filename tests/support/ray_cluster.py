@@ -103,7 +103,9 @@ def _start(cluster: EmulatedCluster, sizes: list[int], names: Sequence[str] | No
 
 
 def _children() -> list[str]:
-    """``pid comm state wchan`` of this process's children (a diagnostic; never raises)."""
+    """``pid comm state wchan`` of this process's children, with a zombie's wait status
+    (``/proc/<pid>/stat`` field 52: 9 = SIGKILL, 11 = SIGSEGV, 256 * n = exit n). A
+    diagnostic; never raises."""
     import os
     from pathlib import Path
 
@@ -118,7 +120,8 @@ def _children() -> list[str]:
                 if int(fields[1]) != os.getpid():
                     continue
                 wchan = (entry / "wchan").read_text().strip() or "-"
-                out.append(f"{entry.name} {comm} {fields[0]} {wchan}")
+                status = f" status={fields[49]}" if fields[0] == "Z" and len(fields) > 49 else ""
+                out.append(f"{entry.name} {comm} {fields[0]} {wchan}{status}")
             except (OSError, IndexError, ValueError):
                 continue
     except OSError:
