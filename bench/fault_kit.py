@@ -21,6 +21,7 @@ from pathlib import Path
 
 from bench import procs
 from bench.orchestrated import RunDir, log_path, main_cmd, read_jsonl, run_main
+from orchestrator.shared.procfs import stat_fields
 
 MARK = "TPU_ORCH_BENCH_FAULT_RUN"
 
@@ -158,7 +159,7 @@ def marked(marker: str) -> dict[int, str]:
         try:
             if needle not in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
                 continue
-            if Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            if (stat_fields(entry) or ["Z"])[0] == "Z":  # a zombie, or gone meanwhile
                 continue
             cmd = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ")
             found[int(entry)] = cmd.decode(errors="replace").strip()[:160]

@@ -31,6 +31,8 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+from orchestrator.shared.procfs import stat_fields
+
 MARK_ENV = "TPU_ORCH_EMULATED_CLUSTER"
 KILL_WITHIN_S = 10.0
 """How long the reaper keeps killing: a raylet being killed may still start a worker."""
@@ -45,10 +47,10 @@ def records_dir() -> Path:
 
 def _state_and_start(pid: int) -> tuple[str, int] | None:
     """``/proc/<pid>/stat``'s state (field 3) and start time (field 22); None once gone."""
+    fields = stat_fields(pid)
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return fields[0], int(fields[19])
-    except (OSError, IndexError, ValueError):
+        return None if fields is None else (fields[0], int(fields[19]))
+    except (IndexError, ValueError):
         return None
 
 
@@ -76,8 +78,8 @@ def _table() -> dict[int, tuple[int, int, str]]:
         try:
             if os.stat(f"/proc/{entry}").st_uid != uid:
                 continue
-            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-            if fields[0] != "Z":
+            fields = stat_fields(entry)
+            if fields is not None and fields[0] != "Z":
                 out[int(entry)] = (int(fields[1]), int(fields[19]), fields[0])
         except (OSError, IndexError, ValueError):  # gone meanwhile
             continue

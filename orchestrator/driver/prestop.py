@@ -20,6 +20,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from orchestrator.shared.procfs import stat_fields
+
 MODULE = "orchestrator.main"
 
 
@@ -47,10 +49,8 @@ def _alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    try:  # a zombie (exited, not yet reaped by its parent) has drained already
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
+    fields = stat_fields(pid)  # a zombie (exited, not yet reaped) has drained already
+    return fields is not None and fields[0] != "Z"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

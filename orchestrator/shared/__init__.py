@@ -3,7 +3,7 @@
 receives), ``task`` (the task reference and settings), ``configtools`` (building and dumping
 config dataclasses), ``layout`` (the run directory's checkpoint layout), ``host_env`` (the
 environment of a host process, the executable store's place and key, ``free_port``) and ``files``
-(atomic writes, JSON-lines reads and appends).
+(atomic writes, JSON-lines reads and appends), ``procfs`` (a process's ``/proc/<pid>/stat``).
 
 Neutral ground: these modules import nothing else of ``orchestrator`` or ``workers``, and no Ray
 or JAX (``tests/test_import_direction.py``), so a host actor never loads the driver's config

@@ -19,6 +19,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from orchestrator.shared.procfs import stat_fields
+
 REPO = Path(__file__).resolve().parents[2]
 MARK = "TPU_ORCH_TEST_RUN"
 
@@ -106,9 +108,8 @@ def _survivors(marker: str, grace_s: float) -> tuple[str, ...]:
 
 def _state(pid: int) -> str:
     """`` (state S, parent 1)``: enough to tell an orphan from a process still in Ray's hands."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
+    fields = stat_fields(pid)
+    if fields is None or len(fields) < 2:
         return ""
     return f" (state {fields[0]}, parent {fields[1]})"
 

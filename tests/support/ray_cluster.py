@@ -7,11 +7,13 @@ then every Ray node of the emulated cluster, so no raylet or worker outlives the
 
 from __future__ import annotations
 
+import os
 import time
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +21,7 @@ import structlog
 
 from orchestrator.raygroup.topology import EmulatedCluster, connect_ray, hosts_from_nodes
 from orchestrator.shared.hosts import HostRef
+from orchestrator.shared.procfs import stat_fields
 
 log = structlog.get_logger(__name__)
 
@@ -106,19 +109,16 @@ def _children() -> list[str]:
     """``pid comm state wchan`` of this process's children, with a zombie's wait status
     (``/proc/<pid>/stat`` field 52: 9 = SIGKILL, 11 = SIGSEGV, 256 * n = exit n). A
     diagnostic; never raises."""
-    import os
-    from pathlib import Path
-
     out = []
     try:
         for entry in Path("/proc").iterdir():
             if not entry.name.isdigit():
                 continue
             try:
-                comm = (entry / "comm").read_text().strip()
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-                if int(fields[1]) != os.getpid():
+                fields = stat_fields(entry.name)
+                if fields is None or int(fields[1]) != os.getpid():
                     continue
+                comm = (entry / "comm").read_text().strip()
                 wchan = (entry / "wchan").read_text().strip() or "-"
                 status = f" status={fields[49]}" if fields[0] == "Z" and len(fields) > 49 else ""
                 out.append(f"{entry.name} {comm} {fields[0]} {wchan}{status}")
