@@ -15,6 +15,8 @@ import tempfile
 
 import pytest
 
+import orchestrator  # noqa: F401  first: it turns gRPC's fork handlers off before any import of grpc
+
 os.environ.setdefault("NO_GCE_CHECK", "true")
 os.environ.setdefault("GCE_METADATA_HOST", "127.0.0.1:9")  # a closed port, never Google's
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
