@@ -49,7 +49,7 @@ FORKS = textwrap.dedent("""
         child = subprocess.Popen(["/bin/true"], preexec_fn=preexec, stderr=subprocess.DEVNULL)
         try:
             died += child.wait(timeout=10) != 0
-        except subprocess.TimeoutExpired:  # a child can also hang in the handlers
+        except subprocess.TimeoutExpired:  # stuck before its exec: a failure, not a hung test
             child.kill()
             child.wait()
             hung += 1
@@ -77,7 +77,7 @@ def test_importing_orchestrator_turns_grpcs_fork_handlers_off_unless_set() -> No
 
 
 def test_forks_beside_a_live_grpc_channel_are_never_aborted() -> None:
-    """400 forks: with the handlers on, 1–2 % abort (or hang), so this fails with P > 99 %."""
+    """400 forks: with the handlers on, 1–2 % abort, so this fails with P > 99 %."""
     out = subprocess.run([sys.executable, "-c", FORKS], env=_env(), capture_output=True,
                          text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
