@@ -2,8 +2,8 @@
 
 Ray starts every node's raylet with ``subprocess.Popen(preexec_fn=...)``, i.e. a plain fork. With a
 gRPC server or channel live in the forking process, grpcio's fork handlers (on by default) abort
-1–2 % of such children before they exec (SIGABRT: 22 and 30 of 1,500 forks, and 18 and 7 of
-this test's 400, without the import). Importing ``orchestrator`` turns them off
+1–2 % of such children before they exec (SIGABRT: 22 of 1,500 forks, and 18 and 7 of this
+test's 400, without the import). Importing ``orchestrator`` turns them off
 (``orchestrator/__init__.py``). Each check runs in a fresh interpreter, because the setting
 counts only before the first ``import grpc``.
 """
