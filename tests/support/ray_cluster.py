@@ -81,9 +81,9 @@ def _start(cluster: EmulatedCluster, sizes: list[int], names: Sequence[str] | No
     """Start head and slices; on a loaded machine a raylet can miss Ray's fixed 30 s
     registration window, so a failed start is torn down and tried again from scratch.
 
-    A rare failure seen in suite runs: a head whose raylet never writes a log line (GCS,
-    dashboard and log monitor up), twice in a row once. What this process's children are
-    doing then goes into the warning and the error, to tell a stuck fork from a dead raylet."""
+    One such failure is understood and gone: a raylet aborted by grpcio's fork handlers before
+    it ran (``orchestrator/__init__.py``). What this process's children are doing at a failed
+    start still goes into the warning and the error, to tell a stuck fork from a dead raylet."""
     for attempt in range(1, attempts + 1):
         try:
             cluster.start()
