@@ -2,7 +2,9 @@
 
 ``python -m bench.bare_worker --process-id I --num-processes N --coordinator 127.0.0.1:P ...``.
 The same Trainer (model, batch, mesh, jitted step, Orbax I/O) the host actors run, joined by
-``jax.distributed.initialize`` on loopback. Process 0 writes one JSON with per-step timings:
+``jax.distributed.initialize`` on loopback, gloo's event loop idled as the hosts idle it
+(``workers.host.gloo_loop``: the comparison is of the orchestrator, not of gloo's busy-polling).
+Process 0 writes one JSON with per-step timings:
 step time, whether an async save was in flight when the step started, and the blocking part of a
 save issued after the step (figure 5).
 """
@@ -41,6 +43,7 @@ def main(argv: list[str]) -> int:
     from orchestrator.shared.hosts import HostRef
     from orchestrator.shared.hostspec import HostSpec
     from orchestrator.shared.plan import MeshPlan
+    from workers.host.gloo_loop import idle_gloo_loop, threads
     from workers.training.trainer import Trainer
 
     t_start = time.time()
@@ -48,6 +51,8 @@ def main(argv: list[str]) -> int:
                                num_processes=args.num_processes, process_id=args.process_id,
                                initialization_timeout=args.init_timeout_s,
                                heartbeat_timeout_seconds=20)
+    idle_gloo_loop(threads(), lambda: jax.devices()[0].platform,
+                   num_processes=args.num_processes)
     cfg = load_config(None, args.overrides)
     n = args.num_processes
     shape = cfg.validate_for(slices=1, hosts_per_slice=n, devices_per_host=args.devices)

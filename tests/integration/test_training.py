@@ -80,11 +80,14 @@ def stopped(uninterrupted, tmp_path_factory):
 
 
 def test_two_hosts_form_one_group(uninterrupted):
-    """Both actors joined one JAX runtime: 2 processes, 4 global devices, fsdp over all 4."""
+    """Both actors joined one JAX runtime: 2 processes, 4 global devices, fsdp over all 4; each
+    idled gloo's event loop."""
     run, _ = uninterrupted
     assert [i["process_index"] for i in run.init] == [0, 1]
     assert {(i["local_devices"], i["global_devices"], i["platform"]) for i in run.init} == {
         (2, 4, "cpu")}
+    # each host put its one gloo event loop in the idle class (workers.host.gloo_loop)
+    assert [i["gloo_loop_idled"] for i in run.init] == [1, 1]
     assert run.plan.shape.as_dict()["fsdp"] == 4
     assert run.mesh["axes"] == {"data": 1, "fsdp": 4, "tensor": 1}
     assert run.mesh["process_of_device"] == [[[0], [0], [1], [1]]]

@@ -35,8 +35,13 @@ def idle_this_thread(*, what: str) -> bool:
     """Put this thread in Linux's SCHED_IDLE class: it runs only when a core would otherwise be
     idle, and a waking normal thread preempts it at once (nice 19 is still a normal thread a
     waking one may wait behind). No privilege needed to enter it; False where unavailable."""
+    return idle_thread(threading.get_native_id(), what=what)
+
+
+def idle_thread(tid: int, *, what: str) -> bool:
+    """``idle_this_thread`` for thread ``tid`` of this process (``workers.host.gloo_loop``)."""
     try:
-        os.sched_setscheduler(threading.get_native_id(), os.SCHED_IDLE, os.sched_param(0))
+        os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
         return True
     except (OSError, AttributeError) as exc:
         log.warning("could not put %s in the idle scheduling class: %s", what, exc)
