@@ -12,8 +12,10 @@ from orchestrator.shared.host_env import free_port
 
 
 def run_bare(*, processes: int, devices: int, steps: int, overrides: list[str], workdir: Path,
-             checkpoint_every: int = 0, timeout_s: float = 600.0) -> dict:
-    """Run the loop once; returns process 0's JSON (per-step records) plus wall seconds."""
+             checkpoint_every: int = 0, timeout_s: float = 600.0,
+             gloo_loop: str = "idle") -> dict:
+    """Run the loop once; returns process 0's JSON (per-step records) plus wall seconds.
+    ``gloo_loop="busy"`` leaves gloo's event loop as JAX starts it (``bench.gloo_loop``)."""
     workdir.mkdir(parents=True, exist_ok=True)
     out = workdir / "bare.json"
     coordinator = f"127.0.0.1:{free_port('127.0.0.1')}"
@@ -27,7 +29,8 @@ def run_bare(*, processes: int, devices: int, steps: int, overrides: list[str], 
                     "bench.bare_worker", "--process-id", str(i), "--num-processes",
                     str(processes), "--coordinator", coordinator, "--devices", str(devices),
                     "--steps", str(steps), "--checkpoint-dir", ckpt,
-                    "--checkpoint-every", str(checkpoint_every), "--out", str(out), *overrides)
+                    "--checkpoint-every", str(checkpoint_every), "--out", str(out),
+                    "--gloo-loop", gloo_loop, *overrides)
                 started.append(procs.start(cmd, log_path=workdir / f"bare-{i}.log", env=env))
             codes = procs.wait_all(started, timeout_s=timeout_s)
         finally:

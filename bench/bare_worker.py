@@ -30,6 +30,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--checkpoint-every", type=int, default=0, help="0: never save")
     p.add_argument("--out", required=True)
     p.add_argument("--init-timeout-s", type=int, default=120)
+    p.add_argument("--gloo-loop", choices=("idle", "busy"), default="idle",
+                   help="busy: leave gloo's event loop as JAX starts it (bench.gloo_loop)")
     p.add_argument("overrides", nargs="*", help="RunConfig key.sub=value settings")
     args = p.parse_args(argv)
     # XLA reads the device count once, before the backend starts: set it before importing JAX.
@@ -51,8 +53,9 @@ def main(argv: list[str]) -> int:
                                num_processes=args.num_processes, process_id=args.process_id,
                                initialization_timeout=args.init_timeout_s,
                                heartbeat_timeout_seconds=20)
-    idle_gloo_loop(threads(), lambda: jax.devices()[0].platform,
-                   num_processes=args.num_processes)
+    if args.gloo_loop == "idle":
+        idle_gloo_loop(threads(), lambda: jax.devices()[0].platform,
+                       num_processes=args.num_processes)
     cfg = load_config(None, args.overrides)
     n = args.num_processes
     shape = cfg.validate_for(slices=1, hosts_per_slice=n, devices_per_host=args.devices)

@@ -4,5 +4,5 @@ in process and joined again; a standby's imports), ``steps`` (the step loop, wit
 the stop board), ``where`` (the mirrored step and whereabouts), ``ram`` (the RAM tier's copies
 and restores), ``ahead`` (compiling a shrink's step ahead), ``notices`` (forwarding the
 ``metadata_watcher``'s preemption notices), ``chaos`` (injected faults); ``niceness`` (idle
-scheduling). JAX is imported only once the actor has set the device environment: nothing
-heavy here."""
+scheduling), ``gloo_loop`` (gloo's busy-polling event loop in the idle class, CPU platform).
+JAX is imported only once the actor has set the device environment: nothing heavy here."""
