@@ -5,9 +5,8 @@ message waits for the local side to post its receive, the loop thread calls ``ep
 tight loop (gloo issue 246, open). With more runnable threads than cores (the emulated cluster:
 several host processes per core, beside Ray's daemons), the loop takes the core from the very
 thread it waits for. In the idle class it runs only when a core would otherwise be idle, which
-is when the step waits for it. Measured on 2 cores (the bare step loop, 2 processes x 1 device,
-the tests' model, 300 steps): median step 0.149 s -> 0.012 s beside one busy process, two such
-groups beside one 0.065 s -> 0.020 s, alone 0.0117 s -> 0.0096 s (docs/CONTRACTS.md).
+is when the step waits for it. Beside one busy process on 2 cores the bare loop's step went from
+0.153 s to 0.0099 s with 5x less CPU; alone it is the same (``bench.gloo_loop``, figure 14).
 
 The loop thread is the one thread the CPU backend's creation starts that then waits in
 ``epoll_wait``: threads are listed before the backend exists and after. No other platform's
