@@ -53,9 +53,9 @@ def main(argv: list[str]) -> int:
                                num_processes=args.num_processes, process_id=args.process_id,
                                initialization_timeout=args.init_timeout_s,
                                heartbeat_timeout_seconds=20)
-    if args.gloo_loop == "idle":
-        idle_gloo_loop(threads(), lambda: jax.devices()[0].platform,
-                       num_processes=args.num_processes)
+    idled = (idle_gloo_loop(threads(), lambda: jax.devices()[0].platform,
+                            num_processes=args.num_processes)
+             if args.gloo_loop == "idle" else [])
     cfg = load_config(None, args.overrides)
     n = args.num_processes
     shape = cfg.validate_for(slices=1, hosts_per_slice=n, devices_per_host=args.devices)
@@ -87,6 +87,7 @@ def main(argv: list[str]) -> int:
         with open(args.out, "w", encoding="utf-8") as f:
             json.dump({"started_at": t_start, "compile_s": compile_s, "records": records,
                        "processes": n, "devices_per_process": args.devices,
+                       "gloo_loop_idled": len(idled),
                        "mesh": shape.as_dict()}, f)
     jax.distributed.shutdown()
     return 0

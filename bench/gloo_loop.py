@@ -49,8 +49,11 @@ def one(mode: str, beside: bool, steps: int, workdir: Path) -> dict:
             hog.kill()
             hog.wait()
     times = [r["step_time_s"] for r in out["records"][SKIP:]]
+    if (out.get("gloo_loop_idled", 0) == 1) != (mode == "idle"):
+        raise RuntimeError(f"gloo_loop={mode} but process 0 idled {out.get('gloo_loop_idled')} "
+                           f"threads: the comparison would not be one")
     return {"gloo_loop": mode, "beside_busy": beside, "median_step_s": spread(times)["median"],
-            "wall_s": out["wall_s"], "cpu_s": cpu}
+            "wall_s": out["wall_s"], "cpu_s": cpu, "idled": out["gloo_loop_idled"]}
 
 
 def table(rows: list[dict]) -> str:

@@ -1,16 +1,20 @@
 """Gloo's TCP event loop in the idle scheduling class, on the CPU platform.
 
-JAX's collectives between CPU processes go over gloo, whose TCP transport busy-polls: while a
-message waits for the local side to post its receive, the loop thread calls ``epoll_wait`` in a
-tight loop (gloo issue 246, open). With more runnable threads than cores (the emulated cluster:
-several host processes per core, beside Ray's daemons), the loop takes the core from the very
-thread it waits for. In the idle class it runs only when a core would otherwise be idle, which
-is when the step waits for it. Beside one busy process on 2 cores the bare loop's step went from
-0.153 s to 0.0099 s with 5x less CPU; alone it is the same (``bench.gloo_loop``, figure 14).
+JAX's collectives between CPU processes go over gloo. Its TCP event loop leaves a readable
+socket unread until the local side has posted the matching receive, so its level-triggered
+``epoll_wait`` returns at once, again and again: ~8,000 calls a second under contention (seen
+with ``strace``; gloo issue 246, open, is about the same loop's wake-ups). With more runnable
+threads than cores (the emulated cluster: several host processes per core, beside Ray's
+daemons), the loop takes the core from the very thread it waits for. Beside one busy process on
+2 cores the bare loop's step went from 0.153 s to 0.0099 s with 5x less CPU; alone it is the
+same (``bench.gloo_loop``, figure 14).
 
-The loop thread is the one thread the CPU backend's creation starts that then waits in
-``epoll_wait``: threads are listed before the backend exists and after. No other platform's
-backend uses gloo, and a single process has no peer to wait for: both are left alone.
+The trade-off: an idle-class thread still runs beside normal ones, but with a tiny share
+(weight 3 against 1,024), so under long foreign load at normal priority its messages wait and
+steps slow down (``timeouts.step_s`` still bounds them); a process cannot leave the class again
+without privilege. The loop thread is the one thread the CPU backend's start leaves waiting in
+``epoll_wait``; if there is not exactly one, none is touched. No other platform's backend uses
+gloo, and a single process has no peer to wait for: both are left alone.
 """
 
 from __future__ import annotations
@@ -51,20 +55,23 @@ def _waiting_in_epoll(tid: int, calls: set[str]) -> bool:
 def idle_gloo_loop(before: set[int], start_backend: Callable[[], str], *,
                    num_processes: int) -> list[int]:
     """Start the backend (``start_backend`` returns its platform); on the CPU platform with
-    peers, put the threads it started that wait in ``epoll_wait`` in the idle class. ``before``:
-    ``threads()`` after ``jax.distributed.initialize``, before anything started the backend.
-    Returns the thread ids idled (none elsewhere, or where the kernel's table is unknown)."""
+    peers, put the one thread it started that waits in ``epoll_wait`` in the idle class.
+    ``before``: ``threads()`` after ``jax.distributed.initialize``, before anything started the
+    backend. Returns the thread ids idled (none elsewhere, where the kernel's table is unknown,
+    or where not exactly one thread qualifies)."""
     backend = start_backend()
     calls = _EPOLL_SYSCALLS.get(platform.machine())
-    if backend != "cpu" or num_processes < 2 or not calls:
+    if backend != "cpu" or num_processes < 2 or not calls or not before:
         return []
+    started = threads() - before  # the backend's: later threads are never candidates
     found: set[int] = set()
     for i in range(SAMPLES):
-        found |= {t for t in threads() - before if _waiting_in_epoll(t, calls)}
+        found |= {t for t in started if _waiting_in_epoll(t, calls)}
         if found and i >= 2:
             break
         time.sleep(0.01)
-    idled = [t for t in sorted(found) if idle_thread(t, what="gloo's event loop")]
-    if not idled:
-        log.warning("no gloo event loop thread found to idle; collectives may busy-poll a core")
-    return idled
+    if len(found) != 1:
+        log.warning("expected one gloo event loop among the backend's threads, found %d; none "
+                    "idled (collectives may busy-poll a core)", len(found))
+        return []
+    return [t for t in found if idle_thread(t, what="gloo's event loop")]
