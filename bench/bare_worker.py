@@ -45,7 +45,7 @@ def main(argv: list[str]) -> int:
     from orchestrator.shared.hosts import HostRef
     from orchestrator.shared.hostspec import HostSpec
     from orchestrator.shared.plan import MeshPlan
-    from workers.host.gloo_loop import idle_gloo_loop, threads
+    from workers.host.gloo_loop import idle_after_join
     from workers.training.trainer import Trainer
 
     t_start = time.time()
@@ -53,9 +53,7 @@ def main(argv: list[str]) -> int:
                                num_processes=args.num_processes, process_id=args.process_id,
                                initialization_timeout=args.init_timeout_s,
                                heartbeat_timeout_seconds=20)
-    idled = (idle_gloo_loop(threads(), lambda: jax.devices()[0].platform,
-                            num_processes=args.num_processes)
-             if args.gloo_loop == "idle" else [])
+    idled = idle_after_join(args.num_processes) if args.gloo_loop == "idle" else []
     cfg = load_config(None, args.overrides)
     n = args.num_processes
     shape = cfg.validate_for(slices=1, hosts_per_slice=n, devices_per_host=args.devices)

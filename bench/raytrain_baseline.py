@@ -43,7 +43,7 @@ def train_loop(config: dict) -> None:
     from orchestrator.shared.hosts import HostRef
     from orchestrator.shared.hostspec import HostSpec
     from orchestrator.shared.plan import MeshPlan
-    from workers.host.gloo_loop import idle_gloo_loop, threads
+    from workers.host.gloo_loop import idle_after_join
     from workers.training.trainer import Trainer
 
     ctx = ray.train.get_context()
@@ -55,7 +55,7 @@ def train_loop(config: dict) -> None:
     (workdir / "nodes" / f"rank{rank}").write_text(ray.get_runtime_context().get_node_id())
     cfg = load_config(None, config["overrides"])
     # gloo's event loop idled as the orchestrator's hosts idle it (``workers.host.gloo_loop``)
-    idle_gloo_loop(threads(), lambda: jax.devices()[0].platform, num_processes=n)
+    idle_after_join(n)
     dev = jax.local_device_count()
     shape = cfg.validate_for(slices=1, hosts_per_slice=n, devices_per_host=dev)
     hosts = tuple(HostRef(index=i, slice_name="rt", worker_id=i, node_id=f"rt-{i}",

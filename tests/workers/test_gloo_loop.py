@@ -24,12 +24,12 @@ _MEMBER = r"""
 import json, os, sys, time
 from jax.experimental import multihost_utils
 import jax
-from workers.host.gloo_loop import idle_gloo_loop, threads
+from workers.host.gloo_loop import idle_after_join, threads
 
 pid, port = int(sys.argv[1]), sys.argv[2]
 jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2,
                            process_id=pid, initialization_timeout=60)
-idled = idle_gloo_loop(threads(), lambda: jax.devices()[0].platform, num_processes=2)
+idled = idle_after_join(2)
 total = float(multihost_utils.process_allgather(jax.numpy.ones(())).sum())  # the loop carries it
 idle = sorted(t for t in threads() if os.sched_getscheduler(t) == os.SCHED_IDLE)
 waits = []  # the idled thread's epoll_wait arguments: gloo's Loop::run waits for 64 events, 10 ms

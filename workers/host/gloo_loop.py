@@ -75,3 +75,12 @@ def idle_gloo_loop(before: set[int], start_backend: Callable[[], str], *,
                     "idled (collectives may busy-poll a core)", len(found))
         return []
     return [t for t in found if idle_thread(t, what="gloo's event loop")]
+
+
+def idle_after_join(num_processes: int) -> list[int]:
+    """``idle_gloo_loop`` for a process that has just run ``jax.distributed.initialize`` and
+    has no backend yet: JAX's backend is started here."""
+    import jax
+
+    return idle_gloo_loop(threads(), lambda: jax.devices()[0].platform,
+                          num_processes=num_processes)

@@ -14,7 +14,7 @@ from typing import Any
 
 from orchestrator.shared.host_env import HOST_INIT_SHARE
 from orchestrator.shared.plan import MEGASCALE_KEYS
-from workers.host.gloo_loop import idle_gloo_loop, threads
+from workers.host.gloo_loop import idle_after_join
 
 log = logging.getLogger(__name__)
 
@@ -116,9 +116,7 @@ class JaxRuntime:
             heartbeat_timeout_seconds=max(2, int(heartbeat_s)),
             # ``release`` shuts the runtime down with a barrier: bounded, never JAX's 300 s
             shutdown_timeout_seconds=RELEASE_BARRIER_S)
-        before = threads()  # the runtime's client threads: the backend's are the new ones
-        idled = idle_gloo_loop(before, lambda: jax.devices()[0].platform,
-                               num_processes=num_processes)
+        idled = idle_after_join(num_processes)
         return {"process_index": jax.process_index(), "local_devices": jax.local_device_count(),
                 "global_devices": jax.device_count(), "platform": jax.devices()[0].platform,
                 "gloo_loop_idled": len(idled)}
