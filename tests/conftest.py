@@ -44,11 +44,21 @@ def _no_google_auth(monkeypatch):
 
 
 # Under pytest-xdist (``make test``: two workers, one file at a time each, ``--dist loadfile
-# --no-loadscope-reorder``) a worker that is free takes the next file in collection order. The
-# files that start Ray clusters take most of the suite; the longest go first, so that the run
-# does not end with one worker alone on a long file while the other idles. Seconds per file as
-# measured under two workers (2026-11-27); a file not listed keeps its place after these, a
-# ``cluster``-marked one first. Only the order changes, and only on xdist's workers.
+# --no-loadscope-reorder``) a worker that is free takes the next unit in collection order. A unit
+# is a file, except for files that share a package-scoped fixture too costly to start twice:
+# they go to one worker as one unit (``SHARED_FIXTURE_UNITS``). tests/autoresume's real-parts
+# files share a token-auth Ray job server and the Pub/Sub emulator (tests/autoresume/conftest.py);
+# as three units, each worker that took one started both again when the package's fixtures had
+# been torn down (3 clusters a run, ~15 CPU-s each).
+SHARED_FIXTURE_UNITS = {
+    f"tests/autoresume/{name}": "tests/autoresume (job server, emulator)"
+    for name in ("test_e2e.py", "test_latency.py", "test_service_ray.py")}
+
+# The units that start Ray clusters take most of the suite; the longest go first, so that the
+# run does not end with one worker alone on a long unit while the other idles. Seconds per unit
+# as measured under two workers (2026-11-27; the autoresume unit, 2026-11-28); a
+# unit not listed keeps its place after these, a ``cluster``-marked one first. Only the order
+# changes, and only on xdist's workers.
 HEAVY_FIRST_S = {
     "tests/faults/test_group_faults.py": 189,
     "tests/tasks/test_user_task_cluster.py": 125,
@@ -57,11 +67,11 @@ HEAVY_FIRST_S = {
     "tests/e2e/test_train_your_own_model.py": 94,
     "tests/faults/test_elastic_and_node_loss.py": 91,
     "tests/production/test_try_locally.py": 88,
+    "tests/autoresume (job server, emulator)": 70,
     "tests/workers/test_executables.py": 79,
     "tests/e2e/test_user_journey.py": 64,
     "tests/models/test_llama.py": 58,
     "tests/integration/test_training.py": 58,
-    "tests/autoresume/test_e2e.py": 55,
     "tests/workers/test_host_cluster.py": 44,
     "tests/integration/test_driver_sigkill.py": 44,
     "tests/integration/test_driver_sigterm.py": 31,
@@ -69,15 +79,33 @@ HEAVY_FIRST_S = {
 }
 
 
+def unit_of(nodeid: str) -> str:
+    """The work unit of a test: its file, or its shared-fixture group."""
+    path = nodeid.split("::", 1)[0]
+    return SHARED_FIXTURE_UNITS.get(path, path)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile`` with ``unit_of``'s units; any other mode is xdist's own."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SharedFixtureScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return unit_of(nodeid)
+
+    return SharedFixtureScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
     if not hasattr(config, "workerinput"):  # not an xdist worker: the order stays as collected
         return
 
-    def path(item) -> str:
-        return item.nodeid.split("::", 1)[0]
-
-    # A file's weight, not a test's: a file of unit and ``cluster`` tests stays in its own order
+    # A unit's weight, not a test's: a file of unit and ``cluster`` tests stays in its own order
     # (its unit tests must not run after its module-scoped cluster came up).
-    clustered = {path(i) for i in items if i.get_closest_marker("cluster")}
-    items.sort(key=lambda i: HEAVY_FIRST_S.get(path(i), 1 if path(i) in clustered else 0),
-               reverse=True)  # stable: a file's tests keep their order
+    clustered = {unit_of(i.nodeid) for i in items if i.get_closest_marker("cluster")}
+    items.sort(key=lambda i: HEAVY_FIRST_S.get(unit_of(i.nodeid),
+                                               1 if unit_of(i.nodeid) in clustered else 0),
+               reverse=True)  # stable: a unit's tests keep their order
