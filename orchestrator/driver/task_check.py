@@ -125,26 +125,7 @@ def mesh_sizes(cfg: Any) -> dict[str, int]:
 def run_check(cfg: Any, *, timeout_s: float | None = None) -> TaskSummary:
     bound = timeout_s or max(MIN_TIMEOUT_S, cfg.timeouts.compile_s)
     memory = bounds_for(cfg)
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    env.pop("XLA_FLAGS", None)  # the driver's flags are not the hosts'; none are needed here
-    try:
-        done = subprocess.run([sys.executable, "-m", "workers.task.check"],
-                              input=json.dumps(request_for(cfg, memory)), capture_output=True,
-                              text=True, env=env, timeout=bound, check=False)
-    except subprocess.TimeoutExpired:
-        raise ConfigError("task.kind", f"checking the task {cfg.task.kind!r} took longer than "
-                          f"{bound:.0f} s (importing it, building it, tracing its init and "
-                          "step)", "look for slow work at import or in the factory, or raise "
-                          "timeouts.compile_s") from None
-    answer = next((line[len(MARKER):] for line in reversed(done.stdout.splitlines())
-                   if line.startswith(MARKER)), None)
-    if answer is None:
-        tail = (done.stderr or done.stdout).strip().splitlines()[-12:]
-        raise ConfigError("task.kind", f"the task check of {cfg.task.kind!r} ended (exit "
-                          f"{done.returncode}) without an answer: {' | '.join(tail)}",
-                          "fix what the output names (a crash while importing the task "
-                          "module or building the task)")
-    out = json.loads(answer)
+    out = ask(request_for(cfg, memory), bound=bound, kind=cfg.task.kind)
     if not out["ok"]:
         raise ConfigError(out["setting"], out["problem"], out["fix"])
     return TaskSummary(fingerprint=out["fingerprint"], task=out["task"],
@@ -152,6 +133,31 @@ def run_check(cfg: Any, *, timeout_s: float | None = None) -> TaskSummary:
                        flops_per_step=out["flops_per_step"],
                        tokens_per_step=out["tokens_per_step"], metrics=tuple(out["metrics"]),
                        memory=out.get("memory"), bounds=memory)
+
+
+def ask(request: dict, *, bound: float, kind: str) -> dict:
+    """The check's answer (``workers/task/check.py: answer``) from its subprocess: the seam
+    tests replace to run the check in their own process."""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    env.pop("XLA_FLAGS", None)  # the driver's flags are not the hosts'; none are needed here
+    try:
+        done = subprocess.run([sys.executable, "-m", "workers.task.check"],
+                              input=json.dumps(request), capture_output=True,
+                              text=True, env=env, timeout=bound, check=False)
+    except subprocess.TimeoutExpired:
+        raise ConfigError("task.kind", f"checking the task {kind!r} took longer than "
+                          f"{bound:.0f} s (importing it, building it, tracing its init and "
+                          "step)", "look for slow work at import or in the factory, or raise "
+                          "timeouts.compile_s") from None
+    answer = next((line[len(MARKER):] for line in reversed(done.stdout.splitlines())
+                   if line.startswith(MARKER)), None)
+    if answer is None:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-12:]
+        raise ConfigError("task.kind", f"the task check of {kind!r} ended (exit "
+                          f"{done.returncode}) without an answer: {' | '.join(tail)}",
+                          "fix what the output names (a crash while importing the task "
+                          "module or building the task)")
+    return json.loads(answer)
 
 
 def check_checkpoint(ckpt: Path, summary: TaskSummary) -> None:

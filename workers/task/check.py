@@ -253,19 +253,25 @@ def _plain(tree: Any) -> str:
     return str(tree).replace("dtype(", "").replace("')", "'")[:300]
 
 
-def main() -> int:
+def answer(request: dict) -> dict:
+    """``check``'s answer, or the refusal it raised as ``{"ok": False, setting, problem, fix}``
+    (what ``main`` prints after ``MARKER``)."""
     from orchestrator.shared.errors import ConfigError
 
     try:
-        out = check(json.loads(sys.stdin.read()))
+        return check(request)
     except ConfigError as exc:
         problem = exc.message.removeprefix(f"Invalid config `{exc.setting}`: ")
-        out = {"ok": False, "setting": exc.setting, "problem": problem, "fix": exc.fix}
+        return {"ok": False, "setting": exc.setting, "problem": problem, "fix": exc.fix}
     except Exception as exc:  # a bug of the check itself: say so, with its trace
         traceback.print_exc()
-        out = {"ok": False, "setting": "task.kind",
-               "problem": f"the task check failed: {type(exc).__name__}: {exc}",
-               "fix": "see the trace above; report it if the task is not the cause"}
+        return {"ok": False, "setting": "task.kind",
+                "problem": f"the task check failed: {type(exc).__name__}: {exc}",
+                "fix": "see the trace above; report it if the task is not the cause"}
+
+
+def main() -> int:
+    out = answer(json.loads(sys.stdin.read()))
     sys.stdout.write("\n" + MARKER + json.dumps(out) + "\n")
     sys.stdout.flush()
     return 0
