@@ -337,7 +337,7 @@ class HoldForSlice(RunListener):
 def test_shrink_to_one_slice_and_grow_back_keep_the_sample_order(cluster, data_dir, source,
                                                                 plain, tmp_path):
     spare = cluster.slice_names[-1]
-    cluster.emulated.remove_host(spare, 0)  # no spare: a notice leaves one slice
+    cluster.emulated.retire_host(spare, 0)  # no spare: a notice leaves one slice
     wait_for(lambda: spare not in {h.slice_name for h in RayClusterView().hosts()}, 60,
           "the spare slice gone")
     hold = HoldForSlice(at=10)
