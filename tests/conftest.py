@@ -16,6 +16,7 @@ import tempfile
 import pytest
 
 import orchestrator  # noqa: F401  first: it turns gRPC's fork handlers off before any import of grpc
+from tests.support.task_check import check_here  # noqa: F401  (a fixture for every test)
 
 os.environ.setdefault("NO_GCE_CHECK", "true")
 os.environ.setdefault("GCE_METADATA_HOST", "127.0.0.1:9")  # a closed port, never Google's

@@ -29,7 +29,7 @@ def _overrides(data_dir: str) -> list[str]:
             "train.global_batch=8", "run.total_steps=20"]
 
 
-def test_the_task_check_opens_the_data_and_refuses_a_missing_shard(datasets, tmp_path):
+def test_the_task_check_opens_the_data_and_refuses_a_missing_shard(check_here, datasets, tmp_path):
     """The check passes on good data; with a shard gone it names task.data.dir and the fix."""
     good = run_check(load_config(None, _overrides(datasets["arrayrecord"])))
     assert good.tokens_per_step == 8 * (SEQ_LEN - 1)

@@ -18,7 +18,7 @@ from orchestrator.shared.errors import ConfigError
 TINY = ("task.kind=llama", "task.preset=tiny", "task.model.num_layers=1")
 
 
-def test_llama_passes_the_check_and_a_bad_override_names_its_setting():
+def test_llama_passes_the_check_and_a_bad_override_names_its_setting(check_here):
     ok = run_check(load_config(None, list(TINY)))
     assert ok.task["settings"] == {"preset": "tiny", "model": {"num_layers": 1}}
     assert ok.tokens_per_step == 16 * 31 and ok.flops_per_step > 0

@@ -135,7 +135,7 @@ def _log_record(stderr: str, event: str) -> dict:
     return found[0]
 
 
-def test_auto_turns_a_ram_tier_that_does_not_fit_off_where_true_refuses_the_run():
+def test_auto_turns_a_ram_tier_that_does_not_fit_off_where_true_refuses_the_run(check_here):
     """``checkpoint.ram.enabled``: ``auto`` (the default) estimates the run with the tier and,
     when its copies exceed ``max_host_bytes``, turns it off (the check says why and the driver's
     protection choice follows); ``true`` refuses the run with the numbers and the fix."""

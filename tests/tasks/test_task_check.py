@@ -3,7 +3,7 @@ written): the check runs in a subprocess (``python -m workers.task.check``) and 
 setting and the fix. Also: a checkpoint of another task, and the built-in lm and the example task
 passing with what the hosts will build.
 
-The refusals run the check's own ``answer`` in this process (the ``task_check.ask`` seam): a
+The refusals run the check's own ``answer`` in this process (``tests.support.task_check``): a
 subprocess each would only repeat its ~0.8 CPU-s start 13 times. The subprocess itself is
 what the passing checks and ``orchestrator.main``'s exit 2 below go through."""
 
@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 
 from orchestrator.config import load_config
-from orchestrator.driver import task_check
 from orchestrator.driver.task_check import TaskSummary, check_checkpoint, run_check
 from orchestrator.shared.errors import CheckpointError, ConfigError
 from orchestrator.shared.task import task_fingerprint
@@ -25,10 +24,7 @@ from orchestrator.shared.task import task_fingerprint
 BAD = "tests.tasks.bad_tasks"
 
 
-def _refused(monkeypatch, *overrides: str) -> ConfigError:
-    from workers.task.check import answer
-
-    monkeypatch.setattr(task_check, "ask", lambda request, **_: answer(request))
+def _refused(*overrides: str) -> ConfigError:
     cfg = load_config(None, list(overrides))
     with pytest.raises(ConfigError) as info:
         run_check(cfg)
@@ -72,9 +68,9 @@ def test_builtin_lm_and_the_example_task_pass_with_their_fingerprints():
     ((f"task.kind={BAD}:loss_breaks",), "task.kind",
      ["the task's loss fails when traced", "bad_tasks.py:", "TypeError"]),
 ])
-def test_a_bad_task_is_refused_naming_the_setting_and_the_fix(monkeypatch, overrides, setting,
+def test_a_bad_task_is_refused_naming_the_setting_and_the_fix(check_here, overrides, setting,
                                                               words):
-    exc = _refused(monkeypatch, *overrides)
+    exc = _refused(*overrides)
     text = str(exc)
     assert exc.setting == setting, text
     assert exc.fix, text
