@@ -185,8 +185,8 @@ class EmulatedCluster:
 
     def retire_host(self, slice_name: str, worker_id: int) -> None:
         """The host leaves on purpose (a scale-down): its raylet stops gracefully and
-        unregisters, so Ray lists it dead at once, where ``remove_host``'s vanished machine
-        waits out Ray's health checks (~16 s here). Its processes go with it."""
+        unregisters, so Ray lists it dead at once, where ``remove_host``'s vanished machine is
+        listed dead only once Ray's health checks fail. Its processes go with it."""
         node = self.nodes.pop((slice_name, worker_id))
         workers = _started_by(node)
         self.cluster.remove_node(node, allow_graceful=True)
