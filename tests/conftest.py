@@ -107,6 +107,9 @@ def pytest_collection_modifyitems(config, items):
     # A unit's weight, not a test's: a file of unit and ``cluster`` tests stays in its own order
     # (its unit tests must not run after its module-scoped cluster came up).
     clustered = {unit_of(i.nodeid) for i in items if i.get_closest_marker("cluster")}
-    items.sort(key=lambda i: HEAVY_FIRST_S.get(unit_of(i.nodeid),
-                                               1 if unit_of(i.nodeid) in clustered else 0),
-               reverse=True)  # stable: a unit's tests keep their order
+
+    def weight(item) -> int:
+        unit = unit_of(item.nodeid)
+        return HEAVY_FIRST_S.get(unit, 1 if unit in clustered else 0)
+
+    items.sort(key=weight, reverse=True)  # stable: a unit's tests keep their order

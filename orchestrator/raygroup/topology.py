@@ -178,18 +178,18 @@ class EmulatedCluster:
         the dead raylet seconds later (3 s on a loaded CI machine) and keep stepping meanwhile,
         which no real lost VM does. Their pids are taken before the raylet goes.
         """
-        node = self.nodes.pop((slice_name, worker_id))
-        workers = _started_by(node)
-        self.cluster.remove_node(node, allow_graceful=False)
-        _kill_all(workers)
+        self._take_down(slice_name, worker_id, graceful=False)
 
     def retire_host(self, slice_name: str, worker_id: int) -> None:
         """The host leaves on purpose (a scale-down): its raylet stops gracefully and
         unregisters, so Ray lists it dead at once, where ``remove_host``'s vanished machine is
         listed dead only once Ray's health checks fail. Its processes go with it."""
+        self._take_down(slice_name, worker_id, graceful=True)
+
+    def _take_down(self, slice_name: str, worker_id: int, *, graceful: bool) -> None:
         node = self.nodes.pop((slice_name, worker_id))
         workers = _started_by(node)
-        self.cluster.remove_node(node, allow_graceful=True)
+        self.cluster.remove_node(node, allow_graceful=graceful)
         _kill_all(workers)
 
     def shutdown(self) -> None:
