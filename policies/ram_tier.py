@@ -54,6 +54,19 @@ def copy_due(step: int, *, every: int) -> bool:
     return step % every == 0
 
 
+HOLDER_SHARE = 0.75
+"""Of the RAM a host has beside its devices' train state, the share a node's holder may keep
+under ``checkpoint.ram.max_host_bytes: auto``: the rest is headroom for the copy being packed,
+activations and the processes themselves."""
+
+
+def holder_cap(host_bytes: int, devices_bytes: int = 0) -> int:
+    """``max_host_bytes: auto`` as a number: ``HOLDER_SHARE`` of a host's RAM (``host_bytes``)
+    beyond what its devices' state takes of it (``devices_bytes``: the CPU emulation, where the
+    devices live in the host's RAM; 0 on accelerators)."""
+    return max(0, int((host_bytes - devices_bytes) * HOLDER_SHARE))
+
+
 def peers(slices: Sequence[str]) -> dict[int, int | None]:
     """Host index -> the host holding its replica: the same position in the next slice (so one
     slice's loss never takes both copies); in one slice, the next host; alone, nobody.

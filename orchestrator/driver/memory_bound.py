@@ -52,7 +52,7 @@ class MemoryBounds:
                 "device_bytes": self.device_bytes, "host_bytes": self.host_bytes,
                 "shared": self.shared, "accum_steps": 1,
                 "ram_keep": ram.keep if ram.enabled else 0,
-                "ram_max_host_bytes": ram.max_host_bytes if ram.enabled else None,
+                "ram_max_host_bytes": ram.cap_bytes if ram.enabled else None,
                 "ram_auto": ram.enabled == "auto"}
 
 

@@ -17,6 +17,8 @@ from typing import Any
 
 import structlog
 
+from policies.ram_tier import HOLDER_SHARE, holder_cap
+
 log = structlog.get_logger(__name__)
 
 
@@ -29,13 +31,17 @@ def resolve(cfg: Any, memory: dict | None, *, hosts: int, spare_slices: int | No
     ram = cfg.checkpoint.ram
     if ram.enabled == "auto":
         on, why = ram_auto(ram, memory, hosts=hosts)
-        ram = dataclasses.replace(ram, enabled=on)
-        cfg = dataclasses.replace(cfg, checkpoint=dataclasses.replace(cfg.checkpoint, ram=ram))
         tier = {"enabled": on, "setting": "auto", "reason": why}
     else:
-        tier = {"enabled": ram.enabled, "setting": str(ram.enabled).lower(),
-                "reason": f"checkpoint.ram.enabled={str(ram.enabled).lower()}"}
+        on = ram.enabled
+        tier = {"enabled": on, "setting": str(on).lower(),
+                "reason": f"checkpoint.ram.enabled={str(on).lower()}"}
+    cap = holder_budget(ram, memory)[0] if ram.max_host_bytes == "auto" else None
+    ram = dataclasses.replace(ram, enabled=on,
+                              **({"max_host_bytes": cap} if cap is not None else {}))
+    cfg = dataclasses.replace(cfg, checkpoint=dataclasses.replace(cfg.checkpoint, ram=ram))
     if ram.enabled:
+        tier["max_host_bytes"] = ram.max_host_bytes
         tier["every"] = ram.every
         tier["max_overhead"] = ram.max_overhead
     n = cfg.controller.warm.standby_slices
@@ -66,18 +72,42 @@ def ram_auto(ram: Any, memory: dict | None, *, hosts: int) -> tuple[bool, str]:
         return False, f"auto: off, the copies do not fit: {memory['ram_auto_off']}"
     state = (memory or {}).get("state_bytes")
     copy = (memory or {}).get("copy_bytes") or (-(-int(state) // hosts) if state else None)
+    cap, where = holder_budget(ram, memory)
     if copy is None:
         return True, ("auto: on, a peer exists (the state's size is not known before the "
                       "start; a host whose copies exceed checkpoint.ram.max_host_bytes stops "
                       "copying and says so)")
     need = copy * ram.keep * 2
-    if need > ram.max_host_bytes:
-        return False, (f"auto: off, {_mib(copy)} per copy × {ram.keep} kept × 2 hosts = "
-                       f"{_mib(need)} exceeds checkpoint.ram.max_host_bytes="
-                       f"{ram.max_host_bytes} (raise it to turn the tier on)")
-    return True, (f"auto: on, a peer exists and the copies fit: {_mib(copy)} per copy × "
-                  f"{ram.keep} kept × 2 hosts = {_mib(need)} within "
-                  f"checkpoint.ram.max_host_bytes ({_mib(ram.max_host_bytes)})")
+    sizes = f"{_mib(copy)} per copy × {ram.keep} kept × 2 hosts = {_mib(need)}"
+    if cap is None:
+        return True, (f"auto: on, a peer exists; {sizes}, checked on each host against "
+                      f"checkpoint.ram.max_host_bytes{where}")
+    if need > cap:
+        fix = ("set checkpoint.ram.max_host_bytes to a number of bytes to override, spread "
+               "the state over more hosts, or give the hosts more RAM"
+               if ram.max_host_bytes == "auto" else "raise it to turn the tier on")
+        return False, f"auto: off, {sizes} exceeds checkpoint.ram.max_host_bytes{where} ({fix})"
+    return True, (f"auto: on, a peer exists and the copies fit: {sizes} within "
+                  f"checkpoint.ram.max_host_bytes{where}")
+
+
+def holder_budget(ram: Any, memory: dict | None) -> tuple[int | None, str]:
+    """(the bytes a node's holder may keep, how that was decided): the fixed setting, or under
+    ``auto`` ``policies.ram_tier.holder_cap`` of the memory check's RAM bound for a host less
+    its devices' state (CPU emulation); (None, ...) when the host's RAM is not known yet."""
+    if ram.max_host_bytes != "auto":
+        return int(ram.max_host_bytes), f"={ram.max_host_bytes} ({_mib(ram.max_host_bytes)})"
+    host = (memory or {}).get("host_bytes")
+    if not host:
+        return None, (": auto, decided by each host from its own RAM (not known before the "
+                      "cluster is seen)")
+    devices = 0
+    if memory.get("shared") and memory.get("device_total") and memory.get("devices_per_host"):
+        devices = int(memory["device_total"]) * int(memory["devices_per_host"])
+    cap = holder_cap(int(host), devices)
+    beside = f" less its devices' state {_mib(devices)}" if devices else ""
+    return cap, (f": auto, {_mib(cap)} ({HOLDER_SHARE:.0%} of a host's RAM share "
+                 f"{_mib(host)}{beside})")
 
 
 def line(record: dict) -> str:
@@ -93,4 +123,6 @@ def line(record: dict) -> str:
 
 
 def _mib(n: float) -> str:
+    if n >= 1024**3:
+        return f"{n / 1024**3:.2f} GiB"
     return f"{n / 1024**2:.1f} MiB" if n >= 1024**2 else f"{n / 1024:.1f} KiB"

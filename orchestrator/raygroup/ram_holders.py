@@ -128,7 +128,8 @@ class RamTier:
             num_cpus=0, max_concurrency=4, max_restarts=0,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
         ).remote(token=self.token, keep=self.cfg.keep,
-                 max_copy_bytes=max(1, self.cfg.max_host_bytes // (2 * self.cfg.keep)),
+                 max_copy_bytes=(None if self.cfg.cap_bytes is None
+                                 else max(1, self.cfg.cap_bytes // (2 * self.cfg.keep))),
                  persist_dir=self.persist_dir, persist_keep=self.persist_keep)
         return name, handle
 
@@ -208,7 +209,7 @@ class RamTier:
         address = {n: (str(a[0]), int(a[1])) for n, a in zip(names, served, strict=True)}
         return [a.attach_ram.remote([(n, address[n]) for n, _ in assign[i]], token=self.token,
                                     incarnation=incarnation, every=self.cfg.first_every,
-                                    keep=self.cfg.keep, max_host_bytes=self.cfg.max_host_bytes,
+                                    keep=self.cfg.keep, max_host_bytes=self.cfg.cap_bytes,
                                     durable_from_ram=self.cfg.durable_from_ram)
                 for i, a in enumerate(actors)]
 

@@ -120,9 +120,13 @@ class RamTierConfig:
     """Periodic durable saves are written from the RAM copy by the holder on each node (Orbax,
     idle scheduling class, ``RUN_DIR/checkpoints-from-ram``), not from the devices by the training
     process; drain and final saves stay Orbax saves of the global arrays."""
-    max_host_bytes: int = 2 * 1024**3
-    """A host whose copies would make a holder exceed this stops copying (and says so); its
-    restores then come from the durable tier."""
+    max_host_bytes: Literal["auto"] | int = "auto"
+    """The most RAM a node's holder may keep (``keep`` copies of its own host's share and of
+    one peer's). ``auto`` (the default): what the host's RAM holds beside the train state, from
+    the memory check's bound for a host (this machine's RAM shared by its emulated hosts, or
+    ``cluster.host_memory_gib``), else from the host's own RAM when it starts copying; the
+    driver prints the figures. A number fixes it. A host whose copies would exceed it stops
+    copying (and says so); its restores then come from the durable tier."""
 
     def __post_init__(self) -> None:
         if self.enabled != "auto" and not isinstance(self.enabled, bool):
@@ -152,7 +156,19 @@ class RamTierConfig:
             raise ConfigError("checkpoint.ram.keep", f"{self.keep} < 2: a holder would drop its "
                               "only complete copy when the next step's starts arriving",
                               "set checkpoint.ram.keep=2 or more")
-        positive("checkpoint.ram.max_host_bytes", self.max_host_bytes)
+        if self.max_host_bytes != "auto":
+            if isinstance(self.max_host_bytes, bool) or not isinstance(self.max_host_bytes, int):
+                raise ConfigError("checkpoint.ram.max_host_bytes",
+                                  f"{self.max_host_bytes!r} is not auto or a number of bytes",
+                                  "set checkpoint.ram.max_host_bytes=auto (from the host's RAM) "
+                                  "or a number of bytes, e.g. 8589934592")
+            positive("checkpoint.ram.max_host_bytes", self.max_host_bytes)
+
+    @property
+    def cap_bytes(self) -> int | None:
+        """``max_host_bytes`` as a number, None for ``auto`` not yet decided (a host then
+        decides from its own RAM: ``workers.ram.budget``)."""
+        return None if self.max_host_bytes == "auto" else int(self.max_host_bytes)
 
     @property
     def first_every(self) -> int:

@@ -31,6 +31,43 @@ def test_auto_turns_the_tier_on_when_a_peer_exists_and_it_fits():
     assert "Opt out: checkpoint.ram.enabled=false" in protection.line(rec)
 
 
+GIB = 1024**3
+
+
+def test_auto_cap_comes_from_the_hosts_ram_share_beside_its_devices():
+    """768 MiB per host on this machine's share (11.77 GiB, the devices' state in the same
+    RAM): the tier is on, the cap is 75 % of what the devices leave, and the line says so."""
+    share = int(11.77 * GIB)
+    m = mem(768 * MIB, host_bytes=share, shared=True, device_total=384 * MIB,
+            devices_per_host=2)
+    cfg, rec = protection.resolve(load_config(None, []), m, hosts=2, spare_slices=1)
+    want = int((share - 768 * MIB) * 0.75)
+    assert cfg.checkpoint.ram.enabled is True and cfg.checkpoint.ram.max_host_bytes == want
+    assert rec["ram_tier"]["max_host_bytes"] == want
+    assert "3.00 GiB within checkpoint.ram.max_host_bytes: auto, 8.26 GiB" in \
+        rec["ram_tier"]["reason"]
+    assert "of a host's RAM share 11.77 GiB less its devices' state 768.0 MiB" in \
+        protection.line(rec)
+
+
+def test_auto_cap_turns_the_tier_off_when_the_hosts_ram_cannot_hold_the_copies():
+    """2 GiB per host on a 6 GiB share: 8 GiB of copies do not fit 75 % of 4 GiB; the reason
+    names the figures and the fix."""
+    m = mem(2 * GIB, host_bytes=6 * GIB, shared=True, device_total=GIB, devices_per_host=2)
+    cfg, rec = protection.resolve(load_config(None, []), m, hosts=2, spare_slices=1)
+    assert cfg.checkpoint.ram.enabled is False
+    why = rec["ram_tier"]["reason"]
+    assert "8.00 GiB exceeds checkpoint.ram.max_host_bytes: auto, 3.00 GiB" in why
+    assert "set checkpoint.ram.max_host_bytes to a number of bytes" in why
+
+
+def test_auto_cap_unknown_before_the_cluster_is_left_to_each_host():
+    cfg, rec = protection.resolve(load_config(None, []), mem(3 * MIB), hosts=2, spare_slices=1)
+    assert cfg.checkpoint.ram.max_host_bytes == "auto"
+    assert cfg.checkpoint.ram.cap_bytes is None
+    assert "decided by each host from its own RAM" in rec["ram_tier"]["reason"]
+
+
 def test_auto_leaves_the_tier_off_without_a_peer():
     cfg, rec = protection.resolve(load_config(None, []), mem(MIB), hosts=1, spare_slices=0)
     assert cfg.checkpoint.ram.enabled is False

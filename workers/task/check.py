@@ -107,6 +107,7 @@ def _memory(mem: dict | None, abstract: Any, specs: Any, task: dict, state_bytes
             "holder_factor": est.holder_factor, "copy_bytes": est.copy_bytes,
             "ram_tier": est.ram_tier, "state_bytes": est.state_bytes,
             "host_total": est.device_total * dph + est.ram_tier if dph else None,
+            "host_bytes": mem.get("host_bytes") if dph else None, "shared": bool(mem.get("shared")),
             "refused": refused, "ram_auto_off": ram_auto_off}
 
 
