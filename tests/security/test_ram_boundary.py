@@ -41,6 +41,9 @@ class _Packer:
     def pack(self, state: bytes) -> tuple[dict, bytearray]:
         return {"leaves": [], "pieces": []}, bytearray(state)
 
+    def release(self, data: bytearray) -> None:
+        """Nothing to reuse: every pack is new bytes."""
+
 
 def _raw(address: tuple[str, int], timeout_s: float = 5.0) -> socket.socket:
     return socket.create_connection(address, timeout=timeout_s)

@@ -27,6 +27,9 @@ class _Packer:
     def pack(self, state: bytes) -> tuple[dict, bytearray]:
         return {"leaves": [], "pieces": []}, bytearray(state)
 
+    def release(self, data: bytearray) -> None:
+        """Nothing to reuse: every pack is new bytes."""
+
 
 def _holder_and_replicator() -> tuple[RamHolder, replicator.Replicator]:
     h = holder()

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from workers.host.niceness import LOWEST, idle_this_thread, lower_this_thread
 from workers.ram import auth as ram_auth
+from workers.ram import budget
 from workers.ram.server import CopyServer, Limits
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,10 @@ class _Copy:
     layout: dict
     data: bytes | bytearray
     mac: str
+    lent: bool = False
+    """Handed out by ``get`` (Ray may still be serializing it): never recycled."""
+    saving: bool = False
+    """Queued for (or in) a durable save: never recycled."""
 
     def as_dict(self) -> dict:
         return {"incarnation": self.incarnation, "step": self.step, "source": self.source,
@@ -104,7 +109,9 @@ class _Durable:
                 self.thread.start()
 
     def enqueue(self, copy: _Copy, copy_key: bytes) -> None:
-        """The queued save holds its own reference: eviction cannot lose it."""
+        """The queued save holds its own reference: eviction cannot lose it (nor recycle its
+        buffer: ``saving``)."""
+        copy.saving = True
         self.start()
         self.queue.put((copy, copy_key))
 
@@ -145,6 +152,7 @@ class _Durable:
                     self.errors.append(f"step {copy.step} source {copy.source}: "
                                        f"{type(exc).__name__}: {str(exc)[:300]}")
             finally:
+                copy.saving = False  # written (or failed): its buffer may be recycled now
                 self.queue.task_done()
 
 
@@ -157,7 +165,19 @@ class _Store:
         self.copy_key = copy_key
         self.lock = threading.Lock()
         self.copies: dict[str, list[_Copy]] = {}
+        self.spare: dict[str, bytearray] = {}
+        """Per writer, the buffer of its last evicted copy: its next copy is received into it
+        (pages already touched: a fresh buffer's first touch costs several times the copy)."""
         self.persist_refused = 0
+
+    def buffer(self, writer: str, nbytes: int) -> bytearray:
+        """A buffer of ``nbytes`` for ``writer``'s next copy: its spare when the size fits."""
+        with self.lock:
+            spare = self.spare.get(writer)
+            if spare is not None and len(spare) == nbytes:
+                del self.spare[writer]
+                return spare
+        return bytearray(nbytes)
 
     def receive(self, writer: str, header: dict, data: bytearray) -> None:
         persist = header.get("persist", False)
@@ -181,6 +201,10 @@ class _Store:
             mine.append(copy)
             mine.sort(key=lambda c: (c.step, c.incarnation))
             self.copies[writer] = mine[-self.keep:]
+            for old in mine[:-self.keep]:
+                if (isinstance(old.data, bytearray) and not old.lent and not old.saving
+                        and old is not copy):
+                    self.spare[writer] = old.data
             return self.nbytes()
 
     def all(self) -> list[_Copy]:
@@ -197,12 +221,14 @@ class RamHolder:
     copies asked to be saved durably go and how many complete steps stay (None: nowhere).
     ``max_connections``, ``hello_timeout_s``, ``idle_timeout_s``: the wire's limits."""
 
-    def __init__(self, *, token: str, keep: int = 2, max_copy_bytes: int = MAX_COPY_BYTES,
+    def __init__(self, *, token: str, keep: int = 2, max_copy_bytes: int | None = MAX_COPY_BYTES,
                  persist_dir: str | None = None, persist_keep: int = 3,
                  max_connections: int = 32, hello_timeout_s: float = 5.0,
                  idle_timeout_s: float = 300.0) -> None:
         if keep < 1:
             raise ValueError("keep must be >= 1")
+        if max_copy_bytes is None:  # max_host_bytes: auto, undecided on the driver
+            max_copy_bytes = max(1, budget.cap_bytes(None) // (2 * keep))
         if persist_dir is not None and persist_keep < 1:
             raise ValueError("persist_keep must be >= 1")
         self._lock = threading.Lock()
@@ -238,7 +264,8 @@ class RamHolder:
             self._check(token)
             if self._server is None:
                 self._server = CopyServer(self._store.receive, hello_key=self._keys.hello,
-                                          limits=self._limits, host=host or _node_ip())
+                                          limits=self._limits, host=host or _node_ip(),
+                                          buffers=self._store.buffer)
             address = self._server.address
         if durable and self._store.durable is not None:
             self._store.durable.start()
@@ -261,6 +288,7 @@ class RamHolder:
         self._check(token)
         for c in self._store.all():
             if (c.incarnation, c.step, c.source) == (incarnation, step, source):
+                c.lent = True
                 return c.as_dict()
         raise KeyError(f"no copy of source {source} at step {step} (incarnation {incarnation})")
 

@@ -14,11 +14,16 @@ tests; a large model would fetch only the pieces overlapping its own shards (not
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Collection, Sequence
 from typing import Any
 
 import jax
 import numpy as np
+
+MAX_FREE = 2
+"""Released pack buffers kept for reuse (one in flight and one being packed is the steady
+state)."""
 
 
 class ReplicaMismatch(ValueError):
@@ -60,10 +65,30 @@ class Packer:
         self.layout = {"leaves": [[list(leaf.shape), np.dtype(leaf.dtype).str]
                                   for leaf in leaves], "pieces": pieces,
                        "names": [leaf_name(path) for path, _ in paths]}
+        self._free: list[bytearray] = []
+        self._lock = threading.Lock()
+
+    def release(self, data: bytearray) -> None:
+        """Give back a buffer ``pack`` returned once nothing reads it any more (delivered, or
+        replaced before it was sent): the next pack writes into it. A fresh buffer costs its
+        first touch of every page, several times a copy into memory already touched (a 256 MiB
+        buffer here: 0.4-1.7 GiB/s fresh, 11 GiB/s reused); two are in use at most (one in
+        flight, one being packed)."""
+        if len(data) == self.nbytes:
+            with self._lock:
+                if len(self._free) < MAX_FREE and all(b is not data for b in self._free):
+                    self._free.append(data)
+
+    def _buffer(self) -> bytearray:
+        with self._lock:
+            if self._free:
+                return self._free.pop()
+        return bytearray(self.nbytes)
 
     def pack(self, state: Any) -> tuple[dict, bytearray]:
-        """Copy the shards straight into one buffer: no pytree walk per shard and no second
-        concatenating copy (measurably faster per pack; the step waits for this part)."""
+        """Copy the shards straight into one buffer (a released one when there is one): no
+        pytree walk per shard and no second concatenating copy (the step waits for this
+        part)."""
         leaves = jax.tree_util.tree_leaves(state)
         if len(leaves) != self._count:
             raise ReplicaMismatch(f"the state has {len(leaves)} arrays, packed {self._count}")
@@ -71,7 +96,7 @@ class Packer:
             if leaf.sharding is not sharding and leaf.sharding != sharding:  # same object: cheap
                 raise ReplicaMismatch(f"array {i} is sharded {leaf.sharding}, the Packer was made "
                                       f"for {sharding}: make a new Packer for a new mesh")
-        data = bytearray(self.nbytes)
+        data = self._buffer()
         out = np.frombuffer(data, dtype=np.uint8)
         for i, k, offset, nbytes in self._take:
             # the same order as addressable_shards; one device's buffer, C-contiguous

@@ -34,7 +34,7 @@ from typing import Any
 from policies.ram_tier import copy_due
 from workers.host.niceness import idle_this_thread
 from workers.ram import auth as ram_auth
-from workers.ram import replica
+from workers.ram import budget, replica
 from workers.ram import wire as ram_wire
 
 log = logging.getLogger(__name__)
@@ -83,7 +83,8 @@ class Replicator:
 
     def __init__(self, holders: Sequence[tuple[str, tuple[str, int]]], *, token: str,
                  writer: str, incarnation: int, source: int, sources: int, every: int,
-                 keep: int, max_host_bytes: int, deliver_timeout_s: float = 30.0) -> None:
+                 keep: int, max_host_bytes: int | None,
+                 deliver_timeout_s: float = 30.0) -> None:
         self.holders = list(holders)
         self.token = token
         self._copy_key = ram_auth.Keys.from_token(token).copy
@@ -95,7 +96,8 @@ class Replicator:
         self.sources = sources
         self.every = every
         self.keep = keep
-        self.max_host_bytes = max_host_bytes
+        self.max_host_bytes = budget.cap_bytes(max_host_bytes)
+        """The driver's number, or (None: ``auto`` undecided there) this host's own."""
         self.deliver_timeout_s = deliver_timeout_s
         self.stats = ReplicaStats()
         self._cv = threading.Condition()
@@ -154,6 +156,9 @@ class Replicator:
                                "previous copy")
         with self._cv:
             kept = [c for c in self._queue if c.persist is not None]
+            for c in self._queue:
+                if c.persist is None:
+                    self._release(c)
             self.stats.replaced += len(self._queue) - len(kept)
             self._queue = [*kept, copy]
             self.stats.copies += 1
@@ -228,9 +233,17 @@ class Replicator:
             except Exception as exc:  # never let the sender die silently
                 log.error("RAM copy of step %d not sent: %s", copy.step, exc)
             finally:
+                self._release(copy)
                 with self._cv:
                     self._busy = False
                     self._cv.notify_all()
+
+    def _release(self, copy: _Copy) -> None:
+        """The copy's bytes are in every holder's socket (or dropped): the packer may reuse the
+        buffer."""
+        packer = self._packer
+        if packer is not None and isinstance(copy.data, bytearray):
+            packer.release(copy.data)
 
     def _send(self, copy: _Copy) -> None:
         """Stream the copy to every holder, then read every acknowledgement. A connection the

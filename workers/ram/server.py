@@ -27,6 +27,9 @@ log = logging.getLogger(__name__)
 Receive = Callable[[str, dict, bytearray], None]
 """``receive(writer, header, data)``: keep one copy; raises ``KeyError`` / ``TypeError`` /
 ``ValueError`` for a copy it refuses (the sender is told ``0``)."""
+Buffers = Callable[[str, int], bytearray]
+"""``buffers(writer, n)``: a buffer of ``n`` bytes to receive the writer's next copy into (one
+the receiver no longer needs, so its pages are already touched)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,8 +51,9 @@ class CopyServer:
     """Listens on ``host`` (port 0: the kernel picks) once built; ``address`` says where."""
 
     def __init__(self, receive: Receive, *, hello_key: bytes, limits: Limits,
-                 host: str) -> None:
+                 host: str, buffers: Buffers | None = None) -> None:
         self._receive = receive
+        self._buffers = buffers
         self.limits = limits
         self._lock = threading.Lock()
         self._key = hello_key
@@ -132,8 +136,11 @@ class CopyServer:
         conn.settimeout(self.limits.idle_timeout_s)
         try:
             while True:
+                into = (None if self._buffers is None
+                        else lambda n, b=self._buffers: b(writer, n))
                 header, data = ram_wire.recv_frame(conn, max_header=self.limits.max_header_bytes,
-                                                   max_data=self.limits.max_copy_bytes)
+                                                   max_data=self.limits.max_copy_bytes,
+                                                   into=into)
                 with self._lock:
                     stale = generation != self._generation
                 if stale:

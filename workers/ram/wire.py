@@ -24,6 +24,7 @@ import json
 import socket
 import struct
 import time
+from collections.abc import Callable
 
 from workers.ram import auth as ram_auth
 
@@ -58,11 +59,13 @@ def send_frame(sock: socket.socket, header: dict | bytes, data: bytes | bytearra
 
 
 def recv_frame(sock: socket.socket, *, max_header: int = MAX_HEADER, max_data: int,
-               deadline: float | None = None) -> tuple[dict, bytearray]:
+               deadline: float | None = None,
+               into: Callable[[int], bytearray] | None = None) -> tuple[dict, bytearray]:
     """(header, data), refusing (``WireError``) a frame whose lengths pass the bounds before
     reading or allocating its body; ``deadline`` (monotonic) bounds the whole frame. The data
     is the buffer it was received into (a holder keeps it as is: a second copy into ``bytes``
-    would cost CPU beside the step, on every copy)."""
+    would cost CPU beside the step, on every copy): ``into(n)`` gives one of ``n`` bytes (a
+    holder's recycled buffer), else a new one."""
     magic, header_len, data_len = _HEAD.unpack(recv_exact(sock, _HEAD.size, deadline=deadline))
     if magic != MAGIC:
         raise WireError(f"not a RAM-tier frame (magic {magic!r})")
@@ -75,7 +78,12 @@ def recv_frame(sock: socket.socket, *, max_header: int = MAX_HEADER, max_data: i
         raise WireError(f"the frame's header is not JSON ({exc})") from None
     if not isinstance(header, dict):
         raise WireError(f"the frame's header is {type(header).__name__}, not an object")
-    return header, recv_into_new(sock, data_len, deadline=deadline)
+    if into is None or not data_len:
+        return header, recv_into_new(sock, data_len, deadline=deadline)
+    buf = into(data_len)
+    if len(buf) != data_len:
+        raise ValueError(f"into({data_len}) gave a buffer of {len(buf)} bytes")
+    return header, recv_into(sock, buf, deadline=deadline)
 
 
 def recv_exact(sock: socket.socket, n: int, *, deadline: float | None = None) -> bytes:
@@ -83,7 +91,13 @@ def recv_exact(sock: socket.socket, n: int, *, deadline: float | None = None) ->
 
 
 def recv_into_new(sock: socket.socket, n: int, *, deadline: float | None = None) -> bytearray:
-    buf = bytearray(n)
+    return recv_into(sock, bytearray(n), deadline=deadline)
+
+
+def recv_into(sock: socket.socket, buf: bytearray, *,
+              deadline: float | None = None) -> bytearray:
+    """Fill ``buf`` from ``sock``."""
+    n = len(buf)
     view = memoryview(buf)
     got = 0
     while got < n:
