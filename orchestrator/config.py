@@ -30,6 +30,7 @@ from orchestrator.shared.sections import (
     positive,
 )
 from orchestrator.shared.task import ModelConfig, TaskConfig, reconcile
+from policies.autoresume import restart_shaped
 
 __all__ = ["CheckpointConfig", "EvalConfig", "MeshShape", "ModelConfig", "RunConfig", "TaskConfig",
            "TrainConfig", "load_config"]
@@ -50,6 +51,12 @@ class RunSection:
         if not self.name or not all(c.isalnum() or c in "-_." for c in self.name):
             raise ConfigError("run.name", f"{self.name!r} is empty or has characters other than "
                               "letters, digits, '-', '_' and '.'", "pick a name like my-run-1")
+        if restart_shaped(self.name):
+            raise ConfigError("run.name", f"{self.name!r} ends in -r<digits>, the shape of the "
+                              "restart job ids autoresume gives a run (run 'exp' restarts as "
+                              "'exp-r1'), so it would pass for another run's restart",
+                              f"pick a name without that ending, e.g. {self.name}-run or "
+                              f"{self.name.rsplit('-r', 1)[0]}-retry{self.name.rsplit('-r', 1)[1]}")
         positive("run.total_steps", self.total_steps)
         if self.steps_per_call < 0:
             raise ConfigError("run.steps_per_call", "must be >= 0", "use 0 for automatic")

@@ -154,7 +154,18 @@ class Decision:
         return self.action in (Action.RESUBMIT, Action.STOP_AND_RESUBMIT) and self.delay_s <= 0
 
 
-_RESTART_RE = re.compile(r"-r(\d+)$")
+MAX_RESTART_DIGITS = 9
+"""A restart number has at most this many digits (a billion restarts): a longer one is no
+restart id, so a job id of 5,000 digits costs no int() of them (Python refuses past 4,300)."""
+_RESTART_RE = re.compile(rf"-r([0-9]{{1,{MAX_RESTART_DIGITS}}})$")
+_RESTART_SHAPED = re.compile(r"-r[0-9]+$")
+
+
+def restart_shaped(name: str) -> bool:
+    """``name`` ends in ``-r<digits>``: as a run name it would be the restart id of the run named
+    by its head (run ``exp-r1`` = run ``exp``'s restart 1), so no run may be named so (the run
+    config refuses it) and autoresume acts on no run id of that shape."""
+    return bool(_RESTART_SHAPED.search(name))
 
 
 def submission_id_for(run_id: str, n: int) -> str:
@@ -173,11 +184,11 @@ def restart_of(run_id: str, submission_id: str) -> int | None:
 
     The one rule for "this id is one of the run's restarts" (ray_jobs.belongs_to and
     :func:`next_submission_id`): the whole id is matched, so ``llm-run-7-r0`` is not run
-    ``llm``'s."""
+    ``llm``'s; more than ``MAX_RESTART_DIGITS`` digits is no restart."""
     prefix = f"{run_id}-r"
     digits = submission_id[len(prefix):]
     if (not run_id or not submission_id.startswith(prefix) or not digits
-            or not all("0" <= c <= "9" for c in digits)):
+            or len(digits) > MAX_RESTART_DIGITS or not all("0" <= c <= "9" for c in digits)):
         return None
     return int(digits)
 
@@ -201,6 +212,11 @@ def precheck(inc: Incident, hist: RunHistory, rules: AutoresumeRules) -> Decisio
 
     The service asks this before it scans run directories or lists Ray jobs, so a duplicate,
     closed or ignored incident costs nothing; :func:`decide` asks it first too."""
+    if restart_shaped(inc.run_id):
+        return Decision(action=Action.NOTHING, reason=(
+            f"run id {inc.run_id[:100]!r} ends in -r<digits>, the shape of another run's restart "
+            "job id: autoresume acts on no such run (it could stop the other run's restart). "
+            "Fix: rename the run (run.name without a -r<digits> ending) and submit it again"))
     if hist.gave_up:
         return Decision(action=Action.NOTHING, reason="restart budget already spent for this run")
     if inc.state is IncidentState.CLOSED or inc.incident_id in hist.closed_incidents:
