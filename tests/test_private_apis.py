@@ -107,3 +107,22 @@ def test_orbax_cache_is_an_lru_cache():
     assert callable(getattr(getter, "cache_clear", None)), (
         f"{orbax_private.__name__}: get_signaling_client is no longer cached with cache_clear")
     orbax_private.clear_signaling_client_cache()
+
+
+def test_jax_cpu_backend_shape_used():
+    """``gloo_host`` builds gloo's collectives with a ``hostname``, hands them to JAX's CPU
+    client maker and registers the factory under "cpu" as JAX does (priority 0, not quietly)."""
+    gloo = _resolve(jax_private, "jax._src.lib", "_jax.make_gloo_tcp_collectives")
+    assert "hostname" in (gloo.__doc__ or ""), (
+        f"{jax_private.__name__}: make_gloo_tcp_collectives takes no hostname any more")
+    maker = _resolve(jax_private, "jax._src.xla_bridge", "make_cpu_client")
+    assert "collectives" in _params(maker), (
+        f"{jax_private.__name__}: make_cpu_client now takes {_params(maker)}")
+    register = _resolve(jax_private, "jax._src.xla_bridge", "register_backend_factory")
+    assert {"priority", "fail_quietly"} <= set(_params(register)), (
+        f"{jax_private.__name__}: register_backend_factory now takes {_params(register)}")
+    from jax._src import xla_bridge
+
+    cpu = xla_bridge._backend_factories["cpu"]
+    assert (cpu.priority, cpu.fail_quietly) == (0, False), (
+        f"{jax_private.__name__}: JAX registers its CPU backend as {cpu}; match it")

@@ -4,6 +4,7 @@ the host finds what the driver chose (the executable store, its key). Standard l
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
 from collections.abc import Mapping
@@ -47,6 +48,26 @@ def free_port(host: str = "", *, preferred: int = 0) -> int:
                 continue
             return int(s.getsockname()[1])
     raise AssertionError("unreachable: port 0 either binds or raises")
+
+
+def loopback_host(address: str) -> str | None:
+    """The host of ``address`` ("host:port", "[v6]:port") when it is loopback, else None."""
+    host = address.rsplit(":", 1)[0].strip("[]")
+    if host == "localhost":
+        return host
+    try:
+        return host if ipaddress.ip_address(host).is_loopback else None
+    except ValueError:  # a host name: resolved by JAX, reached from other hosts
+        return None
+
+
+def coordinator_bind(coordinator: str) -> str | None:
+    """Where process 0's JAX coordinator listens: on ``coordinator`` itself when its host is
+    loopback (the emulated and local clusters: every process is on this machine), else None,
+    JAX's default, every interface (other hosts reach it; on GKE only the cluster's own pods
+    may, ``deploy/README.md``). JAX's default on loopback let a client from the machine's
+    external address join the group as a process and kill the real one."""
+    return coordinator if loopback_host(coordinator) else None
 
 
 def key_path(env: Mapping[str, str] | None = None) -> str:

@@ -12,7 +12,7 @@ import time
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 
-from orchestrator.shared.host_env import HOST_INIT_SHARE
+from orchestrator.shared.host_env import HOST_INIT_SHARE, coordinator_bind, loopback_host
 from orchestrator.shared.plan import MEGASCALE_KEYS
 from workers.host.gloo_loop import idle_after_join
 
@@ -103,15 +103,22 @@ class JaxRuntime:
     def join(self, coordinator: str, num_processes: int, process_id: int, *,
              survive_peers: bool, init_timeout_s: float, heartbeat_s: float) -> dict:
         """Join the JAX group within ``HOST_INIT_SHARE`` of ``init_timeout_s``
-        (``orchestrator.raygroup.runtime``)."""
+        (``orchestrator.raygroup.runtime``). A coordinator on loopback (the emulated and local
+        clusters) keeps every listener of the group there: the coordinator's, which JAX
+        otherwise opens on every interface, and gloo's, which JAX puts on the host name's
+        address."""
         import jax
+
+        from workers.training import jax_private
 
         # a peer's death then fails our collectives instead of aborting this process (the
         # default), so ``release`` can keep it for the next group
         jax.config.update("jax_enable_recoverability", bool(survive_peers))
+        jax_private.gloo_host(loopback_host(coordinator))
         self.joining = True
         jax.distributed.initialize(
             coordinator_address=coordinator, num_processes=num_processes, process_id=process_id,
+            coordinator_bind_address=coordinator_bind(coordinator),
             initialization_timeout=max(1, int(HOST_INIT_SHARE * init_timeout_s)),
             heartbeat_timeout_seconds=max(2, int(heartbeat_s)),
             # ``release`` shuts the runtime down with a barrier: bounded, never JAX's 300 s
