@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 import yaml
 
+from orchestrator.shared import bounded_yaml
 from orchestrator.shared.errors import ConfigError
 
 T = TypeVar("T")
@@ -167,17 +168,25 @@ def to_dict(obj: Any) -> Any:
     return obj
 
 
+MAX_KEY_PARTS = 32
+"""A dotted override key names a setting a few sections deep; a longer one is refused."""
+
+
 def parse_override(text: str) -> tuple[list[str], Any]:
-    """``a.b.c=value`` -> (["a","b","c"], yaml-parsed value)."""
+    """``a.b.c=value`` -> (["a","b","c"], yaml-parsed value), within ``bounded_yaml``'s bounds
+    (ConfigError naming the key otherwise)."""
     if "=" not in text:
-        raise ConfigError(text, "an override must look like key.sub=value",
+        raise ConfigError(text[:200], "an override must look like key.sub=value",
                           "write overrides as dotted.key=value, e.g. model.num_layers=4")
     key, raw = text.split("=", 1)
     path = [p for p in key.strip().split(".") if p]
     if not path:
-        raise ConfigError(text, "empty key", "write overrides as dotted.key=value")
+        raise ConfigError(text[:200], "empty key", "write overrides as dotted.key=value")
+    if len(path) > MAX_KEY_PARTS:
+        raise ConfigError(key[:200], f"has {len(path)} dotted parts (at most {MAX_KEY_PARTS})",
+                          "override a setting by its name, e.g. model.num_layers=4")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = bounded_yaml.load(raw, where=".".join(path)[:200]) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
     return path, value
@@ -210,12 +219,17 @@ def _deepcopy(data: Any) -> Any:
 
 
 def load_yaml(path: str) -> dict[str, Any]:
+    """The mapping in config file ``path``, read within ``bounded_yaml``'s bounds."""
     try:
         with open(path, encoding="utf-8") as fh:
-            data = yaml.safe_load(fh)
+            text = fh.read(bounded_yaml.MAX_BYTES + 1)
+        data = bounded_yaml.load(text, where="--config")
     except FileNotFoundError:
         raise ConfigError("--config", f"file {path} does not exist",
                           "pass the path of an existing YAML file") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError("--config", f"{path} is not UTF-8 text ({exc.reason})",
+                          "save the config as UTF-8") from None
     except yaml.YAMLError as exc:
         raise ConfigError("--config", f"{path} is not valid YAML ({exc})",
                           "fix the YAML syntax") from None
