@@ -37,6 +37,7 @@ from typing import Any
 import yaml
 
 from orchestrator.autoresume.runenv import REDACTED, RefusedResubmission
+from orchestrator.shared import bounded_yaml
 from orchestrator.shared.configtools import parse_override
 from orchestrator.shared.errors import ConfigError
 
@@ -134,9 +135,9 @@ def recorded_task(run_dir: str) -> dict[str, Any] | None:
         if os.path.islink(path) or os.path.getsize(path) > _RECORDED_MAX_BYTES:
             return None
         with open(path, encoding="utf-8") as fh:
-            data = yaml.safe_load(fh)
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        return None
+            data = bounded_yaml.load(fh.read(_RECORDED_MAX_BYTES + 1), where=RECORDED_CONFIG)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, ConfigError):
+        return None  # deep, an alias bomb, huge: as unreadable
     task = data.get("task") if isinstance(data, dict) else None
     if not (isinstance(task, dict) and isinstance(task.get("settings", {}), dict)):
         return None

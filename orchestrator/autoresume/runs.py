@@ -15,12 +15,20 @@ Two rules keep other writers of the runs area from steering a run (:func:`check_
   user, so there this rule cannot tell writers apart: limit who may write the bucket.
 * a submission id run.json records counts for the run only if no other run directory records
   it too (a run.json copied from another run, ids and all, claims nothing).
+
+The scan reads every run.json under the globs for every alert, so one hostile file must not stop
+autoresume for the others (:func:`read_run_json`, :meth:`RunRegistry.find`): run.json is read
+only when it is a regular file (no link) owned by autoresume's own user, at most
+``RUN_JSON_MAX_BYTES``, nested at most ``RUN_JSON_MAX_DEPTH`` levels; a run directory reached
+through a link (its resolved path is not the path scanned) is skipped, so an alias of another
+run's folder is no run; a run id ending in ``-r<digits>`` is another run's restart id, no run.
+Any failure reading one run is logged with the run directory and that run is left out; the scan
+goes on.
 """
 
 from __future__ import annotations
 
 import glob
-import json
 import os
 import stat
 from dataclasses import dataclass, field, replace
@@ -28,8 +36,10 @@ from typing import Any
 
 import structlog
 
+from orchestrator.events import bounded
+from orchestrator.events.model import MalformedEvent
 from orchestrator.shared.files import read_jsonl
-from policies.autoresume import Heartbeat
+from policies.autoresume import Heartbeat, restart_shaped
 
 log = structlog.get_logger(__name__)
 
@@ -48,6 +58,8 @@ class RunRecord:
 
 
 HOLD_FILE = "DO_NOT_RESUME"
+RUN_JSON_MAX_BYTES = 1 << 20  # the driver writes ~2 KiB
+RUN_JSON_MAX_DEPTH = 16  # the driver's run.json nests 4 levels (runtime_env.config.x)
 
 
 class RunMetadataError(ValueError):
@@ -58,19 +70,50 @@ class AmbiguousRunError(RunMetadataError):
     """Several run directories claim the same run id: autoresume acts on none of them."""
 
 
-def read_run_json(run_dir: str) -> RunRecord:
-    path = os.path.join(run_dir, "run.json")
+def _read_record(path: str, uid: int) -> bytes:
+    """run.json's bytes, if it is a regular file of ``uid`` within the size limit."""
     try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except (OSError, json.JSONDecodeError) as exc:
-        raise RunMetadataError(f"{path}: {exc}") from None
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        kind = "a symbolic link" if os.path.islink(path) else f"unreadable ({exc.strerror})"
+        raise RunMetadataError(f"{path} is {kind}; only the driver's own file is read") from None
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise RunMetadataError(f"{path} is not a regular file")
+        if st.st_uid != uid:
+            raise RunMetadataError(
+                f"{path} is owned by uid {st.st_uid}, not by autoresume's user (uid {uid}): "
+                "another user's record is not resubmitted with the cluster's token. Fix: run "
+                "the job as autoresume's user, or remove the stray run.json")
+        if st.st_size > RUN_JSON_MAX_BYTES:
+            raise RunMetadataError(f"{path} is {st.st_size} bytes, over the "
+                                   f"{RUN_JSON_MAX_BYTES} a driver's run.json can be")
+        data = fh.read(RUN_JSON_MAX_BYTES + 1)
+    if len(data) > RUN_JSON_MAX_BYTES:
+        raise RunMetadataError(f"{path} grew past {RUN_JSON_MAX_BYTES} bytes while read")
+    return data
+
+
+def read_run_json(run_dir: str, *, uid: int | None = None) -> RunRecord:
+    """The record in RUN_DIR/run.json, read as the module docstring says (``uid``: the owner it
+    must have, autoresume's own user by default); RunMetadataError naming the problem."""
+    path = os.path.join(run_dir, "run.json")
+    raw = _read_record(path, os.geteuid() if uid is None else uid)
+    try:
+        data = bounded.loads(raw, max_bytes=RUN_JSON_MAX_BYTES, max_depth=RUN_JSON_MAX_DEPTH)
+    except MalformedEvent as exc:
+        raise RunMetadataError(f"{path}: {exc.reason.replace('payload', 'run.json', 1)}") from None
     if not isinstance(data, dict):
         raise RunMetadataError(f"{path}: not a JSON object")
     run_id = data.get("run_id")
     argv = data.get("entrypoint")
     if not isinstance(run_id, str) or not run_id:
         raise RunMetadataError(f"{path}: run_id missing")
+    if restart_shaped(run_id):
+        raise RunMetadataError(f"{path}: run_id {run_id[:100]!r} ends in -r<digits>, the shape "
+                               "of another run's restart job id. Fix: rename the run (run.name) "
+                               "and submit it again")
     if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
         raise RunMetadataError(f"{path}: entrypoint must be a non-empty list of strings")
     env = data.get("runtime_env") or {}
@@ -92,27 +135,47 @@ def read_run_json(run_dir: str) -> RunRecord:
 class RunRegistry:
     """Run directories under the configured globs, looked up by run id only."""
 
-    def __init__(self, patterns: tuple[str, ...]) -> None:
+    def __init__(self, patterns: tuple[str, ...], *, uid: int | None = None) -> None:
         self._patterns = patterns
+        self.uid = os.geteuid() if uid is None else uid
+        """The user whose run.json files are read (autoresume's own)."""
+
+    def _scan(self) -> list[RunRecord]:
+        """Every readable record under the globs; a bad one is logged and left out, whatever
+        went wrong with it (module docstring)."""
+        out = []
+        for pattern in self._patterns:
+            for run_dir in sorted(glob.glob(pattern)):
+                if not os.path.lexists(os.path.join(run_dir, "run.json")):
+                    continue
+                try:
+                    out.append(self._read(run_dir))
+                except RunMetadataError as exc:
+                    log.warning("autoresume_bad_run_json", run_dir=run_dir, reason=str(exc))
+                except Exception as exc:  # one run's file never stops the scan for the others
+                    log.warning("autoresume_bad_run_json", run_dir=run_dir,
+                                reason=f"{type(exc).__name__}: {str(exc)[:300]}")
+        return out
+
+    def _read(self, run_dir: str) -> RunRecord:
+        real = os.path.realpath(run_dir)
+        if real != os.path.abspath(run_dir):
+            raise RunMetadataError(
+                f"{run_dir} resolves to {real}: a run directory reached through a link is an "
+                "alias, not a run. Fix: configure run_dirs with the real path, and remove the "
+                "link if it is not yours")
+        return read_run_json(run_dir, uid=self.uid)
 
     def find(self, run_id: str) -> RunRecord | None:
         """The one run with this id; None if none; AmbiguousRunError if several claim it."""
         found: dict[str, RunRecord] = {}
         claims: dict[str, set[str]] = {}  # submission id -> run directories recording it
-        for pattern in self._patterns:
-            for run_dir in sorted(glob.glob(pattern)):
-                if not os.path.isfile(os.path.join(run_dir, "run.json")):
-                    continue
-                try:
-                    record = read_run_json(run_dir)
-                except RunMetadataError as exc:
-                    log.warning("autoresume_bad_run_json", run_dir=run_dir, reason=str(exc))
-                    continue
-                real = os.path.realpath(run_dir)
-                for sid in record.submission_ids:
-                    claims.setdefault(sid, set()).add(real)
-                if record.run_id == run_id:
-                    found[real] = record
+        for record in self._scan():
+            real = os.path.realpath(record.run_dir)
+            for sid in record.submission_ids:
+                claims.setdefault(sid, set()).add(real)
+            if record.run_id == run_id:
+                found[real] = record
         if len(found) > 1:
             raise AmbiguousRunError(
                 f"run id {run_id!r} is claimed by {len(found)} run directories "
@@ -154,9 +217,10 @@ def check_hold(run_dir: str) -> Hold:
     if why:
         log.warning("autoresume_hold_ignored", run_dir=run_dir, reason=why)
         return Hold(ignored=f"{HOLD_FILE} in {run_dir} ignored: {why}")
-    try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            text = fh.read(500).strip()
+    try:  # never through a link, never blocking on a FIFO swapped in after the lstat
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as fh:
+            text = fh.read(500).decode("utf-8", "replace").strip()
     except OSError:
         text = ""
     return Hold(reason=f"{HOLD_FILE} in {run_dir}" + (f": {text}" if text else ""))
@@ -189,7 +253,9 @@ def last_heartbeat(run_dir: str, *, tail_bytes: int = 16384) -> Heartbeat | None
     """Last step record in RUN_DIR/metrics.jsonl (step, wall_time), if any; None when unknown."""
     try:  # a torn line (a driver killed mid-write) is skipped
         records = list(read_jsonl(os.path.join(run_dir, "metrics.jsonl"), tail_bytes=tail_bytes))
-    except OSError:
+    except (OSError, RecursionError) as exc:  # RecursionError: a line nested thousands deep
+        log.warning("autoresume_metrics_unreadable", run_dir=run_dir,
+                    reason=f"{type(exc).__name__}: {str(exc)[:200]}")
         return None
     for rec in reversed(records):
         step, at = rec.get("step"), rec.get("wall_time")

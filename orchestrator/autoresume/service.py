@@ -3,9 +3,11 @@
 ``handle_message`` takes a Pub/Sub payload (bytes) and always returns (the caller then acks):
 malformed input goes to the dead letters with its reason; an unreachable Ray cluster schedules a
 retry with backoff; a decision with a delay (policy backoff) schedules a re-evaluation;
-``process_due`` runs what is due. State is written before a message is acknowledged, so a restart
-of the service repeats nothing it already did. One lock serialises all of it: the service is
-small and correctness beats throughput here.
+``process_due`` runs what is due; an unexpected error while handling one run (a malformed file in
+its directory) is audited and dead-lettered with the alert, and the next alert is handled as
+usual. State is written before a message is acknowledged, so a restart of the service repeats
+nothing it already did. One lock serialises all of it: the service is small and correctness
+beats throughput here.
 
 Cheap things first: a duplicate, closed or ignored incident is answered from the state alone,
 before run directories are scanned or Ray is asked. A CLOSED notification is honoured (its
@@ -109,7 +111,10 @@ class AutoresumeService:
             log.info("autoresume_incident", incident_id=incident.incident_id,
                      run=incident.run_id, state=incident.state.value, kind=incident.kind.value,
                      message_id=message_id)
-            return self._consider(incident, attempts=0, message_id=message_id)
+            try:
+                return self._consider(incident, attempts=0, message_id=message_id)
+            except Exception as exc:  # one run's files or state never nack the alert stream
+                return self._failed(incident, exc, data, message_id, now)
 
     def process_due(self) -> int:
         """Re-evaluate scheduled incidents whose time has come; return how many ran."""
@@ -120,7 +125,11 @@ class AutoresumeService:
             for _, key in due:
                 pending = self.state.pending.pop(key)
                 self.state.save()
-                self._consider(incident_from_json(pending.incident), attempts=pending.attempts)
+                incident = incident_from_json(pending.incident)
+                try:
+                    self._consider(incident, attempts=pending.attempts)
+                except Exception as exc:  # the other due incidents still run
+                    self._failed(incident, exc, json.dumps(pending.incident).encode(), "", now)
             return len(due)
 
     def next_due(self) -> float | None:
@@ -337,6 +346,22 @@ class AutoresumeService:
         }
         self.audit.write(entry)
         log.info("autoresume_decision", **{k: v for k, v in entry.items() if k != "at"})
+
+    def _failed(self, incident: Incident, exc: Exception, data: bytes, message_id: str,
+                now: float) -> str:
+        """An unexpected error while handling one run: audited, dead-lettered with the alert
+        (an operator can replay it), logged with the traceback; the caller acks."""
+        reason = f"error handling run {incident.run_id[:100]!r}: {type(exc).__name__}: " \
+                 f"{str(exc)[:300]}"
+        log.error("autoresume_run_failed", run=incident.run_id,
+                  incident_id=incident.incident_id, reason=reason, exc_info=exc,
+                  fix="read the run's directory (run.json, config.yaml, metrics.jsonl) for what "
+                      "is malformed; other runs are unaffected")
+        self.audit.write({"at": now, "incident_id": incident.incident_id,
+                          "run_id": incident.run_id, "action": "NOTHING", "outcome": "error",
+                          "reason": reason, "message_id": message_id})
+        self._dead_letter(data, reason, message_id, now)
+        return "error"
 
     def _dead_letter(self, data: bytes, reason: str, message_id: str, now: float) -> str:
         self.dead_letters.write({"at": now, "reason": reason, "message_id": message_id,

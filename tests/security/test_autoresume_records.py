@@ -11,9 +11,12 @@ run, and a resubmission is the run's own command (as Ray recorded it) and nothin
 from __future__ import annotations
 
 import json
+import os
+import tracemalloc
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from orchestrator.config import load_config
 from orchestrator.shared.errors import ConfigError
@@ -70,3 +73,118 @@ def test_job_id_with_thousands_of_digits_is_no_restart_and_raises_nothing(tmp_pa
     assert svc.handle_message(alert("i-1", "exp")) == "submitted"
     assert [s for s, _, _ in ray.submitted] == ["exp-r1"]
     assert restart_of("exp", huge) is None and next_submission_id("exp", (huge,)) == "exp-r1"
+
+
+# ---- finding 3: one run.json disables autoresume for nobody -----------------------------------
+
+def failed_run(tmp_path: Path, run_id: str = "run-a") -> TableRay:
+    make_run(tmp_path, run_id)
+    ray = TableRay()
+    ray.jobs[f"{run_id}-r0"] = Submission(submission_id=f"{run_id}-r0", status=JobStatus.FAILED)
+    return ray
+
+
+def test_a_run_json_nested_200000_deep_stops_no_other_run(tmp_path):
+    """A run.json 200,000 levels deep elsewhere under the runs root: skipped and logged; the
+    alert for run-a is handled (it raised RecursionError out of the scan for every alert)."""
+    ray = failed_run(tmp_path)
+    (tmp_path / "runs" / "zz-deep").mkdir()
+    (tmp_path / "runs" / "zz-deep" / "run.json").write_text("[" * 200_000 + "]" * 200_000)
+    svc = service(tmp_path, ray, Clock())
+    with capture_logs() as logs:
+        assert svc.handle_message(alert("i-1")) == "submitted"
+    assert [s for s, _, _ in ray.submitted] == ["run-a-r1"]
+    bad = [r for r in logs if r["event"] == "autoresume_bad_run_json"]
+    assert len(bad) == 1 and "nested" in bad[0]["reason"] and "zz-deep" in bad[0]["run_dir"]
+
+
+def test_an_oversized_run_json_is_refused_by_its_size_unread(tmp_path):
+    """A valid run.json padded to 8 MiB (200 MB in the attack: 440 MiB a scan) is refused by
+    its size, not read: the scan of an alert allocates under 4 MiB."""
+    ray = failed_run(tmp_path)
+    big = tmp_path / "runs" / "zz-big"
+    big.mkdir()
+    (big / "run.json").write_text(json.dumps({"run_id": "big", "entrypoint": ["python"]})
+                                  + " " * (8 << 20))
+    svc = service(tmp_path, ray, Clock())
+    tracemalloc.start()
+    try:
+        with capture_logs() as logs:
+            assert svc.handle_message(alert("i-1")) == "submitted"
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20
+    assert any("over the" in r.get("reason", "") for r in logs
+               if r["event"] == "autoresume_bad_run_json")
+
+
+def test_a_deep_metrics_line_and_a_deep_config_yaml_of_the_run_itself_raise_nothing(tmp_path):
+    """The alert's own run with a metrics.jsonl line and a config.yaml nested thousands deep:
+    no heartbeat read, the task check refuses, nothing raised out of handle_message."""
+    ray = failed_run(tmp_path)
+    run_dir = tmp_path / "runs" / "run-a"
+    (run_dir / "metrics.jsonl").write_text("[" * 8000 + "]" * 8000 + "\n")
+    (run_dir / "config.yaml").write_text("task: " + "[" * 8000 + "]" * 8000 + "\n")
+    meta = json.loads((run_dir / "run.json").read_text())
+    meta["entrypoint"] += ["task.data.dir=/data"]
+    (run_dir / "run.json").write_text(json.dumps(meta))
+    svc = service(tmp_path, ray, Clock())
+    assert svc.handle_message(alert("i-1")) == "refused"
+    assert "recorded no readable config.yaml" in audit(tmp_path)[0]["reason"]
+
+
+def test_an_unexpected_error_for_one_run_is_dead_lettered_and_the_next_alert_handled(tmp_path):
+    """Whatever goes wrong while handling one run's alert is audited and dead-lettered with the
+    alert (it used to raise, so intake nacked it and Pub/Sub redelivered it forever)."""
+    ray = failed_run(tmp_path)
+    svc = service(tmp_path, ray, Clock())
+    real_find = svc.registry.find
+
+    def find(run_id):
+        if run_id == "cursed":
+            raise RecursionError("maximum recursion depth exceeded")
+        return real_find(run_id)
+
+    svc.registry.find = find  # type: ignore[method-assign]
+    assert svc.handle_message(alert("i-0", "cursed"), message_id="m-0") == "error"
+    assert svc.handle_message(alert("i-1")) == "submitted"
+    dead = svc.dead_letters.read()
+    assert [d["message_id"] for d in dead] == ["m-0"] and "RecursionError" in dead[0]["reason"]
+    assert json.loads(dead[0]["payload"])["incident"]["incident_id"] == "i-0"
+    assert [a["outcome"] for a in audit(tmp_path)] == ["error", "submitted"]
+
+
+# ---- finding 4 (the record itself): another user's run.json, an alias of a run directory -----
+
+def test_run_json_of_another_user_is_not_resubmitted(tmp_path):
+    """run.json owned by another uid (autoresume runs as root here, the file is nobody's): no
+    run is found, nothing submitted, the owner named in the log."""
+    ray = failed_run(tmp_path)
+    os.chown(tmp_path / "runs" / "run-a" / "run.json", 65534, 65534)
+    svc = service(tmp_path, ray, Clock())
+    with capture_logs() as logs:
+        assert svc.handle_message(alert("i-1")) == "unknown_run"
+    assert ray.submitted == []
+    assert any("owned by uid 65534" in r.get("reason", "") for r in logs)
+
+
+@pytest.mark.parametrize("what", ["dir", "file"])
+def test_an_alias_of_a_run_is_not_that_run(tmp_path, what):
+    """`runs/alias` a link to another folder (holding a run.json for `alias`), or a run.json
+    that is a link: neither is a run; nothing is submitted."""
+    ray = failed_run(tmp_path, "alias")
+    real = tmp_path / "runs" / "alias"
+    elsewhere = tmp_path / "elsewhere"
+    real.rename(elsewhere)
+    if what == "dir":
+        real.symlink_to(elsewhere)
+    else:
+        real.mkdir()
+        (real / "run.json").symlink_to(elsewhere / "run.json")
+    svc = service(tmp_path, ray, Clock())
+    with capture_logs() as logs:
+        assert svc.handle_message(alert("i-1", "alias")) == "unknown_run"
+    assert ray.submitted == []
+    reason = next(r["reason"] for r in logs if r["event"] == "autoresume_bad_run_json")
+    assert ("alias, not a run" if what == "dir" else "symbolic link") in reason
