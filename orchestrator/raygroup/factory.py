@@ -53,8 +53,7 @@ class RayGroups:
     def _start_standby(self, h: HostRef) -> Any:
         env = device_env(platform=self.cluster.platform(), devices_per_host=h.devices)
         if self.ram is not None:  # its holder too, so a re-form there starts no holder either
-            _, holder = self.ram.holder(h.node_id)
-            holder.serve.remote(self.ram.token, durable=self.ram.cfg.durable_from_ram)
+            self.ram.holder(h.node_id)  # served at attach, once it proves it is the run's
         return spawn(self.group_cls.actor_cls, h, env, None)
 
     def close(self) -> None:

@@ -9,6 +9,10 @@ The run's secret (``token``) authenticates hosts to holders and every copy end t
 (``workers.ram.auth``). It lives in ``RUN_DIR/ram_secret`` (mode 0600; the run directory is
 trusted, like its checkpoints), so a later driver of the run (autoresume) can still use the
 holders and check the copies an earlier one left; a run directory started afresh gets a new one.
+Holder names are predictable and anyone on the cluster can list them, so the driver hands the
+token only to a holder that first proves it has it, bound to its own name (``RamHolder.prove``,
+a fresh challenge each time): an actor created first under a holder's name is skipped, never
+served.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from orchestrator.shared.hosts import HostRef
 from orchestrator.shared.plan import MeshPlan
 from orchestrator.shared.sections import RamTierConfig
 from policies.ram_tier import ReplicaEntry, TierChoice, choose_tier, peer_nodes
+from workers.ram import auth as ram_auth
 from workers.ram import copy_store
 from workers.ram.holder import RamHolder
 
@@ -38,6 +43,10 @@ log = structlog.get_logger(__name__)
 NAMESPACE = "tpu-orchestrator"
 SECRET_FILE = "ram_secret"
 _RemoteHolder = ray.remote(RamHolder)
+_NOT_OURS = ("left out, never handed the token: it cannot prove it holds this run's secret. "
+             "Unless it is a holder of an earlier secret of this run, kill it "
+             "(ray.kill(ray.get_actor('{name}', namespace='" + NAMESPACE + "'))); the run's "
+             "release kills it too")
 
 
 def run_key(name: str, run_dir: str) -> str:
@@ -148,7 +157,43 @@ class RamTier:
         return out
 
     def holders(self) -> dict[str, Any]:
-        """Every live holder of this run, by name (also those an earlier driver created)."""
+        """Every live holder of this run, by name (also those an earlier driver created): those
+        under its names that prove they are its own (``ours``)."""
+        return self.ours(self._named(), self.timeout_s)
+
+    def ours(self, named: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        """Those of ``named`` that answer a fresh challenge with this run's secret, bound to
+        their own name (one holder's answer cannot pass for another's); only these are ever
+        handed the token. Anything else (an actor created first under one of the run's names,
+        a holder of an older secret, a dead or slow one) is left out and logged."""
+        nonce = secrets.token_hex(16)
+        refs: dict[str, Any] = {}
+        for name, h in named.items():
+            try:
+                refs[name] = h.prove.remote(nonce)
+            except AttributeError:  # an actor of another class: it has no ``prove``
+                log.warning("ram_holder_not_ours", holder=name, fix=_NOT_OURS.format(name=name))
+        ready, _ = (ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
+                    if refs else ([], []))
+        found: dict[str, Any] = {}
+        for name, ref in refs.items():
+            if ref not in ready:
+                log.warning("ram_holder_slow", holder=name)
+                continue
+            try:
+                answer = ray.get(ref)
+            except Exception as exc:  # its node is gone, or it is no holder at all
+                log.warning("ram_holder_lost", holder=name, error=str(exc)[:200])
+                continue
+            want = ram_auth.holder_proof(self.token, nonce, name)
+            if isinstance(answer, str) and ram_auth.same_token(answer, want):
+                found[name] = named[name]
+            else:
+                log.warning("ram_holder_not_ours", holder=name, fix=_NOT_OURS.format(name=name))
+        return found
+
+    def _named(self) -> dict[str, Any]:
+        """Every live actor under this run's holder names, whoever created it."""
         found: dict[str, Any] = {}
         for a in ray.util.list_named_actors(all_namespaces=True):
             if a.get("namespace") != NAMESPACE or not a.get("name", "").startswith(self.prefix):
@@ -162,7 +207,7 @@ class RamTier:
     def inventory(self) -> list[ReplicaEntry]:
         """What every reachable holder has; a dead or slow holder is left out (logged)."""
         handles = self.holders()
-        refs = {name: h.inventory.remote() for name, h in handles.items()}
+        refs = {name: h.inventory.remote(self.token) for name, h in handles.items()}
         ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=self.timeout_s)
         entries: list[ReplicaEntry] = []
         for name, ref in refs.items():
@@ -201,13 +246,15 @@ class RamTier:
         """Start every host copying to its holders (refs for the group to wait on); ``spare``:
         the hosts kept warm on spare slices (``assignments``)."""
         assign = self.assignments(plan, spare)
-        handles = {name: h for mine in assign for name, h in mine}
+        handles = self.ours({name: h for mine in assign for name, h in mine},
+                            max(30.0, self.timeout_s))  # a new holder's process starts first
         names = list(handles)
         served = ray.get([handles[n].serve.remote(self.token, durable=self.cfg.durable_from_ram)
                           for n in names],
                          timeout=max(30.0, self.timeout_s))
         address = {n: (str(a[0]), int(a[1])) for n, a in zip(names, served, strict=True)}
-        return [a.attach_ram.remote([(n, address[n]) for n, _ in assign[i]], token=self.token,
+        return [a.attach_ram.remote([(n, address[n]) for n, _ in assign[i] if n in address],
+                                    token=self.token,
                                     incarnation=incarnation, every=self.cfg.first_every,
                                     keep=self.cfg.keep, max_host_bytes=self.cfg.cap_bytes,
                                     durable_from_ram=self.cfg.durable_from_ram)
@@ -215,13 +262,23 @@ class RamTier:
 
     def restore_calls(self, actors: Sequence[Any], choice: TierChoice) -> list[Any]:
         """Every host rebuilds ``choice.step`` from the copies (in RAM, or saved on disk for
-        tier "copy"); [] if a holder is gone."""
+        tier "copy"); [] if a holder is gone. A RAM restore reads the copies over the holders'
+        wire (``workers.ram.wire.read_copy``), not through Ray's object store: only the copies
+        each host needs, into its own memory, at a socket's speed."""
         if choice.tier == "copy":
             return [a.restore_from_disk_copy.remote(choice.step, self.token) for a in actors]
         live = self.holders()
         if any(name not in live for name in choice.holders.values()):
             return []
-        holders = {src: (name, live[name]) for src, name in choice.holders.items()}
+        names = sorted(set(choice.holders.values()))
+        try:  # where each serves the wire (already serving: its address, no new listener)
+            served = ray.get([live[n].serve.remote(self.token) for n in names],
+                             timeout=self.timeout_s)
+        except Exception as exc:
+            log.warning("ram_holder_address_failed", error=str(exc)[:200])
+            return []
+        address = {n: (str(a[0]), int(a[1])) for n, a in zip(names, served, strict=True)}
+        holders = {src: (name, address[name]) for src, name in choice.holders.items()}
         return [a.restore_from_ram.remote(choice.step, choice.incarnation, holders, self.token)
                 for a in actors]
 
@@ -245,7 +302,7 @@ class RamTier:
         out: dict[str, dict] = {}
         for name, h in self.holders().items():
             try:
-                out[name.removeprefix(self.prefix)] = ray.get(h.stats.remote(),
+                out[name.removeprefix(self.prefix)] = ray.get(h.stats.remote(self.token),
                                                               timeout=self.timeout_s)
             except Exception as exc:
                 log.warning("ram_holder_stats_failed", holder=name, error=str(exc)[:200])
@@ -255,16 +312,17 @@ class RamTier:
         """Wait (bounded by ``flush_s``) until every holder's queued durable saves are done; the
         handles waited on, by name."""
         handles = self.holders()
-        flushed = {name: h.flush.remote(flush_s) for name, h in handles.items()}
+        flushed = {name: h.flush.remote(self.token, flush_s) for name, h in handles.items()}
         ray.wait(list(flushed.values()), num_returns=len(flushed), timeout=flush_s + 5)
         return handles
 
     def release(self, *, flush_s: float = 60.0) -> int:
         """Kill every holder of this run once its queued durable saves are done (bounded by
-        ``flush_s``); returns how many."""
+        ``flush_s``), and whatever else lives under its holder names (a killed actor is handed
+        nothing); returns how many."""
         n = 0
-        handles = self.flush(flush_s=flush_s)
-        for name, h in handles.items():
+        self.flush(flush_s=flush_s)
+        for name, h in self._named().items():
             try:
                 ray.kill(h, no_restart=True)
                 n += 1

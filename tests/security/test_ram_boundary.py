@@ -21,6 +21,7 @@ import pytest
 from orchestrator.raygroup.ram_holders import SECRET_FILE, run_secret
 from tests.workers.ram_testing import TOKEN, copy_header, damage, holder, put
 from workers.host.ram import RamTier
+from workers.ram import auth as ram_auth
 from workers.ram import copy_store, replicator
 from workers.ram import wire as ram_wire
 from workers.ram.holder import RamHolder
@@ -72,7 +73,7 @@ def _honest_round(address: tuple[str, int], step: int, data: bytes,
 
 
 def _assert_honest_intact(h: RamHolder, steps: dict[int, bytes]) -> None:
-    inventory = h.inventory()
+    inventory = h.inventory(TOKEN)
     assert sorted(c["step"] for c in inventory) == sorted(steps)
     assert all(c["intact"] for c in inventory), inventory
     for step, data in steps.items():
@@ -97,7 +98,7 @@ def test_an_oversized_length_before_auth_allocates_nothing_and_is_closed():
     finally:
         tracemalloc.stop()
     assert peak < 8 * 1024**2, f"{peak} bytes allocated for a frame claiming 64 MiB"
-    assert h.stats()["refused"]["hello"] == 1
+    assert h.stats(TOKEN)["refused"]["hello"] == 1
     assert _honest_round(address, 1, b"x" * 1000)
 
 
@@ -118,7 +119,7 @@ def test_a_malformed_hello_is_closed_and_the_holder_keeps_serving(frame):
     with _raw(address) as sock:
         sock.sendall(frame)
         assert _closed_within(sock, 3.0)
-    assert h.stats()["copies"] == 0
+    assert h.stats(TOKEN)["copies"] == 0
     assert _honest_round(address, 1, b"y" * 100)
     _assert_honest_intact(h, {1: b"y" * 100})
 
@@ -141,7 +142,7 @@ def test_a_wrong_secret_is_refused_and_never_crosses_the_wire(monkeypatch):
     ram_wire.connect(address, TOKEN, writer="honest", timeout_s=5).close()
     assert len(seen) == 2 and all(TOKEN.encode() not in s for s in seen)
     assert seen[0] != seen[1], "the same hello twice: a recorded one could be replayed"
-    assert h.stats()["refused"]["hello"] == 1
+    assert h.stats(TOKEN)["refused"]["hello"] == 1
 
 
 def test_an_idle_or_slow_connection_before_auth_is_closed():
@@ -175,7 +176,7 @@ def test_more_connections_than_the_cap_are_closed_at_once_and_slots_come_back():
                 s.recv(64)
         with _raw(address) as third:
             assert _closed_within(third, 3.0), "a connection past the cap was served"
-        assert h.stats()["refused"]["busy"] >= 1
+        assert h.stats(TOKEN)["refused"]["busy"] >= 1
     finally:
         for s in squatters:
             s.close()
@@ -199,7 +200,7 @@ def test_an_authenticated_frame_past_the_expected_copy_size_is_refused():
         header = json.dumps(copy_header(1, b"")).encode()
         sock.sendall(HEAD.pack(ram_wire.MAGIC, len(header), 2**40) + header)
         assert _closed_within(sock, 3.0)
-    assert h.stats()["refused"]["frame"] == 1
+    assert h.stats(TOKEN)["refused"]["frame"] == 1
     assert _honest_round(address, 2, b"v" * 4096)
     _assert_honest_intact(h, {2: b"v" * 4096})
 
@@ -216,7 +217,7 @@ def test_a_malformed_copy_is_refused_and_the_connection_goes_on(change):
         assert ram_wire.read_ack(sock) is False
         ram_wire.send_frame(sock, copy_header(4, b"good"), b"good")
         assert ram_wire.read_ack(sock) is True
-    assert [c["step"] for c in h.inventory()] == [4]
+    assert [c["step"] for c in h.inventory(TOKEN)] == [4]
 
 
 def test_a_copy_cannot_choose_where_durable_copies_go(tmp_path):
@@ -227,7 +228,7 @@ def test_a_copy_cannot_choose_where_durable_copies_go(tmp_path):
         persist = {"directory": str(elsewhere), "keep_steps": 0}
         ram_wire.send_frame(sock, {**copy_header(1, b"d"), "persist": persist}, b"d")
         assert ram_wire.read_ack(sock) is False
-    assert h.persist_status() == {"pending": 0, "saved": [], "errors": []}
+    assert h.persist_status(TOKEN) == {"pending": 0, "saved": [], "errors": []}
     assert h._store.durable is None and not elsewhere.exists()
 
 
@@ -242,7 +243,7 @@ def test_the_writer_is_the_authenticated_peer_not_the_frame():
         assert ram_wire.read_ack(sock) is False
         ram_wire.send_frame(sock, copy_header(4, b"a"), b"a")  # its own: kept as node-a's
         assert ram_wire.read_ack(sock) is True
-    assert sorted(c["step"] for c in h.inventory()) == [1, 2, 4]
+    assert sorted(c["step"] for c in h.inventory(TOKEN)) == [1, 2, 4]
 
 
 def test_prune_leaves_step_folders_it_did_not_write(tmp_path):
@@ -272,8 +273,9 @@ def test_the_driver_keeps_the_runs_secret_owner_only_and_a_fresh_run_gets_a_new_
 
 def test_every_method_ray_can_call_is_known_and_moving_copies_needs_the_token():
     callable_by_ray = {n for n, _ in inspect.getmembers(RamHolder, inspect.isfunction)}
-    assert callable_by_ray == {"__init__", "_check", "serve", "put", "get", "inventory",
-                               "persist_status", "flush", "stats"}, "no test hooks, no bypass"
+    assert callable_by_ray == {"__init__", "_check", "prove", "serve", "put", "get",
+                               "inventory", "persist_status", "flush", "stats"}, (
+        "no test hooks, no bypass")
     h = holder()
     put(h, "node-a", 1, b"secret bytes")
     with pytest.raises(PermissionError):
@@ -285,6 +287,34 @@ def test_every_method_ray_can_call_is_known_and_moving_copies_needs_the_token():
     with pytest.raises(PermissionError):
         h.serve("mine", host="127.0.0.1", replaces="guess")
     assert h.get(TOKEN, incarnation=1, step=1, source=0)["data"] == b"secret bytes"
+
+
+def test_what_a_holder_keeps_and_does_is_told_only_to_the_token(tmp_path):
+    """Issue 49: ``inventory``, ``stats``, ``persist_status`` and ``flush`` answered anyone
+    with a Ray handle (which steps and sources a run holds, its sizes, its durable saves)."""
+    h = holder(persist_dir=str(tmp_path))
+    put(h, "node-a", 1, b"secret bytes")
+    for call in (lambda t: h.inventory(t), lambda t: h.stats(t),
+                 lambda t: h.persist_status(t), lambda t: h.flush(t, 0.1)):
+        with pytest.raises(PermissionError):
+            call("guess")
+        call(TOKEN)
+    assert [c["step"] for c in h.inventory(TOKEN)] == [1]
+
+
+def test_a_holder_proves_it_has_the_token_without_giving_it_away():
+    """``prove`` is the one call without the token: its answer is an HMAC under a key of its
+    own, bound to the driver's nonce and the holder's name (outside Ray: none)."""
+    nonce = "n" * 32
+    answer = holder().prove(nonce)
+    assert answer == ram_auth.holder_proof(TOKEN, nonce, "")
+    assert TOKEN not in answer
+    assert answer != holder(token="another run").prove(nonce)
+    assert answer != ram_auth.holder_proof(TOKEN, nonce, "ram-run-other-node")
+    assert answer != ram_auth.holder_proof(TOKEN, "m" * 32, "")
+    for bad in ("short", "x" * 129, None):
+        with pytest.raises(ValueError):
+            holder().prove(bad)
 
 
 class _Trainer:
@@ -316,7 +346,7 @@ def test_a_forged_copy_is_refused_by_the_restoring_host_before_any_byte_is_used(
                                                        source=0)}, TOKEN)
     assert replayed["ok"] is False and "not 2" in replayed["reason"]
     damage(h, step=1, source=0)  # rot (or a tampering holder) after the copy arrived
-    assert [c["intact"] for c in h.inventory()] == [False]
+    assert [c["intact"] for c in h.inventory(TOKEN)] == [False]
     assert host.restore_copies(1, {"node-a": h.get(TOKEN, incarnation=1, step=1, source=0)},
                                TOKEN)["ok"] is False
     assert trainer.used == [], "a refused copy's bytes reached the trainer"
@@ -367,5 +397,5 @@ def test_an_honest_host_streams_through_every_attack_and_its_copies_stay_intact(
         rep.close()
     assert rep.stats.dropped == [] and rep.stats.sent == 6
     _assert_honest_intact(h, {5: sent[5], 6: sent[6]})
-    assert sum(h.stats()["refused"].values()) > 0
+    assert sum(h.stats(TOKEN)["refused"].values()) > 0
 

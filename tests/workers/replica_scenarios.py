@@ -80,7 +80,7 @@ def run(tmp: Path) -> dict:
     out["other_secret_restore"] = bad.restore_copies(3, copy(), "another-run")
     # a damaged copy is refused by the reader, and by the holder's inventory
     damage(h, step=3, source=0)
-    out["inventory_after_damage"] = h.inventory()
+    out["inventory_after_damage"] = h.inventory(TOKEN)
     out["damaged_restore"] = bad.restore_copies(3, copy(), TOKEN)
 
     # half the pieces: incomplete; another model: refused
@@ -93,7 +93,7 @@ def run(tmp: Path) -> dict:
     # keep: a holder keeps the newest `keep` steps of each writer
     for step in (4, 5):
         put(h, "node-a", step, data, layout=layout)
-    out["kept_steps"] = sorted(c["step"] for c in h.inventory())
+    out["kept_steps"] = sorted(c["step"] for c in h.inventory(TOKEN))
     out["disk"] = _disk_copies(tmp / "copies", layout, data, src, tmp)
     # the sender's path: a Packer made once packs every later state like pack()
     packer = replica.Packer(src.trainer.state)

@@ -20,7 +20,7 @@ def test_copies_stream_and_are_acknowledged_and_kept():
             data = bytes([step]) * 200_000
             ram_wire.send_frame(sock, copy_header(step, data), data)
             assert ram_wire.read_ack(sock) is True
-    inventory = h.inventory()
+    inventory = h.inventory(TOKEN)
     assert sorted(c["step"] for c in inventory) == [2, 3]
     assert all(c["intact"] for c in inventory)
     assert h.get(TOKEN, incarnation=1, step=3, source=0)["data"] == bytes([3]) * 200_000
@@ -31,7 +31,7 @@ def test_a_connection_without_the_token_is_refused_at_the_hello_and_stores_nothi
     address = h.serve(TOKEN, host="127.0.0.1")
     with pytest.raises(ram_wire.WireError, match="during the hello"):
         ram_wire.connect(address, "wrong", writer="node-a", timeout_s=5)
-    assert h.inventory() == []
+    assert h.inventory(TOKEN) == []
 
 
 def test_a_new_token_needs_the_old_one_keeps_the_port_and_refuses_the_old_one():
@@ -47,7 +47,7 @@ def test_a_new_token_needs_the_old_one_keeps_the_port_and_refuses_the_old_one():
     with ram_wire.connect(first, "two", writer="node-a", timeout_s=5) as sock:
         ram_wire.send_frame(sock, copy_header(1, b"a", token="two"), b"a")
         assert ram_wire.read_ack(sock) is True
-    assert h.stats()["copies"] == 1
+    assert h.stats("two")["copies"] == 1
 
 
 def test_a_connection_made_before_the_token_was_replaced_ends_at_its_next_copy():
@@ -58,7 +58,7 @@ def test_a_connection_made_before_the_token_was_replaced_ends_at_its_next_copy()
         with pytest.raises(OSError):
             ram_wire.send_frame(sock, copy_header(1, b"a", token="one"), b"a")
             ram_wire.read_ack(sock)
-    assert h.stats()["copies"] == 0
+    assert h.stats("two")["copies"] == 0
 
 
 def test_garbage_is_not_a_frame():

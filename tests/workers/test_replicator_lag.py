@@ -82,7 +82,7 @@ def test_a_step_waits_for_the_previous_copy_instead_of_replacing_it(monkeypatch)
         def step_2() -> None:
             rep.after_step(2, b"\x02" * 100_000)
             seen["ack_released_first"] = gate.is_set()
-            seen["held_then"] = [c["step"] for c in holder.inventory()]
+            seen["held_then"] = [c["step"] for c in holder.inventory(TOKEN)]
 
         t = threading.Thread(target=step_2)
         t.start()
@@ -92,7 +92,7 @@ def test_a_step_waits_for_the_previous_copy_instead_of_replacing_it(monkeypatch)
         assert seen["ack_released_first"] is True, "step 2 returned before copy 1 was acked"
         assert seen["held_then"] == [1], "copy 1 arrived, not replaced, before step 2 went on"
         assert rep.settle(5.0)
-        assert sorted(c["step"] for c in holder.inventory()) == [1, 2]
+        assert sorted(c["step"] for c in holder.inventory(TOKEN)) == [1, 2]
         assert rep.stats.replaced == 0 and rep.stats.sent == 2
 
 
@@ -105,7 +105,7 @@ def test_past_the_bound_the_newer_copy_replaces_the_waiting_one(monkeypatch):
         assert rep.stats.replaced == 1
         gate.set()
         assert rep.settle(5.0)
-        assert sorted(c["step"] for c in holder.inventory()) == [1, 3]
+        assert sorted(c["step"] for c in holder.inventory(TOKEN)) == [1, 3]
 
 
 def test_the_sender_stays_idle_while_copies_keep_up(monkeypatch):
@@ -137,5 +137,5 @@ def test_a_step_kept_waiting_moves_the_sending_to_normal_priority(monkeypatch):
         idle.join(5)
         assert not idle.is_alive(), "the replaced idle-class sender did not end"
         assert os.sched_getscheduler(rep._thread.native_id) == os.SCHED_OTHER
-        assert sorted(c["step"] for c in holder.inventory()) == [1, 2]
+        assert sorted(c["step"] for c in holder.inventory(TOKEN)) == [1, 2]
         assert rep.stats.sent == 2 and rep.stats.replaced == 0

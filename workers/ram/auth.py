@@ -2,7 +2,7 @@
 
 Every key is derived from the run's secret (``RamTier.token``: the driver keeps it in the run
 directory, so a later driver of the same run can still check the copies an earlier one made).
-Two keys, one per use, so a value made for one cannot pass for the other:
+One key per use, so a value made for one cannot pass for another:
 
 - the *hello* key answers a holder's challenge (``workers.ram.wire``): the secret never
   crosses the wire;
@@ -10,7 +10,10 @@ Two keys, one per use, so a value made for one cannot pass for the other:
   be (incarnation, step, source, sources, layout) and its bytes, computed once by the sending
   host and checked by the restoring host before any byte is used (and by a holder before it
   saves a copy durably). A holder, the wire or the disk can lose a copy, never change it
-  unnoticed.
+  unnoticed;
+- the *holder* key answers the driver's challenge (``RamHolder.prove``), so the driver hands the
+  secret only to a holder that already has it: an actor created first under a holder's name
+  has not.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Any
 
 _HELLO = b"tpu-orchestrator/ram-tier/hello/v1"
 _COPY = b"tpu-orchestrator/ram-tier/copy/v1"
+_HOLDER = b"tpu-orchestrator/ram-tier/holder/v1"
 
 
 class CopyRejected(ValueError):
@@ -50,6 +54,14 @@ class Keys:
 def same_token(given: str, held: str) -> bool:
     """Constant-time comparison of two tokens."""
     return hmac.compare_digest(given.encode(), held.encode())
+
+
+def holder_proof(token: str, nonce: str, identity: str) -> str:
+    """A holder's answer to the driver's challenge ``nonce``, bound to ``identity`` (the
+    holder's own name: an answer one holder gives cannot pass for another's)."""
+    key = hmac.new(token.encode(), _HOLDER, hashlib.sha256).digest()
+    msg = struct.pack("!I", len(nonce)) + nonce.encode() + identity.encode()
+    return hmac.new(key, msg, hashlib.sha256).hexdigest()
 
 
 def hello_proof(key: bytes, nonce: bytes, writer: str) -> str:

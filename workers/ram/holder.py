@@ -4,9 +4,9 @@ Runs as a detached, named Ray actor per node (``orchestrator.raygroup.ram_holder
 outlives both the host actor that sent it (kill -9, a new incarnation) and the driver (autoresume).
 Copies arrive over a TCP connection per sending host (``workers.ram.server``, authenticated by
 the run's secret) into buffers this process owns: nothing here points into an object-store
-buffer whose owner may die. Ray calls find the holder, list what it has and fetch copies for a
-restore; those that hand out or take copies, or re-key the holder, need the run's token too (Ray
-can call any method of an actor class, so the class has no other). Where durable copies go and
+buffer whose owner may die. Every Ray call needs the run's token (Ray can call any method of
+an actor class, so the class has no other) but ``prove``, with which a holder shows the driver
+that it has the token before the driver hands it over. Where durable copies go and
 how many steps stay there is the driver's choice, made when it creates the holder; a copy only
 asks to be saved. The durable writer imports Orbax (and so JAX, pinned to CPU); nothing else
 here does.
@@ -62,6 +62,20 @@ def _node_ip() -> str:
         return ray.util.get_node_ip_address()
     except Exception:  # outside Ray (tests): loopback
         return "127.0.0.1"
+
+
+def _identity() -> str:
+    """This actor's name as Ray knows it ("" outside an actor): what ``prove`` binds its
+    answer to, so an actor under another name cannot pass a holder's answer on. (A worker's
+    namespace is its job's, not the one its name lives in: the name alone.)"""
+    try:
+        import ray
+
+        if not ray.is_initialized():
+            return ""
+        return ray.get_runtime_context().get_actor_name() or ""
+    except Exception:  # no identity: the driver finds the answer wrong and skips this holder
+        return ""
 
 
 def _whole(header: dict, name: str, low: int = 0) -> int:
@@ -246,6 +260,13 @@ class RamHolder:
             raise PermissionError("not this run's RAM-tier token: a holder answers only the "
                                   "driver (and hosts) of the run that created it")
 
+    def prove(self, nonce: str) -> str:
+        """Answer the driver's challenge before it hands this holder the run's token
+        (``workers.ram.auth.holder_proof``); the one call without the token: it reveals none."""
+        if not isinstance(nonce, str) or not 16 <= len(nonce) <= 128:
+            raise ValueError("the driver's challenge is 16 to 128 characters")
+        return ram_auth.holder_proof(self._token, nonce, _identity())
+
     def serve(self, token: str, host: str = "", *, durable: bool = False,
               replaces: str | None = None) -> tuple[str, int]:
         """Accept copies over the wire from hosts that prove they hold ``token``; returns the
@@ -292,22 +313,25 @@ class RamHolder:
                 return c.as_dict()
         raise KeyError(f"no copy of source {source} at step {step} (incarnation {incarnation})")
 
-    def inventory(self) -> list[dict]:
+    def inventory(self, token: str) -> list[dict]:
         """Every copy held, authenticated now (memory can rot; a copy may be bad)."""
+        self._check(token)
         key = self._store.copy_key
         return [{"incarnation": c.incarnation, "step": c.step, "source": c.source,
                  "sources": c.sources, "nbytes": len(c.data),
                  "intact": ram_auth.copy_intact(key, c.as_dict())} for c in self._store.all()]
 
-    def persist_status(self) -> dict:
+    def persist_status(self, token: str) -> dict:
         """What the background writer did (seconds per save, errors) and has still to do."""
+        self._check(token)
         durable = self._store.durable
         if durable is None:
             return {"pending": 0, "saved": [], "errors": []}
         return durable.status()
 
-    def flush(self, timeout_s: float = 60.0) -> bool:
+    def flush(self, token: str, timeout_s: float = 60.0) -> bool:
         """Wait (bounded) until every queued durable save is done; False on timeout."""
+        self._check(token)
         durable = self._store.durable
         deadline = time.monotonic() + timeout_s
         while durable is not None and durable.queue.unfinished_tasks:
@@ -316,7 +340,8 @@ class RamHolder:
             time.sleep(0.05)
         return True
 
-    def stats(self) -> dict:
+    def stats(self, token: str) -> dict:
+        self._check(token)
         server, durable = self._server, self._store.durable
         with self._store.lock:
             copies = sum(len(m) for m in self._store.copies.values())
