@@ -40,6 +40,9 @@ def resolve(cfg: Any, memory: dict | None, *, hosts: int, spare_slices: int | No
     ram = dataclasses.replace(ram, enabled=on,
                               **({"max_host_bytes": cap} if cap is not None else {}))
     cfg = dataclasses.replace(cfg, checkpoint=dataclasses.replace(cfg.checkpoint, ram=ram))
+    copy = (memory or {}).get("copy_bytes")
+    if copy:
+        tier["copy_bytes"] = int(copy)
     if ram.enabled:
         tier["max_host_bytes"] = ram.max_host_bytes
         tier["every"] = ram.every

@@ -326,7 +326,8 @@ class _Trainer:
         self.data_resumed: dict | None = None
 
     def restore_from_copies(self, step: int, copies: list[tuple[dict, bytes]], *,
-                            sources: list[int] | None = None, tier: str = "ram") -> None:
+                            sources: list[int] | None = None, tier: str = "ram",
+                            layouts: dict[int, dict] | None = None) -> None:
         self.used.append([(layout, bytes(data)) for layout, data in copies])
         self.step = step
 

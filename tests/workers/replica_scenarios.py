@@ -102,6 +102,18 @@ def run(tmp: Path) -> dict:
     out["packer_equals_pack"] = (first == (layout, data)
                                  and packer.pack(src.trainer.state) == replica.pack(
                                      src.trainer.state))
+    # a released buffer is the next pack's (its pages already touched), with the same bytes
+    _, used = packer.pack(src.trainer.state)
+    packer.release(used)
+    _, again = packer.pack(src.trainer.state)
+    out["packer_reuses_released"] = again is used and again == replica.pack(src.trainer.state)[1]
+    # a host fetches only the sources holding a piece of its shards; placing from too few
+    # pieces is refused
+    empty = dict(layout, pieces=[])
+    out["needed_sources"] = replica.needed_sources({0: layout, 1: empty},
+                                                   src.trainer.abstract_state)
+    out["incomplete_placed"] = _refusal(lambda: replica.place([(half, data)],
+                                                              src.trainer.abstract_state))
     # a state on another mesh: refused, never packed into the wrong places
     out["packer_other_mesh"] = _refusal(lambda: packer.pack(other.trainer.state))
     for a in (plain, src, same, other, bigger, bad):

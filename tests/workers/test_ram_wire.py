@@ -67,3 +67,54 @@ def test_garbage_is_not_a_frame():
         a.sendall(b"HTTP/1.1 200 OK\r\n\r\n")
         with pytest.raises(ram_wire.WireError, match="not a RAM-tier frame"):
             ram_wire.recv_frame(b, max_data=0)
+
+
+def test_a_restore_reads_a_copy_over_the_wire_described_first_then_whole():
+    """A restoring host asks the holder for a copy on an authenticated connection: first its
+    description (layout, MAC, size, no bytes), then its bytes; an unknown copy is a KeyError
+    and the connection goes on."""
+    h = holder()
+    address = h.serve(TOKEN, host="127.0.0.1")
+    data = bytes(range(256)) * 1000
+    with ram_wire.connect(address, TOKEN, writer="node-a", timeout_s=5) as sock:
+        ram_wire.send_frame(sock, copy_header(7, data), data)
+        assert ram_wire.read_ack(sock)
+    with ram_wire.connect(address, TOKEN, writer="restore-7", timeout_s=5) as sock:
+        desc, nothing = ram_wire.read_copy(sock, incarnation=1, step=7, source=0, max_data=0,
+                                           describe=True)
+        assert (desc["step"], desc["nbytes"], nothing) == (7, len(data), bytearray())
+        assert desc["mac"] == copy_header(7, data)["mac"]
+        with pytest.raises(KeyError, match="no copy of source 0 at step 8"):
+            ram_wire.read_copy(sock, incarnation=1, step=8, source=0, max_data=len(data))
+        got, body = ram_wire.read_copy(sock, incarnation=1, step=7, source=0,
+                                       max_data=len(data))
+        assert bytes(body) == data and got["mac"] == desc["mac"]
+
+
+def test_a_holder_receives_a_writers_next_copy_into_its_evicted_buffer():
+    """With keep=2 the third copy evicts the first: the fourth is received into the first's
+    buffer (pages already touched), never into one a restore was handed."""
+    h = holder()
+    address = h.serve(TOKEN, host="127.0.0.1")
+    with ram_wire.connect(address, TOKEN, writer="node-a", timeout_s=5) as sock:
+        def send(step: int) -> None:
+            data = bytes([step]) * 100_000
+            ram_wire.send_frame(sock, copy_header(step, data), data)
+            assert ram_wire.read_ack(sock)
+
+        def buffer_of(step: int) -> bytearray:
+            return next(c.data for c in h._store.all() if c.step == step)
+
+        send(1)
+        first = buffer_of(1)
+        send(2)
+        send(3)  # evicts step 1: its buffer is the spare
+        send(4)
+        assert buffer_of(4) is first
+        h.get(TOKEN, incarnation=1, step=3, source=0)  # lent to a restore
+        lent = buffer_of(3)
+        send(5)  # evicts step 3, lent: not recycled
+        send(6)
+        assert buffer_of(6) is not lent
+    assert [bytes(c.data[:1]) for c in sorted(h._store.all(), key=lambda c: c.step)] == \
+        [b"\x05", b"\x06"]

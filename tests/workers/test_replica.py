@@ -73,8 +73,14 @@ def test_copies_saved_by_the_holders_complete_only_with_every_source(seen):
 
 def test_a_packer_worked_out_once_packs_later_states_like_pack(seen):
     assert seen["packer_equals_pack"] is True
+    assert seen["packer_reuses_released"] is True
 
 
 def test_a_packer_refuses_a_state_on_another_mesh(seen):
     """The Packer finds shards by position, valid only for the sharding it was made for."""
     assert "make a new Packer for a new mesh" in seen["packer_other_mesh"]
+
+
+def test_a_host_fetches_only_the_sources_its_shards_need_and_refuses_too_few(seen):
+    assert seen["needed_sources"] == [0]
+    assert "covered" in seen["incomplete_placed"]

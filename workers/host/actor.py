@@ -234,9 +234,10 @@ class HostActor:
                          durable_from_ram=durable_from_ram)
 
     def restore_from_ram(self, step: int, incarnation: int,
-                         holders: dict[int, tuple[str, Any]], token: str) -> dict:
-        """Rebuild the state of ``step`` from every source's RAM copy (``holders``: source ->
-        (name, holder)), into this mesh; ``token``: the run's secret (the holders hand copies
+                         holders: dict[int, tuple[str, tuple[str, int]]], token: str) -> dict:
+        """Rebuild the state of ``step`` from the RAM copies its shards need (``holders``:
+        source -> (name, the holder's wire address)), into this mesh; ``token``: the run's
+        secret (the holders hand copies
         only to it, and every copy is authenticated with it before use). Never raises for a
         bad or missing copy: ``ok`` False and ``reason`` tell the driver to use the durable
         tier instead (no collective ran, so the group can still restore from Orbax in

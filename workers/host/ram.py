@@ -31,8 +31,12 @@ class RamTrainer(Protocol):
 
     def data_record(self) -> dict: ...
 
+    @property
+    def abstract_state(self) -> Any: ...
+
     def restore_from_copies(self, step: int, copies: list[tuple[dict, bytes]], *,
-                            sources: list[int] | None = None, tier: str = "ram") -> None: ...
+                            sources: list[int] | None = None, tier: str = "ram",
+                            layouts: dict[int, dict] | None = None) -> None: ...
 
 
 class RamTier:
@@ -128,30 +132,58 @@ class RamTier:
     # ---- restores: never raise for a bad copy (the driver falls back to Orbax) -------------
 
     def restore_from_ram(self, step: int, incarnation: int,
-                         holders: dict[int, tuple[str, Any]], token: str) -> dict:
-        """Fetch every source's copy of ``step`` from its holder (source -> (name, handle)),
-        then ``restore_copies``."""
-        import ray
+                         holders: dict[int, tuple[str, tuple[str, int]]], token: str) -> dict:
+        """Read ``step`` from the holders' wire (source -> (name, address)): every source's
+        description (layout and data record, no bytes), then the bytes of only the sources
+        holding a piece of this host's shards (``replica.needed_sources``), then
+        ``restore_copies``."""
+        from workers.ram import replica
+        from workers.ram import wire as ram_wire
 
         t0 = time.perf_counter()
+        socks: dict[tuple[str, int], Any] = {}
         try:
-            refs = {src: h.get.remote(token, incarnation=incarnation, step=step, source=src)
-                    for src, (_, h) in sorted(holders.items())}
-            copies = {f"source {src} from {holders[src][0]}": ray.get(ref, timeout=60)
-                      for src, ref in refs.items()}
-            for src, got in zip(refs, copies.values(), strict=True):
+            def conn(address: tuple[str, int]) -> Any:
+                address = (str(address[0]), int(address[1]))
+                if address not in socks:
+                    socks[address] = ram_wire.connect(address, token, writer=f"restore-{step}",
+                                                      timeout_s=60.0)
+                return socks[address]
+
+            described = {}
+            for src, (_name, address) in sorted(holders.items()):
+                described[src], _ = ram_wire.read_copy(
+                    conn(address), incarnation=incarnation, step=step, source=src, max_data=0,
+                    describe=True)
+            tr = self._trainer("restore_from_ram")
+            need = replica.needed_sources({s: d["layout"] for s, d in described.items()},
+                                          tr.abstract_state)
+            copies = {}
+            for src in need:
+                name, address = holders[src]
+                got, data = ram_wire.read_copy(
+                    conn(address), incarnation=incarnation, step=step, source=src,
+                    max_data=int(described[src]["nbytes"]))
                 if got.get("source") != src or got.get("incarnation") != incarnation:
                     raise ValueError(f"asked for source {src} of incarnation {incarnation}, "
                                      f"got source {got.get('source')} of "
                                      f"{got.get('incarnation')}")
+                copies[f"source {src} from {name}"] = {**got, "data": data}
         except Exception as exc:
             return _refused(step, exc, t0)
-        return self.restore_copies(step, copies, token, started=t0)
+        finally:
+            for sock in socks.values():
+                sock.close()
+        return self.restore_copies(step, copies, token, started=t0,
+                                   layouts={s: d["layout"] for s, d in described.items()})
 
     def restore_copies(self, step: int, copies: dict[str, dict], token: str, *,
-                       started: float | None = None, tier: str = "ram") -> dict:
+                       started: float | None = None, tier: str = "ram",
+                       layouts: dict[int, dict] | None = None) -> dict:
         """Rebuild ``step`` from ``copies`` (label -> ``RamHolder.get``): each is
-        authenticated (``ram_auth.verify_copy``) before any of its bytes is used."""
+        authenticated (``ram_auth.verify_copy``) before any of its bytes is used. ``layouts``:
+        every source's layout (source -> layout) when ``copies`` are only the sources this host
+        needs (the data position is every source's record)."""
         from workers.ram import auth as ram_auth
 
         t0 = time.perf_counter() if started is None else started
@@ -165,7 +197,7 @@ class RamTier:
                 raise ValueError(f"the copies repeat a source ({sorted(sources)})")
             tr.restore_from_copies(step, [(got["layout"], got["data"])
                                           for got in copies.values()],
-                                   sources=sources, tier=tier)
+                                   sources=sources, tier=tier, layouts=layouts)
         except DataError:
             raise  # the copies are fine, the data cannot resume from them: the run stops
         except Exception as exc:

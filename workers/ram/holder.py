@@ -221,6 +221,24 @@ class _Store:
                     self.spare[writer] = old.data
             return self.nbytes()
 
+    def read(self, request: dict) -> tuple[dict, bytes | bytearray]:
+        """A copy for the wire's ``READ`` (``server.Read``): its description, MAC and bytes (no
+        bytes for ``describe``); the copy is lent (never recycled: the send may outlast its
+        eviction). ``KeyError`` when there is none."""
+        want = tuple(_whole(request["read"], k) for k in ("incarnation", "step", "source"))
+        with self.lock:
+            found = [c for mine in self.copies.values() for c in mine
+                     if (c.incarnation, c.step, c.source) == want]
+            if not found:
+                raise KeyError(f"no copy of source {want[2]} at step {want[1]} "
+                               f"(incarnation {want[0]})")
+            c = found[-1]
+            if not request.get("describe"):
+                c.lent = True
+        description = {k: v for k, v in c.as_dict().items() if k != "data"}
+        description["nbytes"] = len(c.data)
+        return description, (b"" if request.get("describe") else c.data)
+
     def all(self) -> list[_Copy]:
         with self.lock:
             return [c for mine in self.copies.values() for c in mine]
@@ -286,7 +304,8 @@ class RamHolder:
             if self._server is None:
                 self._server = CopyServer(self._store.receive, hello_key=self._keys.hello,
                                           limits=self._limits, host=host or _node_ip(),
-                                          buffers=self._store.buffer)
+                                          buffers=self._store.buffer,
+                                          read=self._store.read)
             address = self._server.address
         if durable and self._store.durable is not None:
             self._store.durable.start()

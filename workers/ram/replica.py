@@ -141,6 +141,89 @@ def unpack(copies: Sequence[tuple[dict, bytes]], abstract_state: Any) -> Any:
     return jax.tree_util.tree_unflatten(treedef, arrays)
 
 
+def needed_sources(layouts: dict[int, dict], abstract_state: Any) -> list[int]:
+    """The sources (of ``layouts``: source -> its copy's layout) holding a piece of any shard
+    this process places of ``abstract_state``: a host fetches only those (on the mesh the copies
+    were made on, its own source alone), not every host's copy."""
+    targets = jax.tree_util.tree_leaves(abstract_state)
+    wanted = [_my_indices(t) for t in targets]
+    out = []
+    for src, layout in sorted(layouts.items()):
+        for i, index, _dtype, _shape, _offset, _nbytes in layout.get("pieces", []):
+            if 0 <= i < len(wanted) and any(_overlap(index, mine) is not None
+                                                for mine in wanted[i]):
+                out.append(src)
+                break
+    return out
+
+
+def place(copies: Sequence[tuple[dict, bytes | bytearray]], abstract_state: Any) -> Any:
+    """``unpack`` without assembling any global array: each of this process's shards is built
+    from the pieces overlapping it (a piece that is exactly the shard is placed from the copy's
+    bytes as they are), so a host needs only the copies ``needed_sources`` names and moves its
+    own share once. ``ReplicaMismatch`` if they do not fit or do not cover its shards."""
+    targets, treedef = jax.tree_util.tree_flatten(abstract_state)
+    want = [[list(t.shape), np.dtype(t.dtype).str] for t in targets]
+    by_leaf: list[list[tuple[list, np.ndarray]]] = [[] for _ in targets]
+    for layout, data in copies:
+        if layout["leaves"] != want:
+            raise ReplicaMismatch("the RAM copy was written by a different model or optimizer: "
+                                  + _first_difference(layout["leaves"], want))
+        for i, index, dtype, shape, offset, nbytes in layout["pieces"]:
+            if offset + nbytes > len(data):
+                raise ReplicaMismatch(f"piece of array {i} runs past the copy's end")
+            piece = np.frombuffer(data, dtype=np.dtype(dtype), count=math.prod(shape),
+                                  offset=offset).reshape(shape)
+            by_leaf[i].append((index, piece))
+    arrays = [_place_leaf(i, t, by_leaf[i]) for i, t in enumerate(targets)]
+    return jax.tree_util.tree_unflatten(treedef, arrays)
+
+
+def _place_leaf(i: int, target: Any, pieces: list[tuple[list, np.ndarray]]) -> Any:
+    shape, dtype = tuple(target.shape), np.dtype(target.dtype)
+    shards = []
+    for device, index in target.sharding.addressable_devices_indices_map(shape).items():
+        box = _box(index, shape)
+        exact = [p for idx, p in pieces if [list(b) for b in box] == [list(x) for x in idx]]
+        if exact:
+            local = exact[0]
+        else:
+            local = np.empty([b - a for a, b in box], dtype)
+            filled = 0
+            for idx, piece in pieces:
+                cut = _overlap(idx, box)
+                if cut is None:
+                    continue
+                local[tuple(slice(lo - a, hi - a) for (lo, hi), (a, _) in zip(cut, box,
+                                                                               strict=True))] = \
+                    piece[tuple(slice(lo - a, hi - a) for (lo, hi), (a, _) in zip(cut, idx,
+                                                                                   strict=True))]
+                filled += math.prod(hi - lo for lo, hi in cut)
+            if filled < local.size:  # pieces are disjoint: fewer elements is a missing source
+                raise ReplicaMismatch(f"array {i} is {filled}/{local.size} covered on "
+                                      f"{device} by the copies: a source is missing")
+        shards.append(jax.device_put(local, device))
+    return jax.make_array_from_single_device_arrays(shape, target.sharding, shards)
+
+
+def _box(index: tuple, shape: tuple) -> list[tuple[int, int]]:
+    return [(s.start or 0, dim if s.stop is None else s.stop)
+            for s, dim in zip(index, shape, strict=True)]
+
+
+def _my_indices(target: Any) -> list[list[tuple[int, int]]]:
+    shape = tuple(target.shape)
+    return [_box(index, shape) for index in
+            target.sharding.addressable_devices_indices_map(shape).values()]
+
+
+def _overlap(a: Sequence[Sequence[int]], b: Sequence[Sequence[int]]
+             ) -> list[tuple[int, int]] | None:
+    """The box two boxes share ([(start, stop)] per dimension), None if they do not meet."""
+    cut = [(max(a0, b0), min(a1, b1)) for (a0, a1), (b0, b1) in zip(a, b, strict=True)]
+    return None if any(lo >= hi for lo, hi in cut) else cut
+
+
 def assemble(copies: Sequence[tuple[dict, bytes]], leaves: list, *,
              only: Collection[int] | None = None) -> list[np.ndarray | None]:
     """The global arrays (host numpy) of a state whose flattened leaves are ``leaves``

@@ -27,6 +27,9 @@ log = logging.getLogger(__name__)
 Receive = Callable[[str, dict, bytearray], None]
 """``receive(writer, header, data)``: keep one copy; raises ``KeyError`` / ``TypeError`` /
 ``ValueError`` for a copy it refuses (the sender is told ``0``)."""
+Read = Callable[[dict], tuple[dict, bytes | bytearray]]
+"""``read(request)``: (description, bytes) of the copy a restore asks for (``wire.READ``);
+raises ``KeyError`` when there is none."""
 Buffers = Callable[[str, int], bytearray]
 """``buffers(writer, n)``: a buffer of ``n`` bytes to receive the writer's next copy into (one
 the receiver no longer needs, so its pages are already touched)."""
@@ -51,9 +54,10 @@ class CopyServer:
     """Listens on ``host`` (port 0: the kernel picks) once built; ``address`` says where."""
 
     def __init__(self, receive: Receive, *, hello_key: bytes, limits: Limits,
-                 host: str, buffers: Buffers | None = None) -> None:
+                 host: str, buffers: Buffers | None = None, read: Read | None = None) -> None:
         self._receive = receive
         self._buffers = buffers
+        self._read = read
         self.limits = limits
         self._lock = threading.Lock()
         self._key = hello_key
@@ -147,6 +151,9 @@ class CopyServer:
                     log.warning("RAM-tier connection of %s closed: the token was replaced",
                                 writer)
                     return
+                if ram_wire.READ in header:
+                    self._answer_read(conn, writer, header)
+                    continue
                 try:
                     if header.get("writer", writer) != writer:
                         raise ValueError(f"the copy names writer {header.get('writer')!r}, the "
@@ -167,3 +174,18 @@ class CopyServer:
             log.warning("RAM-tier connection of %s closed: %s", writer, exc)
         except OSError as exc:  # the host went away
             log.debug("RAM-tier connection of %s closed: %s", writer, exc)
+
+    def _answer_read(self, conn: socket.socket, reader: str, request: dict) -> None:
+        """Send the copy a restoring host asks for (its hello proved the run's secret, as a
+        ``RamHolder.get`` needs): one frame, the copy's description and its bytes, or
+        ``{"error": ...}`` and no bytes. The reader checks the copy's MAC before using it."""
+        try:
+            if self._read is None or not isinstance(request.get(ram_wire.READ), dict):
+                raise KeyError("this holder serves no reads" if self._read is None
+                               else "the read names no copy")
+            description, data = self._read(request)
+        except (KeyError, TypeError, ValueError) as exc:
+            log.warning("RAM-tier read by %s refused: %s", reader, exc)
+            ram_wire.send_frame(conn, {"error": str(exc)[:300]})
+            return
+        ram_wire.send_frame(conn, description, data)

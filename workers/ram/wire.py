@@ -38,6 +38,11 @@ HELLO_MAX_HEADER = 1024
 """The largest hello: the only frame read before the peer is authenticated."""
 
 
+READ = "read"
+"""A frame whose header has this key asks the holder for a copy (a restore) instead of
+bringing one: ``{"read": {"incarnation", "step", "source"}, "describe": bool}``."""
+
+
 class WireError(ConnectionError):
     """A malformed or oversized frame, a refused hello or a closed connection."""
 
@@ -141,3 +146,16 @@ def connect(address: tuple[str, int], token: str, *, writer: str,
 
 def read_ack(sock: socket.socket) -> bool:
     return recv_exact(sock, 1) == b"\x01"
+
+
+def read_copy(sock: socket.socket, *, incarnation: int, step: int, source: int,
+              max_data: int, describe: bool = False,
+              into: Callable[[int], bytearray] | None = None) -> tuple[dict, bytearray]:
+    """Ask a holder (a connection made by ``connect``) for one copy: (its description with the
+    MAC, its bytes; no bytes when ``describe``). ``KeyError`` when the holder has none."""
+    send_frame(sock, {READ: {"incarnation": incarnation, "step": step, "source": source},
+                      "describe": describe})
+    header, data = recv_frame(sock, max_data=max_data, into=into)
+    if "error" in header:
+        raise KeyError(f"the holder has no such copy: {header['error']}")
+    return header, data

@@ -354,19 +354,23 @@ class Trainer:
         return out
 
     def restore_from_copies(self, step: int, copies: list[tuple[dict, bytes]], *,
-                            sources: list[int] | None = None, tier: str = "ram") -> None:
+                            sources: list[int] | None = None, tier: str = "ram",
+                            layouts: dict[int, dict] | None = None) -> None:
         """Take the state of ``step`` from RAM copies (``workers.ram.replica``), in this mesh, and
         the data position from their layouts (``sources``: each copy's source index, default
-        their order; ``tier``: "ram", or "copy" for the copies saved from RAM)."""
-        from workers.ram.replica import ReplicaMismatch, unpack
+        their order; ``tier``: "ram", or "copy" for the copies saved from RAM; ``layouts``:
+        every source's layout when ``copies`` hold only those this host's shards need)."""
+        from workers.ram.replica import ReplicaMismatch, place
 
-        state = unpack(copies, self.abstract_state)
+        state = place(copies, self.abstract_state)
         found = int(jax.device_get(state["step"]))
         if found != step:
             raise ReplicaMismatch(f"the copies hold step {found}, not {step}")
         order = sources if sources is not None else list(range(len(copies)))
-        saved = data_state.from_copies({src: layout.get("data") for src, (layout, _) in
-                                        zip(order, copies, strict=True)})
+        if layouts is None:
+            layouts = {src: layout for src, (layout, _) in zip(order, copies, strict=True)}
+        saved = data_state.from_copies({src: layout.get("data")
+                                        for src, layout in layouts.items()})
         resumed = self._resume_data(saved, found, tier)  # before the state is taken
         self.state = state
         self._host_step = found
