@@ -59,7 +59,7 @@ class _NoRay:
     def run_submissions(self, run_id, extra_ids=()):
         raise OrchestratorError("not connected to Ray")
 
-    submit = stop = status = run_submissions
+    submit = stop = status = command = run_submissions
 
 
 if __name__ == "__main__":

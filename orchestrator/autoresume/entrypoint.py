@@ -24,6 +24,10 @@ itself reads it (``orchestrator/main.py: parse_args``, ``configtools.parse_overr
   directories at the path the jobs write them, /runs in deploy/); when the argv does not name
   it, ``run.run_dir=<that folder>`` is appended, so the resubmission writes nowhere else;
   ``run.name``, when named, must be the run id.
+
+These allow-lists say which words may be resubmitted at all; ``resume_only.py`` then holds the
+argv to the command Ray recorded for the run (config.yaml, checked above, is as forgeable as
+run.json), so allowed words cannot steer a run either.
 """
 
 from __future__ import annotations

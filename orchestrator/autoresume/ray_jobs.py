@@ -23,6 +23,7 @@ from typing import Any, Protocol
 import structlog
 
 from orchestrator.autoresume.config import RayJobsConfig
+from orchestrator.autoresume.resume_only import RecordedCommand
 from orchestrator.shared.errors import ClusterUnreachableError, ConfigError
 from policies.autoresume import JobStatus, Submission, restart_of
 
@@ -46,6 +47,7 @@ class RayJobsApi(Protocol):
                metadata: Mapping[str, str]) -> None: ...
     def stop(self, submission_id: str) -> None: ...
     def status(self, submission_id: str) -> JobStatus: ...
+    def command(self, submission_id: str) -> RecordedCommand | None: ...
 
 
 def auth_headers(cfg: RayJobsConfig, env: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -221,3 +223,12 @@ class RayJobs:
 
     def status(self, submission_id: str) -> JobStatus:
         return _status(self._call("status", lambda c: c.get_job_status(submission_id)))
+
+    def command(self, submission_id: str) -> RecordedCommand | None:
+        """What Ray recorded for the submission (``resume_only``); None if it names none."""
+        info = self._call("info", lambda c: c.get_job_info(submission_id))
+        entrypoint, env = getattr(info, "entrypoint", None), getattr(info, "runtime_env", None)
+        if not isinstance(entrypoint, str):
+            return None
+        return RecordedCommand(submission_id=submission_id, entrypoint=entrypoint,
+                               runtime_env=dict(env) if isinstance(env, Mapping) else {})

@@ -27,6 +27,7 @@ from typing import Any
 
 import structlog
 
+from orchestrator.autoresume import resume_only
 from orchestrator.autoresume.config import AutoresumeConfig
 from orchestrator.autoresume.entrypoint import vet_entrypoint
 from orchestrator.autoresume.incidents import (
@@ -186,7 +187,7 @@ class AutoresumeService:
             self._schedule(incident, now + decision.delay_s, 0, f"backoff: {decision.reason}")
             self._record(incident, decision, now, message_id=message_id, outcome="scheduled")
             return "scheduled"
-        return self._act(run, incident, decision, attempts, now, message_id)
+        return self._act(run, incident, decision, attempts, now, message_id, submissions)
 
     def _submissions(self, run: RunRecord) -> tuple[Submission, ...]:
         """The run's Ray submissions. Ids run.json records count only when its entrypoint is one
@@ -228,7 +229,7 @@ class AutoresumeService:
     # ---- actions ------------------------------------------------------------------------
 
     def _act(self, run: RunRecord, incident: Incident, decision: Decision, attempts: int,
-             now: float, message_id: str) -> str:
+             now: float, message_id: str, submissions: tuple[Submission, ...] = ()) -> str:
         hist = self.state.history(run.run_id)
         if decision.action is Action.NOTHING:
             self._record(incident, decision, now, message_id=message_id)
@@ -246,8 +247,9 @@ class AutoresumeService:
             return "gave_up"
         assert decision.submission_id is not None
         try:
-            entrypoint = self._vet_entrypoint(run)
-            runtime_env = vet_runtime_env(run.runtime_env)
+            entrypoint, runtime_env = self._vet_resubmission(run, submissions)
+        except ClusterUnreachableError as exc:
+            return self._retry_unreachable(incident, attempts, exc, now, message_id)
         except RefusedResubmission as exc:
             self.state.update(run.run_id,
                               handled_incidents=hist.handled_incidents | {incident.incident_id})
@@ -291,6 +293,16 @@ class AutoresumeService:
                  stopped=decision.stop_submission_id, incident_id=incident.incident_id,
                  reason=decision.reason)
         return "submitted"
+
+    def _vet_resubmission(self, run: RunRecord, submissions: tuple[Submission, ...]
+                          ) -> tuple[str, dict[str, Any]]:
+        """The shell line and runtime_env to resubmit: allow-listed (entrypoint.py, runenv.py)
+        and the run's own recorded command (resume_only.py); RefusedResubmission otherwise."""
+        entrypoint = self._vet_entrypoint(run)
+        runtime_env = vet_runtime_env(run.runtime_env)
+        recorded = resume_only.newest_recorded(submissions, self.ray.command)
+        resume_only.check(run.entrypoint, runtime_env, recorded)
+        return entrypoint, runtime_env
 
     def _stop(self, run_id: str, submission_id: str) -> bool:
         """Stop a stalled submission and wait (bounded) until Ray says it is no longer live.

@@ -175,6 +175,7 @@ def test_stalled_job_autoresume_stopped_is_still_resubmitted_after_a_failed_subm
     svc = service(tmp_path, ray, clock)
     svc.ray = type("Down", (), {  # the submit after the stop fails: cluster went away
         "run_submissions": ray.run_submissions, "stop": ray.stop, "status": ray.status,
+        "command": ray.command,
         "submit": lambda self, **kw: (_ for _ in ()).throw(ClusterUnreachableError("down"))})()
     assert svc.handle_message(encode(notification(
         incident_id="i-1", run_id="run-a", started_at=int(clock.t - 100)))) == "ray_unreachable"

@@ -7,6 +7,7 @@ job table); the real JobSubmissionClient is exercised in test_service_ray.py.
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from structlog.testing import capture_logs
 from orchestrator.autoresume.config import AutoresumeConfig, PolicyConfig, RayJobsConfig, load
 from orchestrator.autoresume.incidents import incident_from_notification
 from orchestrator.autoresume.ray_jobs import RayJobs, SubmissionRefused, auth_headers, belongs_to
+from orchestrator.autoresume.resume_only import RecordedCommand
 from orchestrator.autoresume.service import AutoresumeService
 from orchestrator.events.model import MalformedEvent
 from orchestrator.shared.errors import ConfigError
@@ -29,6 +31,7 @@ class TableRay:
         self.jobs: dict[str, Submission] = {}
         self.submitted: list[tuple[str, str, dict]] = []
         self.entrypoints: dict[str, str] = {}  # what each job runs, as Ray reports it
+        self.runtime_envs: dict[str, dict] = {}  # and with which runtime_env
         self.stopped: list[str] = []
         self.t = 0.0
 
@@ -41,6 +44,8 @@ class TableRay:
         if submission_id in self.jobs:
             raise SubmissionRefused(f"Job with submission_id {submission_id} already exists")
         self.submitted.append((submission_id, entrypoint, dict(runtime_env)))
+        self.entrypoints[submission_id] = entrypoint
+        self.runtime_envs[submission_id] = dict(runtime_env)
         self.jobs[submission_id] = Submission(submission_id=submission_id,
                                               status=JobStatus.PENDING, start_time=self.t)
 
@@ -52,6 +57,21 @@ class TableRay:
 
     def status(self, submission_id):
         return self.jobs[submission_id].status
+
+    def command(self, submission_id):
+        if submission_id not in self.entrypoints:
+            return None
+        return RecordedCommand(submission_id=submission_id,
+                               entrypoint=self.entrypoints[submission_id],
+                               runtime_env=self.runtime_envs.get(submission_id, {}))
+
+    def record(self, submission_id: str, argv: list[str], runtime_env: dict | None = None,
+               status: JobStatus = JobStatus.FAILED, start_time: float | None = None) -> None:
+        """A submission Ray knows, with what it ran (as `ray job submit` leaves it)."""
+        self.jobs[submission_id] = Submission(submission_id=submission_id, status=status,
+                                              start_time=start_time)
+        self.entrypoints[submission_id] = shlex.join(argv)
+        self.runtime_envs[submission_id] = dict(runtime_env or {})
 
     def finish(self, sid: str, status: JobStatus) -> None:
         self.jobs[sid] = Submission(submission_id=sid, status=status,

@@ -16,10 +16,11 @@ import shlex
 from pathlib import Path
 
 import pytest
+import yaml
 
 from orchestrator.config import load_config
 from orchestrator.main import Driver
-from policies.autoresume import JobStatus, Submission
+from policies.autoresume import JobStatus
 from tests.autoresume.notifications import encode, notification
 from tests.autoresume.test_service_unit import Clock, TableRay, audit, service
 
@@ -42,9 +43,12 @@ def record_run(tmp_path: Path, monkeypatch) -> tuple[Path, list[str]]:
     return run_dir, argv
 
 
-def failed_r0() -> TableRay:
+def failed_r0(argv: list[str]) -> TableRay:
+    """Ray's job table after README's `ray job submit --submission-id text-lm-r0 --working-dir
+    . -- python -m orchestrator.main <argv>` failed: Ray recorded the command."""
     ray = TableRay()
-    ray.jobs["text-lm-r0"] = Submission(submission_id="text-lm-r0", status=JobStatus.FAILED)
+    ray.record("text-lm-r0", ["python", "-m", "orchestrator.main", *argv],
+               {"working_dir": PACKAGE}, status=JobStatus.FAILED)
     return ray
 
 
@@ -59,7 +63,7 @@ def test_a_user_task_run_is_resubmitted_with_its_own_task(tmp_path, monkeypatch)
     """The alert (whatever labels it carries) names the run; the resubmission is the run's own
     command line: --config in its package, task.data.dir as recorded; same working_dir."""
     _, argv = record_run(tmp_path, monkeypatch)
-    ray = failed_r0()
+    ray = failed_r0(argv)
     svc = service(tmp_path, ray, Clock())
     alert = notification(incident_id="i-1", run_id="text-lm")
     alert["incident"]["policy_user_labels"] = {
@@ -84,7 +88,7 @@ def test_an_edited_task_is_refused(tmp_path, monkeypatch, override, why):
     """run.json edited to choose other code or other settings: refused, nothing submitted."""
     run_dir, argv = record_run(tmp_path, monkeypatch)
     tamper(run_dir, [*argv, override])
-    ray = failed_r0()
+    ray = failed_r0(argv)
     svc = service(tmp_path, ray, Clock())
     assert svc.handle_message(encode(notification(incident_id="i-1", run_id="text-lm"))) == (
         "refused")
@@ -92,22 +96,34 @@ def test_an_edited_task_is_refused(tmp_path, monkeypatch, override, why):
     assert why in audit(tmp_path)[0]["reason"]
 
 
-def test_a_recorded_setting_given_in_the_resolved_form_passes(tmp_path, monkeypatch):
-    """task.settings.<name> (config.yaml's form) with the recorded value changes nothing."""
+@pytest.mark.parametrize("forge", [False, True])
+def test_a_task_setting_config_yaml_agrees_with_is_still_refused(tmp_path, monkeypatch, forge):
+    """A task setting added to run.json is refused even where config.yaml records that value:
+    the same writer can forge config.yaml (issue 49, finding 4); only the command Ray recorded
+    for the run is resubmitted. (Issue 30 passed `task.settings.d_model=128` as "changes
+    nothing"; `forge`: config.yaml rewritten to agree with a new data dir.)"""
     run_dir, argv = record_run(tmp_path, monkeypatch)
-    tamper(run_dir, [*argv, "task.settings.d_model=128"])
-    ray = failed_r0()
+    if forge:
+        recorded = yaml.safe_load((run_dir / "config.yaml").read_text())
+        recorded["task"]["settings"]["data"]["dir"] = "/evil/data"
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(recorded))
+        tamper(run_dir, [w if not w.startswith("task.data.dir=") else "task.data.dir=/evil/data"
+                         for w in argv])
+    else:
+        tamper(run_dir, [*argv, "task.settings.d_model=128"])
+    ray = failed_r0(argv)
     svc = service(tmp_path, ray, Clock())
     assert svc.handle_message(encode(notification(incident_id="i-1", run_id="text-lm"))) == (
-        "submitted")
-    assert ray.submitted[0][1].endswith("task.settings.d_model=128")
+        "refused")
+    assert ray.submitted == []
+    assert "differs from the one Ray recorded for text-lm-r0" in audit(tmp_path)[0]["reason"]
 
 
 def test_task_overrides_without_a_recorded_config_are_refused(tmp_path, monkeypatch):
     """No config.yaml to check task.data.dir against: refused, with the fix."""
-    run_dir, _ = record_run(tmp_path, monkeypatch)
+    run_dir, argv = record_run(tmp_path, monkeypatch)
     (run_dir / "config.yaml").unlink()
-    ray = failed_r0()
+    ray = failed_r0(argv)
     svc = service(tmp_path, ray, Clock())
     assert svc.handle_message(encode(notification(incident_id="i-1", run_id="text-lm"))) == (
         "refused")

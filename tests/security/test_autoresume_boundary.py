@@ -162,7 +162,8 @@ def test_steering_override_submits_nothing(tmp_path, index):
 
 
 def test_deploy_style_entrypoint_is_resubmitted_as_is(tmp_path):
-    """The README's submission (image config, run name and dir, project settings) passes."""
+    """The README's submission (image config, run name and dir, project settings), as Ray
+    recorded it for `--submission-id llm-001-r0`, passes."""
     run_dir = make_run(tmp_path, "llm-001")
     argv = [*DRIVER, "--config", "/app/configs/v6e-16.yaml", "run.name=llm-001",
             f"run.run_dir={run_dir}", "events.pubsub.project=p",
@@ -170,6 +171,7 @@ def test_deploy_style_entrypoint_is_resubmitted_as_is(tmp_path):
             "metrics.cloud_monitoring.enabled=true", "metrics.cloud_monitoring.project=p"]
     write_meta(run_dir, entrypoint=argv)
     ray = TableRay()
+    ray.record("llm-001-r0", argv)
     svc = service(tmp_path, ray, Clock())
     assert svc.handle_message(alert("i-1", "llm-001")) == "submitted"
     assert ray.submitted[0][1].split() == argv
@@ -212,8 +214,10 @@ def test_copied_run_json_with_the_victims_run_dir_stops_nothing(tmp_path):
 
 def test_copied_run_json_without_a_run_dir_stops_nothing(tmp_path):
     """The victim's argv names no run dir: the id it records is contested, so it is not the
-    attacker's; the attacker's run is resubmitted pinned to its own folder, the victim runs on."""
-    ray, clock = copied_victim(tmp_path, [*DRIVER, "run.total_steps=9"])
+    attacker's; the attacker's run is resubmitted pinned to its own folder, the victim runs on.
+    (A pinned setting such as run.total_steps in the copy would be refused: Ray records no
+    command of the attacker's run, tests/security/test_autoresume_records.py.)"""
+    ray, clock = copied_victim(tmp_path, [*DRIVER, "run.seed=9"])
     svc = service(tmp_path, ray, clock)
     assert svc.handle_message(alert("i-1", "evil", started_at=int(clock.t - 100))) == "submitted"
     assert ray.stopped == [] and ray.jobs["victim-job"].status is JobStatus.RUNNING

@@ -188,3 +188,133 @@ def test_an_alias_of_a_run_is_not_that_run(tmp_path, what):
     assert ray.submitted == []
     reason = next(r["reason"] for r in logs if r["event"] == "autoresume_bad_run_json")
     assert ("alias, not a run" if what == "dir" else "symbolic link") in reason
+
+
+# ---- finding 4: a resubmission only resumes ---------------------------------------------------
+
+DRIVER = ["python", "-m", "orchestrator.main"]
+SUBMITTED = [*DRIVER, "--config", "/app/configs/v6e-16.yaml", "run.name=run-a",
+             "events.pubsub.project=p", "events.pubsub.topic=tpu-orchestrator-events",
+             "metrics.cloud_monitoring.project=p"]
+ENV = {"env_vars": {"JAX_PLATFORMS": "tpu"}, "working_dir": "gcs://_ray_pkg_00aa.zip"}
+
+
+def recorded_run(tmp_path: Path, argv: list[str], env: dict | None = None,
+                 ray_env: dict | None = None) -> TableRay:
+    """run-a as its driver recorded it (run.json: ``argv``, ``env``) and as Ray recorded its
+    `--submission-id run-a-r0` (SUBMITTED with ENV, unless ``ray_env``), FAILED."""
+    run_dir = make_run(tmp_path)
+    meta = json.loads((run_dir / "run.json").read_text())
+    meta.update(entrypoint=argv, runtime_env=env or ENV)
+    (run_dir / "run.json").write_text(json.dumps(meta))
+    ray = TableRay()
+    ray.record("run-a-r0", SUBMITTED, ray_env or ENV)
+    return ray
+
+
+def restore_record(tmp_path: Path) -> None:
+    run_json = tmp_path / "runs" / "run-a" / "run.json"
+    meta = json.loads(run_json.read_text())
+    meta.update(entrypoint=SUBMITTED, runtime_env=ENV)
+    run_json.write_text(json.dumps(meta))
+
+
+STEERING = [
+    "events.inbox=true", "events.pubsub.emulator=true", "events.pubsub.project=evil",
+    "events.pubsub.topic=elsewhere", "metrics.cloud_monitoring.project=evil",
+    "cluster.mode=emulate", "run.total_steps=1", "checkpoint.ram.enabled=false",
+    "controller.warm.standby_slices=0", "events.metadata.enabled=off",
+]
+
+
+@pytest.mark.parametrize("word", STEERING)
+def test_a_word_the_run_was_not_submitted_with_is_refused(tmp_path, word):
+    """run.json with one allowed word more than Ray recorded for the run's submission (the
+    attack's inbox, emulator, other project, emulate, one step, protection off): nothing
+    submitted, the word named; the run's own record, restored, is resumed (nothing lost)."""
+    ray = recorded_run(tmp_path, [*SUBMITTED, word])
+    svc = service(tmp_path, ray, Clock())
+    assert svc.handle_message(alert("i-1")) == "refused"
+    assert ray.submitted == []
+    reason = audit(tmp_path)[0]["reason"]
+    assert "Ray recorded for run-a-r0" in reason and word in reason
+    restore_record(tmp_path)
+    assert svc.handle_message(alert("i-2")) == "submitted"
+    assert ray.submitted[0][1].split()[:len(SUBMITTED)] == SUBMITTED
+
+
+@pytest.mark.parametrize("old,new", [
+    ("events.pubsub.project=p", "events.pubsub.project=evil"),
+    ("metrics.cloud_monitoring.project=p", "metrics.cloud_monitoring.project=evil"),
+    ("metrics.cloud_monitoring.project=p", None),
+])
+def test_a_recorded_word_changed_or_dropped_is_refused(tmp_path, old, new):
+    """A destination moved to another project, or dropped (back to the config's): refused."""
+    argv = [new if w == old else w for w in SUBMITTED]
+    ray = recorded_run(tmp_path, [w for w in argv if w is not None])
+    svc = service(tmp_path, ray, Clock())
+    assert svc.handle_message(alert("i-1")) == "refused" and ray.submitted == []
+
+
+@pytest.mark.parametrize("name,value", [
+    ("XLA_FLAGS", "--xla_dump_to=/runs/evil"),
+    ("LIBTPU_INIT_ARGS", "--xla_dump_to=/runs/evil"),
+])
+def test_an_xla_env_var_the_run_was_not_submitted_with_is_refused(tmp_path, name, value):
+    """XLA_FLAGS / LIBTPU_INIT_ARGS added by run.json (allowed names): refused, named."""
+    ray = recorded_run(tmp_path, SUBMITTED,
+                       {**ENV, "env_vars": {**ENV["env_vars"], name: value}})
+    svc = service(tmp_path, ray, Clock())
+    assert svc.handle_message(alert("i-1")) == "refused" and ray.submitted == []
+    assert f"env var {name}" in audit(tmp_path)[0]["reason"]
+
+
+def test_another_uploaded_package_is_refused(tmp_path):
+    """working_dir swapped for another package uploaded to the cluster (other code): refused."""
+    ray = recorded_run(tmp_path, SUBMITTED, {**ENV, "working_dir": "gcs://_ray_pkg_66bb.zip"})
+    svc = service(tmp_path, ray, Clock())
+    assert svc.handle_message(alert("i-1")) == "refused" and ray.submitted == []
+    assert "working_dir" in audit(tmp_path)[0]["reason"]
+
+
+def test_without_a_record_in_ray_pinned_settings_and_xla_env_are_refused(tmp_path):
+    """Ray lists no command of the run (its job table was lost, or run.json no longer matches
+    the id it records): a pinned setting or an XLA env var cannot be shown to be the run's, so
+    it is refused; a record with none of them is resumed."""
+    ray = recorded_run(tmp_path, [*SUBMITTED, "events.inbox=true"])
+    del ray.entrypoints["run-a-r0"]
+    svc = service(tmp_path, ray, Clock())
+    assert svc.handle_message(alert("i-1")) == "refused"
+    assert "no record of the run's command" in audit(tmp_path)[0]["reason"]
+    run_json = tmp_path / "runs" / "run-a" / "run.json"
+    meta = json.loads(run_json.read_text())
+    meta.update(entrypoint=[*DRIVER, "--config", "/app/configs/v6e-16.yaml"],
+                runtime_env={"env_vars": {"XLA_FLAGS": "--xla_dump_to=/runs/evil"}})
+    run_json.write_text(json.dumps(meta))
+    assert svc.handle_message(alert("i-2")) == "refused"
+    assert "XLA_FLAGS" in audit(tmp_path)[1]["reason"]
+    meta.update(runtime_env={"env_vars": {"JAX_PLATFORMS": "tpu"}})
+    run_json.write_text(json.dumps(meta))
+    assert svc.handle_message(alert("i-3")) == "submitted"
+
+
+def test_the_newest_submission_is_the_record_and_autoresumes_own_restart_passes(tmp_path):
+    """r0 (the user's) failed, autoresume resubmitted r1 (the same command, run.run_dir pinned),
+    r1 failed: r2 is resubmitted; then run.json is edited and r2 fails: nothing more."""
+    ray = recorded_run(tmp_path, SUBMITTED)
+    clock = Clock()
+    svc = service(tmp_path, ray, clock)
+    assert svc.handle_message(alert("i-1")) == "submitted"
+    for sid, i in (("run-a-r1", "i-2"), ("run-a-r2", "i-3")):
+        ray.finish(sid, JobStatus.FAILED)
+        clock.t += 3600
+        if sid == "run-a-r2":
+            run_json = tmp_path / "runs" / "run-a" / "run.json"
+            meta = json.loads(run_json.read_text())
+            meta["entrypoint"] = [*SUBMITTED, "run.total_steps=1"]
+            run_json.write_text(json.dumps(meta))
+            assert svc.handle_message(alert(i)) == "refused"
+        else:
+            assert svc.handle_message(alert(i)) == "submitted"
+    assert [s for s, _, _ in ray.submitted] == ["run-a-r1", "run-a-r2"]
+    assert "Ray recorded for run-a-r2" in audit(tmp_path)[-1]["reason"]

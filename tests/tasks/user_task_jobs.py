@@ -13,6 +13,7 @@ from typing import Any
 
 import psutil
 
+from orchestrator.autoresume.resume_only import RecordedCommand
 from policies.autoresume import JobStatus, Submission, restart_of
 
 REPO = Path(__file__).resolve().parents[2]
@@ -26,6 +27,7 @@ class LocalJobs:
     def __init__(self, address: str, log_dir: Path) -> None:
         self.address, self.log_dir = address, log_dir
         self.jobs: dict[str, tuple[subprocess.Popen, float]] = {}
+        self.commands: dict[str, RecordedCommand] = {}  # what each job ran, as Ray records it
 
     def submit(self, *, submission_id: str, entrypoint: str, runtime_env: Mapping[str, Any],
                metadata: Mapping[str, str]) -> None:
@@ -36,6 +38,11 @@ class LocalJobs:
         proc = subprocess.Popen(shlex.split(entrypoint), cwd=REPO, env=env, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
         self.jobs[submission_id] = (proc, time.time())
+        self.commands[submission_id] = RecordedCommand(
+            submission_id=submission_id, entrypoint=entrypoint, runtime_env=dict(runtime_env))
+
+    def command(self, submission_id: str) -> RecordedCommand | None:
+        return self.commands.get(submission_id)
 
     def status(self, submission_id: str) -> JobStatus:
         proc = self.jobs[submission_id][0]
