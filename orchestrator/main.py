@@ -26,6 +26,7 @@ import structlog
 from orchestrator.config import RunConfig, load_config
 from orchestrator.controller.listener import RunListener
 from orchestrator.driver import logs, protection
+from orchestrator.driver.key_place import check_key_place
 from orchestrator.driver.lock import RunDirBusy, RunDirLock
 from orchestrator.driver.ray_job import job_config, submission_id
 from orchestrator.driver.signals import EXIT_SIGINT, EXIT_SIGTERM, StopSignals
@@ -39,7 +40,7 @@ from orchestrator.shared.errors import (
     OrchestratorError,
     TopologyError,
 )
-from orchestrator.shared.files import atomic_write_json
+from orchestrator.shared.files import UnsafeFile, atomic_write_json, atomic_write_text
 
 if TYPE_CHECKING:
     from orchestrator.metrics.goodput import GoodputReport
@@ -65,11 +66,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     return p.parse_args(list(argv))
 
 
-def explain(exc: OrchestratorError) -> str:
+def explain(exc: OrchestratorError | UnsafeFile) -> str:
     """The one-paragraph message a user sees for bad input."""
     kind = {ConfigError: "Configuration error", ClusterUnreachableError: "Ray cluster unreachable",
             CheckpointError: "Checkpoint problem", TopologyError: "Cluster too small",
-            RunDirBusy: "Run directory in use", DoesNotFit: "Does not fit in memory"}
+            RunDirBusy: "Run directory in use", DoesNotFit: "Does not fit in memory",
+            UnsafeFile: "Unsafe file in the run directory"}
     title = next((v for k, v in kind.items() if isinstance(exc, k)), "Cannot start the run")
     body = exc.message + (f" Fix: {exc.fix}" if exc.fix else "")
     return textwrap.fill(f"{title}: {body}", width=100)
@@ -96,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     driver = Driver(cfg, argv=list(sys.argv[1:] if argv is None else argv), signals=signals,
                     output=output)
     bad_input = (ConfigError, ClusterUnreachableError, CheckpointError, TopologyError, RunDirBusy,
-                 DoesNotFit)
+                 DoesNotFit, UnsafeFile)
     try:
         return driver.run()
     except bad_input as exc:
@@ -137,6 +139,7 @@ class Driver:
         from orchestrator.raygroup.factory import ray_group_factory
         from orchestrator.raygroup.ram_holders import RamTier
 
+        check_key_place(self.cfg, self.run_dir)  # exit 2 before a key could be written over
         self.lock.acquire(submission_id=submission_id())  # before anything reads or writes
         # the task, its memory per host (printed; exit 2 if it cannot fit) and its checkpoints
         task = check_task(self.cfg, self.run_dir)
@@ -204,8 +207,9 @@ class Driver:
         }
         atomic_write_json(meta_path, meta, indent=2)
         logs.attach_run_dir(self.run_dir)  # every log record, also those the terminal hid
-        (self.run_dir / "config.yaml").write_text(
-            yaml.safe_dump(configtools.to_dict(self.cfg), sort_keys=False))
+        # write + rename: a link planted at the name is replaced, never written through
+        atomic_write_text(self.run_dir / "config.yaml",
+                          yaml.safe_dump(configtools.to_dict(self.cfg), sort_keys=False))
         structlog.contextvars.bind_contextvars(run_id=meta["run_id"], job=self.cfg.run.name)
         log.info("run_dir_ready", run_dir=str(self.run_dir), incarnation=meta["incarnation"])
 

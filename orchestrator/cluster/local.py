@@ -29,7 +29,7 @@ from orchestrator.cluster.errors import LocalClusterError
 from orchestrator.cluster.nodes import Shape, head_args, host_args, host_labels
 from orchestrator.raygroup.topology import INSTANCE_LABEL, LOOPBACK, SLICE_LABEL, WORKER_LABEL
 from orchestrator.shared import host_env
-from orchestrator.shared.files import atomic_write_json
+from orchestrator.shared.files import atomic_write_json, open_append
 
 STARTED = "Ray runtime started."
 READY_TIMEOUT_S = 120.0
@@ -106,7 +106,7 @@ def _node_env(state: ClusterState) -> dict[str, str]:
 
 def _launch(args: list[str], log_path: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
     ray_bin = str(Path(sys.executable).parent / "ray")
-    with open(log_path, "wb") as log:
+    with open_append(log_path, binary=True, truncate=True) as log:  # never through a link
         return subprocess.Popen([ray_bin, "start", "--block", *args], stdout=log,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                 start_new_session=True)

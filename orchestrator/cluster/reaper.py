@@ -31,6 +31,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+from orchestrator.shared.files import atomic_write_text
 from orchestrator.shared.procfs import stat_fields
 
 MARK_ENV = "TPU_ORCH_EMULATED_CLUSTER"
@@ -178,9 +179,9 @@ class Reaper:
              str(start_time(me))], stdin=subprocess.PIPE, start_new_session=True,
             env={k: v for k, v in os.environ.items() if k != MARK_ENV})
         self.record.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self.record.write_text(json.dumps({"marker": self.marker, "driver_pid": me,
-                                           "driver_start": start_time(me),
-                                           "reaper_pid": self.proc.pid}))
+        atomic_write_text(self.record, json.dumps({"marker": self.marker, "driver_pid": me,
+                                                   "driver_start": start_time(me),
+                                                   "reaper_pid": self.proc.pid}))
 
     def stop(self, timeout_s: float = KILL_WITHIN_S + 5) -> None:
         if self.proc is None:

@@ -20,6 +20,7 @@ from orchestrator.controller.seam import (
     describe,
 )
 from orchestrator.lifecycle import Backoff, Failed, Planning, Releasing, RunState
+from orchestrator.shared.files import atomic_write_text
 from policies.causes import FailureKind, StopCause, StopObservation
 from policies.restart_budget import GiveUp, RestartObservation, RestartRecord
 
@@ -163,7 +164,7 @@ def _dump_stacks(run: Run, phase: str) -> None:
         d.mkdir(parents=True, exist_ok=True)
         path = d / f"stacks-{phase}-inc{run.ledger.incarnation}-{int(run.now())}.txt"
         stacks = run.group.stacks()
-        path.write_text("\n".join(f"===== host {i}\n{s}" for i, s in stacks.items()))
+        atomic_write_text(path, "\n".join(f"===== host {i}\n{s}" for i, s in stacks.items()))
         log.warning("diagnostics_written", path=str(path), phase=phase)
     except Exception as exc:  # diagnostics are best effort
         log.error("diagnostics_failed", error=str(exc))

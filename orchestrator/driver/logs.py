@@ -17,6 +17,8 @@ from typing import IO, Any
 
 import structlog
 
+from orchestrator.shared.files import UnsafeFile, open_append
+
 LOG_FILE = "driver.log.jsonl"
 _EARLY_MAX = 2000  # records kept before the run directory is known
 
@@ -70,11 +72,16 @@ class _Tee:
         return (json.dumps(ev, default=str), human), {}
 
     def attach_file(self, path: Path) -> None:
+        """Append from now on to ``path``; ``UnsafeFile`` when a link or another file's name
+        was planted there (bad input: the driver exits 2 before it writes anything else)."""
         with self._lock:
             if self._file is not None:  # another run directory in this process (tests)
                 self._file.close()
+                self._file = None
             try:
-                self._file = path.open("a", encoding="utf-8")
+                self._file = open_append(path)
+            except UnsafeFile:
+                raise
             except OSError:
                 return  # the terminal still has the records that matter
             self._file.write("".join(line + "\n" for line in self._early))

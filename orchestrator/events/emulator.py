@@ -22,6 +22,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+from orchestrator.shared.files import open_append
 from orchestrator.shared.host_env import free_port
 
 READY_TIMEOUT_S = 60.0
@@ -46,7 +47,7 @@ class EmulatorProcess:
         if not gcloud_available():
             raise RuntimeError("gcloud is not installed: the Pub/Sub emulator needs the "
                                "Google Cloud CLI (gcloud beta emulators pubsub)")
-        log = open(self._log_path, "ab")  # noqa: SIM115 - handed to the child, closed in stop()
+        log = open_append(self._log_path, binary=True)  # to the child; closed in stop()
         env = {k: v for k, v in os.environ.items() if k != "PUBSUB_EMULATOR_HOST"}
         env.setdefault("CLOUDSDK_CORE_DISABLE_PROMPTS", "1")
         self._proc = subprocess.Popen(

@@ -17,7 +17,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from orchestrator.shared.files import jsonl_line, read_jsonl
+from orchestrator.shared.files import jsonl_line, open_append, read_jsonl
 
 MAX_RAW_CHARS = 64 * 1024
 TAIL_BYTES = 4 * 1024 * 1024
@@ -32,7 +32,7 @@ class JsonlWriter:
         self._lock = threading.Lock()
         path.parent.mkdir(parents=True, exist_ok=True)
         self._seq = _last_seq(path)
-        self._fh = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        self._fh = open_append(path)  # never through a link; closed in close()
 
     @property
     def seq(self) -> int:

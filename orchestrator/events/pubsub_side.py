@@ -19,6 +19,7 @@ from orchestrator.events.pubsub_source import (
     PubSubSource,
     ensure_topic_and_subscription,
 )
+from orchestrator.shared.files import atomic_write_text
 
 log = structlog.get_logger(__name__)
 
@@ -54,7 +55,7 @@ class PubSubSide:
                 cfg = started
             info = {"emulator_host": cfg.emulator_host or _env_emulator(), "project": cfg.project,
                     "topic": cfg.topic, "subscription": cfg.subscription, "job": self.job}
-            (self.run_dir / PUBSUB_INFO_FILE).write_text(json.dumps(info), encoding="utf-8")
+            atomic_write_text(self.run_dir / PUBSUB_INFO_FILE, json.dumps(info))  # no link
             emulated = cfg
 
             def prepare() -> None:  # the emulator forgets everything when restarted

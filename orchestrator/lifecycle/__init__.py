@@ -34,6 +34,7 @@ from orchestrator.lifecycle.payloads import (
     WaitingForCapacity,
 )
 from orchestrator.shared.errors import OrchestratorError
+from orchestrator.shared.files import open_append
 
 log = structlog.get_logger(__name__)
 
@@ -293,7 +294,7 @@ class Lifecycle:
             return
         try:
             self._path.parent.mkdir(parents=True, exist_ok=True)
-            with self._path.open("a", encoding="utf-8") as fh:
+            with open_append(self._path) as fh:  # never through a link
                 fh.write(json.dumps(record.to_json(), sort_keys=False) + "\n")
                 fh.flush()
         except OSError as exc:  # the timeline is evidence, not a reason to stop training

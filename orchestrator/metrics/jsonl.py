@@ -16,6 +16,7 @@ from typing import IO
 
 from orchestrator.controller.listener import RunListener
 from orchestrator.metrics.records import EvalRecord, StepRecord
+from orchestrator.shared.files import open_append
 
 
 class JsonlSink(RunListener):
@@ -27,7 +28,7 @@ class JsonlSink(RunListener):
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._path = Path(path)
         self._path.parent.mkdir(parents=True, exist_ok=True)
-        self._fh: IO[str] | None = open(self._path, "a", encoding="utf-8")  # noqa: SIM115
+        self._fh: IO[str] | None = open_append(self._path)  # never through a link
         self._flush_every_s = flush_every_s
         self._clock = clock
         self._last_flush = clock()

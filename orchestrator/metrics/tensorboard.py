@@ -3,7 +3,9 @@
 Written with tensorboardX's ``EventsWriter`` (TFRecord of ``Event`` protos, no TensorFlow) from
 this sink's own pipeline thread: writes are synchronous here, so a failing disk raises into this
 sink alone (logged once, then the sink stops writing) and never reaches training. Each driver
-start writes a new file (``events.out.tfevents.<time>.<host>``); TensorBoard reads them as one run.
+start writes a new file (``events.out.tfevents.<time>.<host>.<random>``; the random part so that
+no link planted at a name that can be foretold is written through: tensorboardX opens it plainly);
+TensorBoard reads them as one run.
 
 What goes where (x-axis, wall time):
 
@@ -32,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import secrets
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -176,7 +179,8 @@ class TensorBoardSink(RunListener):
                 from tensorboardX.event_file_writer import EventsWriter
 
                 self._logdir.mkdir(parents=True, exist_ok=True)
-                return EventsWriter(str(self._logdir / "events"))
+                return EventsWriter(str(self._logdir / "events"),
+                                    filename_suffix=f".{secrets.token_hex(8)}")
 
             self._writer = self._guard(make)
             self._last_flush = self._clock()

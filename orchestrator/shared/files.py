@@ -11,6 +11,12 @@ One implementation each, for the driver, the hosts, the tools and the bench:
 - ``read_jsonl``: the JSON objects of a JSON-lines file; a line a crash cut short (the last one
   of a live or killed writer, or the first one of a tail read) is skipped, unless ``strict``.
 - ``jsonl_line`` / ``append_jsonl``: one object per line, appended whole.
+- ``open_append``: what every append (a log, a JSON-lines file) opens with.
+
+Nothing here writes through a symbolic link (issue 49): others may write a run directory or a
+bucket, and a link planted at a name we write would make us write into whatever it names (the
+executables key, a config). A rename replaces the link itself, and appends are opened with
+``O_NOFOLLOW``; a link, a hard-linked file or a non-file at the name is ``UnsafeFile``.
 
 Standard library only (``orchestrator.shared`` is neutral ground, tests/test_import_direction.py).
 """
@@ -18,12 +24,30 @@ Standard library only (``orchestrator.shared`` is neutral ground, tests/test_imp
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
+import stat
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
+
+
+class UnsafeFile(OSError):
+    """A name we write holds a symbolic link, a file with other names or not a file: someone
+    else may have put it there to have us write elsewhere. ``message`` and ``fix`` as the
+    project's errors have them (``orchestrator.main.explain``)."""
+
+    def __init__(self, path: str | Path, what: str) -> None:
+        self.message = (f"{path} is {what}; the orchestrator never writes through one (whoever "
+                        "can write its directory could point it at a key or a config)")
+        self.fix = (f"remove {path} (`rm {path}`: nothing of the run is lost, it is written "
+                    "afresh) and let only the run's user write its directory")
+        super().__init__(errno.ELOOP, f"{self.message}. Fix: {self.fix}", str(path))
+
+    def __str__(self) -> str:
+        return self.strerror or self.message
 
 
 def atomic_write_bytes(path: str | Path, data: bytes, *, fsync: bool = False,
@@ -119,9 +143,53 @@ def append_jsonl(path: str | Path, record: Mapping[str, Any] | str, *, fsync: bo
     bytes written. ``fsync``: durable before returning."""
     line = record if isinstance(record, str) else jsonl_line(record, **dumps)
     data = line.encode("utf-8")
-    with open(path, "ab") as fh:
+    with open_append(path, binary=True) as fh:
         fh.write(data)
         if fsync:
             fh.flush()
             os.fsync(fh.fileno())
     return len(data)
+
+
+def open_append(path: str | Path, *, binary: bool = False, truncate: bool = False,
+                mode: int = 0o666) -> IO[Any]:
+    """``path`` opened to append (created with ``mode`` when absent; ``truncate``: emptied
+    first), text in UTF-8 unless ``binary``. Never through a symbolic link, into a file that
+    has other names (a hard link) or into anything but a regular file (a FIFO would block):
+    ``UnsafeFile``. Other OSErrors as the filesystem raises them."""
+    flags = (os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+             | os.O_CLOEXEC)
+    try:
+        fd = os.open(path, flags, mode)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.EMLINK) and os.path.islink(path):
+            raise UnsafeFile(path, "a symbolic link") from None
+        if exc.errno == errno.ENXIO:  # a FIFO nobody reads
+            raise UnsafeFile(path, "not a regular file") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UnsafeFile(path, "not a regular file")
+        if st.st_nlink > 1:
+            raise UnsafeFile(path, f"a file with {st.st_nlink} names (a hard link)")
+        if truncate:
+            os.ftruncate(fd, 0)
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "ab" if binary else "a", **({} if binary else {"encoding": "utf-8"}))
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def holder(path: str | Path, dirs: Iterable[str | Path]) -> Path | None:
+    """The first of ``dirs`` that holds ``path`` (or is it), or None. Each is compared as
+    written (made absolute) and with its links resolved, both ways: a path that only *leads*
+    through a directory (a link inside it pointing out) is held by it too, since whoever writes
+    the directory can change where it leads."""
+    mine = {Path(os.path.abspath(path)), Path(os.path.realpath(path))}
+    for d in dirs:
+        theirs = {Path(os.path.abspath(d)), Path(os.path.realpath(d))}
+        if any(p == t or t in p.parents for p in mine for t in theirs):
+            return Path(d)
+    return None

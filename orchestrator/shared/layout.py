@@ -20,6 +20,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from orchestrator.shared.files import atomic_write_text
+
 COMMIT_MARKER = "commit_success.txt"
 STEP_METADATA = "_CHECKPOINT_METADATA"
 RUN_META = Path("meta") / "metadata"
@@ -133,7 +135,7 @@ def move_aside(path: Path, reason: str) -> Path:
         n += 1
     path.rename(target)
     with contextlib.suppress(OSError):  # the rename is what matters; the note is a courtesy
-        (target / REASON_FILE).write_text(reason + "\n")
+        atomic_write_text(target / REASON_FILE, reason + "\n")  # never through a link
     return target
 
 

@@ -29,6 +29,7 @@ from orchestrator.controller.summary import write_summary
 from orchestrator.events.intake import EventIntake
 from orchestrator.metrics.goodput import compute_goodput
 from orchestrator.shared import configtools
+from orchestrator.shared.files import atomic_write_text
 from orchestrator.sim import models
 from orchestrator.sim.cluster import SimCluster, slice_names
 from orchestrator.sim.config import SimConfig
@@ -158,8 +159,9 @@ def simulate(cfg: SimConfig, *, run_dir: Path | str | None = None,
                      models.Costs(cfg, random.Random(f"{cfg.seed}:costs")))
     clock = SimClock(world, probe)
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(rc.as_dict(), sort_keys=False))
-    (run_dir / "sim.yaml").write_text(yaml.safe_dump(configtools.to_dict(cfg), sort_keys=False))
+    atomic_write_text(run_dir / "config.yaml", yaml.safe_dump(rc.as_dict(), sort_keys=False))
+    atomic_write_text(run_dir / "sim.yaml", yaml.safe_dump(configtools.to_dict(cfg),
+                                                           sort_keys=False))
     intake = EventIntake(rc.events, run_dir=run_dir, job=rc.run.name, clock=clock.now)
     actor = Actor(cfg, world, cluster, job=rc.run.name,
                   submit=lambda p: intake.submit(p, source="sim"), delivered=fleet.delivered,

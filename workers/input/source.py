@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from orchestrator.shared.errors import ConfigError
+from orchestrator.shared.files import open_append
 from workers.input.prefetch import ReadAhead
 
 log = logging.getLogger(__name__)
@@ -213,7 +214,7 @@ class _Trace:
     def __init__(self, trace_dir: str) -> None:
         os.makedirs(trace_dir, exist_ok=True)
         name = f"samples-{socket.gethostname()}-{os.getpid()}.jsonl"
-        self._f = open(os.path.join(trace_dir, name), "a", encoding="utf-8")  # noqa: SIM115
+        self._f = open_append(os.path.join(trace_dir, name))  # never through a link
         self._lock = threading.Lock()
 
     def write(self, step: int, rows: range, ids: np.ndarray, epoch: int) -> None:

@@ -1,0 +1,318 @@
+"""A run directory is data, not a control channel (issue 49, finding 1 and the lows on files).
+
+Whoever can write a runs directory (a bucket writer, another user) plants a link where the driver
+writes, waits for a restart, and has the driver write known text into the executables key; then
+signs an executable with that text and every host runs it. Here: no write follows a link (a
+rename replaces it, an append refuses it), the key lives outside what the orchestrator writes, a
+padded or forged executable is refused before its body is read whole, a manifest names only its
+own directory's files, and an export never reads a step through a link.
+
+Planted executables are valid pickles whose unpickling creates a marker file: its absence is the
+proof nothing ran. No Ray, no JAX compile.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import structlog
+
+from orchestrator.config import load_config
+from orchestrator.shared.errors import ConfigError
+from orchestrator.shared.files import append_jsonl
+from orchestrator.shared.host_env import ENV_KEY
+from workers.training.exec_auth import load_key
+from workers.training.executables import ExecutableStore, encode, executable_key
+
+
+class _Plant:
+    """Unpickling this creates ``marker`` (what an attacker's code would do, harmlessly)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))
+
+
+def _exe_key() -> dict:
+    return executable_key(function="train_step", runtime={"jax": "0.10.2"}, config={"lr": 1},
+                          mesh={"shape": [1]}, process_index=0, process_count=1)
+
+
+def _forge(store: ExecutableStore, key: dict, marker: Path, signing_key: bytes) -> Path:
+    """The store's exact layout for ``key``, a payload body, MAC under ``signing_key``."""
+    import hashlib
+
+    body = pickle.dumps(_Plant(marker))
+    header = {"key": key, "body_len": len(body), "body_sha256": hashlib.sha256(body).hexdigest()}
+    store.root.mkdir(mode=0o755, parents=True, exist_ok=True)
+    path = store.path(key)
+    path.write_bytes(encode(signing_key, header, body))
+    return path
+
+
+def _as_load_key_reads(text: bytes) -> bytes:
+    """What ``load_key`` would take for a key file holding ``text``."""
+    return text[:4096].strip()
+
+
+@pytest.fixture
+def key(tmp_path, monkeypatch) -> Path:
+    """The driver's executables key: a private file outside every run directory."""
+    path = tmp_path / "home" / ".config" / "tpu-orchestrator" / "executables.key"
+    load_key(path)  # created 0600
+    monkeypatch.setenv(ENV_KEY, str(path))
+    return path
+
+
+def _cfg(run_dir: Path, *overrides: str):
+    return load_config(None, [f"run.run_dir={run_dir}", "run.name=exp", *overrides])
+
+
+# ---- finding 1: the chain ---------------------------------------------------------------------
+
+def test_a_link_planted_at_config_yaml_never_rewrites_the_key_and_no_forgery_runs(tmp_path, key):
+    """The attack as found: config.yaml replaced by a link to the key, the driver's start-up
+    writes of the run directory (as at every restart), then an executable signed with the text
+    the driver writes there. The key is byte-for-byte unchanged, config.yaml is a file of its
+    own again, and the forgery is refused before it is unpickled."""
+    from orchestrator.main import Driver
+
+    run_dir = tmp_path / "runs" / "exp"
+    run_dir.mkdir(parents=True)
+    before = key.read_bytes()
+    (run_dir / "config.yaml").symlink_to(key)
+
+    driver = Driver(_cfg(run_dir), argv=[])
+    try:
+        driver._prepare_run_dir()
+    finally:
+        structlog.contextvars.unbind_contextvars("run_id", "job")
+
+    config = run_dir / "config.yaml"
+    store, exe, marker = ExecutableStore(run_dir / "executables", key_file=str(key)), \
+        _exe_key(), tmp_path / "PWNED"
+    _forge(store, exe, marker, _as_load_key_reads(config.read_bytes()))
+    got = store.load(exe, args=())
+    assert not marker.exists(), "the forged executable's payload ran"
+    assert got.compiled is None and "signature does not verify" in got.reason
+    assert key.read_bytes() == before
+    assert not config.is_symlink() and "run_dir" in config.read_text()
+
+
+# ---- finding 1: every append refuses a link ---------------------------------------------------
+
+def _driver_log(path: Path) -> None:
+    from orchestrator.driver.logs import _Tee
+
+    tee = _Tee(json_stream=False)
+    tee.msg('{"message": "early"}', None)  # written at attach
+    tee.attach_file(path)
+    tee.msg('{"message": "later"}', None)
+
+
+def _metrics(path: Path) -> None:
+    from orchestrator.metrics.jsonl import JsonlSink
+    from tests.metrics.synthetic import step_record
+
+    sink = JsonlSink(path)
+    sink.on_step(step_record(1, time.time(), inc=0, slices=1))
+    sink.close()
+
+
+def _events(path: Path) -> None:
+    from orchestrator.events.eventlog import JsonlWriter
+
+    writer = JsonlWriter(path)
+    writer.write({"decision": "accepted"})
+    writer.close()
+
+
+def _audit(path: Path) -> None:
+    append_jsonl(path, {"at": 1})
+
+
+def _trace(path: Path) -> None:
+    import numpy as np
+
+    from workers.input.source import _Trace
+
+    trace = _Trace(str(path.parent))
+    trace.write(1, range(0, 2), np.arange(2), 0)
+    trace.close()
+
+
+APPENDERS = {
+    "driver.log.jsonl": _driver_log, "metrics.jsonl": _metrics, "events.jsonl": _events,
+    "audit.jsonl": _audit,
+    f"samples-{socket.gethostname()}-{os.getpid()}.jsonl": _trace,
+}
+
+
+@pytest.mark.parametrize("name", sorted(APPENDERS))
+def test_an_append_never_follows_a_link_planted_at_its_name(tmp_path, key, name):
+    """The driver's log, metrics and event log, the autoresume state's appends, a host's sample
+    trace: a link at the name is refused (naming the file and the fix), the key untouched."""
+    before = key.read_bytes()
+    path = tmp_path / "run" / name
+    path.parent.mkdir()
+    path.symlink_to(key)
+    try:
+        APPENDERS[name](path)
+    except OSError as exc:
+        refused: OSError | None = exc
+    else:
+        refused = None
+    assert key.read_bytes() == before
+    from orchestrator.shared.files import UnsafeFile
+
+    assert isinstance(refused, UnsafeFile)
+    assert f"{path} is a symbolic link" in str(refused) and f"rm {path}" in refused.fix
+
+
+def test_the_timeline_never_appends_through_a_link_and_the_run_goes_on(tmp_path, key):
+    """timeline.jsonl is written at every transition: a link there is logged, never followed,
+    and never stops the run."""
+    from orchestrator.lifecycle import Lifecycle, RunState
+
+    before = key.read_bytes()
+    (tmp_path / "timeline.jsonl").symlink_to(key)
+    life = Lifecycle(run_dir=tmp_path)
+    assert life.state is RunState.PLANNING
+    assert key.read_bytes() == before
+
+
+def test_a_link_planted_at_the_driver_log_is_bad_input_naming_the_file_and_the_fix(tmp_path,
+                                                                                   key):
+    """The driver's exit-2 path (``main``'s bad input) takes it, and says what to remove."""
+    from orchestrator import main as driver_main
+    from orchestrator.main import explain
+    from orchestrator.shared.files import UnsafeFile
+
+    path = tmp_path / "driver.log.jsonl"
+    path.symlink_to(key)
+    with pytest.raises(UnsafeFile) as info:
+        _driver_log(path)
+    def bare(text: str) -> str:  # explain() wraps lines, at hyphens too
+        return "".join(text.split())
+
+    text = bare(explain(info.value))
+    assert text.startswith(bare(f"Unsafe file in the run directory: {path} is a symbolic link"))
+    assert bare(f"Fix: remove {path} (`rm {path}`") in text
+    assert "UnsafeFile" in driver_main.main.__code__.co_names  # among main's bad input
+
+
+def test_tensorboard_files_are_not_named_so_a_link_could_wait_for_them(tmp_path, key):
+    """tensorboardX opens its file plainly: links planted at every name the next minute could
+    give are never written through (the name carries a random part)."""
+    from orchestrator.metrics.tensorboard import TensorBoardSink
+    from tests.metrics.synthetic import step_record
+
+    before = key.read_bytes()
+    logdir = tmp_path / "tensorboard"
+    logdir.mkdir()
+    now = int(time.time())
+    for t in range(now - 2, now + 60):
+        (logdir / f"events.out.tfevents.{t}.{socket.gethostname()}").symlink_to(key)
+    sink = TensorBoardSink(logdir)
+    sink.on_step(step_record(1, time.time(), inc=0, slices=1))
+    sink.close()
+    assert key.read_bytes() == before
+    written = [p for p in logdir.iterdir() if not p.is_symlink()]
+    assert len(written) == 1 and written[0].stat().st_size > 0
+
+
+def test_the_reason_note_of_a_step_moved_aside_is_not_written_through_a_link(tmp_path, key):
+    """A step directory planted with a link at the note's name: the note replaces the link."""
+    from orchestrator.shared.layout import REASON_FILE, move_aside
+
+    before = key.read_bytes()
+    step = tmp_path / "checkpoints" / "7"
+    step.mkdir(parents=True)
+    (step / REASON_FILE).symlink_to(key)
+    moved = move_aside(step, "damaged")
+    assert key.read_bytes() == before
+    assert (moved / REASON_FILE).read_text() == "damaged\n"
+
+
+def test_an_append_refuses_a_second_name_of_another_file_and_never_blocks_on_a_fifo(tmp_path):
+    """A hard link to another file is refused (that file keeps its content); a FIFO planted at
+    the name is refused at once, where opening it would block the writer for good."""
+    other = tmp_path / "other"
+    other.write_text("kept\n")
+    os.link(other, tmp_path / "hard")
+    with pytest.raises(OSError, match="2 names"):
+        append_jsonl(tmp_path / "hard", {"a": 1})
+    assert other.read_text() == "kept\n"
+    os.mkfifo(tmp_path / "fifo")
+    outcome: list[BaseException | None] = []
+
+    def append() -> None:
+        try:
+            append_jsonl(tmp_path / "fifo", {"a": 1})
+            outcome.append(None)
+        except OSError as exc:
+            outcome.append(exc)
+
+    t = threading.Thread(target=append, daemon=True)
+    t.start()
+    t.join(timeout=5)
+    assert outcome and "not a regular file" in str(outcome[0])
+
+
+# ---- finding 1: keys live outside every directory the orchestrator writes -----------------------
+
+@pytest.mark.parametrize("where", ["run directory", "runs root", "store", "link in run directory",
+                                   "run directory is a link to the key's"])
+def test_a_key_in_a_directory_the_run_writes_is_refused_before_anything_is_written(
+        tmp_path, monkeypatch, check_here, where):
+    """``$TPU_ORCH_EXECUTABLES_KEY`` inside the run directory, its runs root or the executable
+    store (or reached through a link there): the driver raises ConfigError (exit 2) naming the
+    setting and the fix, before it takes the run directory's lock. (The cluster settings fail
+    at once, without Ray, should the key pass.)"""
+    from orchestrator.main import Driver
+
+    runs = tmp_path / "runs"
+    run_dir, store = runs / "exp", tmp_path / "store"
+    private = tmp_path / "private"
+    private.mkdir()
+    key = {"run directory": run_dir / "executables.key", "runs root": runs / "k",
+           "store": store / "k", "link in run directory": run_dir / "k",
+           "run directory is a link to the key's": private / "executables.key"}[where]
+    if where == "link in run directory":
+        run_dir.mkdir(parents=True)
+        (run_dir / "k").symlink_to(private / "executables.key")
+    if where == "run directory is a link to the key's":
+        runs.mkdir()
+        run_dir.symlink_to(private)
+    monkeypatch.setenv(ENV_KEY, str(key))
+    cfg = _cfg(run_dir, f"compile.dir={store}", "cluster.mode=emulate",
+               "cluster.address=127.0.0.1:9")
+    with pytest.raises(ConfigError) as info:
+        Driver(cfg, argv=[]).run()
+    assert info.value.setting == f"${ENV_KEY}" and str(key) in info.value.message
+    assert "outside every directory the orchestrator writes" in info.value.fix
+    assert not (run_dir / "driver.lock").exists() and not store.exists()
+
+
+def test_a_key_beside_a_run_in_the_home_directory_is_not_a_runs_root(tmp_path, monkeypatch):
+    """A run directory straight in the home directory: the home is not a runs root, so the
+    default key under ~/.config stays usable; with the store off no key is checked at all."""
+    from orchestrator.driver.key_place import check_key_place
+
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    env = {}  # the per-user default key
+    check_key_place(_cfg(home / "exp", f"compile.dir={tmp_path / 'store'}"), home / "exp", env)
+    cfg = _cfg(tmp_path / "runs" / "exp", "compile.cache=off")
+    check_key_place(cfg, tmp_path / "runs" / "exp", {ENV_KEY: str(tmp_path / "runs" / "k")})
+
+
