@@ -10,9 +10,12 @@ cluster's token, so whatever it resubmits must not be more than "this run again"
   ``ALLOWED_ENV_VARS`` (knobs of JAX/XLA/TPU and Python's output: never a path, a proxy, a
   certificate or anything that picks which code runs);
 * secrets are redacted when run.json is written, in one place (:func:`redact_runtime_env`,
-  :func:`redact_argv`): env var values whose names look secret or that hold a credential, URL
-  credentials (``https://user:secret@host``) anywhere in the runtime_env or the argv, and the
-  values of secret-looking overrides and flags (``foo.password=...``, ``--token X``). On
+  :func:`redact_argv`): env var values whose names look secret (``*_TOKEN``, ``*PASSPHRASE``,
+  ``*WEBHOOK*``, ``*_CREDS``, ``*_AUTH``, ``PRIVKEY``...) or that hold a credential; URL
+  credentials (``https://user:secret@host``), tokens known by their shape (``ghp_...``,
+  ``xoxb-...``, ``AKIA...``) and connection-string keys (``AccountKey=...``) anywhere in the
+  runtime_env or the argv; the values of secret-looking overrides and flags
+  (``foo.password=...``, ``x.passphrase=...``, ``--token X``, ``--webhook URL``). On
   resubmission redacted variables are left out, because secrets reach the pods from Kubernetes
   Secrets (deploy/README.md), not from run.json.
 """
@@ -33,11 +36,22 @@ ALLOWED_ENV_VARS = frozenset({
     "OMP_NUM_THREADS", "GRPC_VERBOSITY",
 })
 _SECRET_NAME = re.compile(
-    r"(secret|token|passw(or)?d|passwd|pwd|credential|api_?key|private_?key|access_?key|"
-    r"auth_?token|authorization|bearer|cookie|signature|jwt|(^|_)key$|_dsn$|(^|_)pass$|"
-    r"(^|_)pat$|(^|_)sas($|_))", re.IGNORECASE)
+    r"(secret|token|passw(or)?d|passwd|pwd|passphrase|credential|(^|_)creds?($|_)|api_?key|"
+    r"private_?key|priv_?key|access_?key|auth_?token|authorization|bearer|cookie|signature|"
+    r"jwt|webhook|(^|_)key$|_dsn$|(^|_)pass$|(^|_)pat$|(^|_)auth$|(^|_)sas($|_))",
+    re.IGNORECASE)
 _URL_CREDENTIALS = re.compile(r"([a-z][a-z0-9+.-]*://)[^/@\s]+@", re.IGNORECASE)
 _JWT = re.compile(r"eyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]{4,}\.")
+# Tokens known by their shape, whatever the name they are under (GitHub, GitLab, Slack, AWS
+# access key ids, Google API keys, PEM private keys), and connection-string keys (Azure).
+_TOKEN = re.compile(
+    r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}|glpat-[A-Za-z0-9_-]{20,}|"
+    r"xox[abposr]-[A-Za-z0-9-]{10,}|AKIA[0-9A-Z]{16}|AIza[0-9A-Za-z_-]{35})"
+    r"|-----BEGIN [A-Z ]*PRIVATE KEY-----(?:.*?-----END [A-Z ]*PRIVATE KEY-----|.*)",
+    re.DOTALL)
+_CONNECTION_KEY = re.compile(
+    r"((?:AccountKey|SharedAccessKey|SharedAccessSignature|Password|Pwd)=)[^;\s]+",
+    re.IGNORECASE)
 _RAY_PACKAGE = re.compile(r"^gcs://_ray_pkg_[0-9a-f]+\.zip$")
 
 
@@ -52,9 +66,10 @@ def secret_name(name: str) -> bool:
 
 
 def holds_credential(value: object) -> bool:
-    """A URL with credentials in it (anywhere, e.g. the second of several index URLs), or a JWT."""
-    return isinstance(value, str) and bool(
-        _URL_CREDENTIALS.search(value) or _JWT.search(value))
+    """A URL with credentials in it (anywhere, e.g. the second of several index URLs), a JWT, a
+    token known by its shape (``ghp_...``) or a connection string's key (``AccountKey=...``)."""
+    return isinstance(value, str) and any(
+        pattern.search(value) for pattern in (_URL_CREDENTIALS, _JWT, _TOKEN, _CONNECTION_KEY))
 
 
 def looks_secret(name: str, value: object) -> bool:
@@ -63,9 +78,12 @@ def looks_secret(name: str, value: object) -> bool:
 
 
 def _scrub(value: Any) -> Any:
-    """``value`` with URL credentials and JWTs replaced, in every string it holds."""
+    """``value`` with URL credentials, JWTs, shaped tokens and connection-string keys replaced,
+    in every string it holds."""
     if isinstance(value, str):
-        return _JWT.sub(REDACTED + ".", _URL_CREDENTIALS.sub(rf"\1{REDACTED}@", value))
+        value = _URL_CREDENTIALS.sub(rf"\1{REDACTED}@", value)
+        value = _CONNECTION_KEY.sub(rf"\1{REDACTED}", _TOKEN.sub(REDACTED, value))
+        return _JWT.sub(REDACTED + ".", value)
     if isinstance(value, Mapping):
         return {k: _scrub(v) for k, v in value.items()}
     if isinstance(value, list | tuple):

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
+from orchestrator.autoresume.runenv import REDACTED, redact_argv, redact_runtime_env
 from orchestrator.config import load_config
 from orchestrator.shared.errors import ConfigError
 from policies.autoresume import JobStatus, Submission, next_submission_id, restart_of
@@ -318,3 +319,33 @@ def test_the_newest_submission_is_the_record_and_autoresumes_own_restart_passes(
             assert svc.handle_message(alert(i)) == "submitted"
     assert [s for s, _, _ in ray.submitted] == ["run-a-r1", "run-a-r2"]
     assert "Ray recorded for run-a-r2" in audit(tmp_path)[-1]["reason"]
+
+
+# ---- low: redaction -------------------------------------------------------------------------
+
+GHP = "ghp_" + "A1b2C3d4E5" * 4  # a GitHub token's shape (40 characters)
+AZURE = ("DefaultEndpointsProtocol=https;AccountName=acct;AccountKey=c2VjcmV0a2V5PT0=;"
+         "EndpointSuffix=core.windows.net")
+
+
+def test_secrets_the_first_round_missed_are_redacted():
+    """GPG_PASSPHRASE, SLACK_WEBHOOK_URL, AWS_CREDS, NPM_AUTH, PRIVKEY, an Azure AccountKey= and
+    a ghp_ token under a neutral name lose their values; knobs keep theirs."""
+    env = {"GPG_PASSPHRASE": "p", "SLACK_WEBHOOK_URL": "https://hooks.slack.com/services/T/B/x",
+           "AWS_CREDS": "c", "NPM_AUTH": "n", "PRIVKEY": "k", "STORAGE": AZURE, "NOTES": GHP,
+           "JAX_PLATFORMS": "tpu", "TPU_PASSES": "3", "RAY_AUTH_MODE": "token", "PATH": "/bin"}
+    out = redact_runtime_env({"env_vars": env, "pip": [f"--extra {AZURE}", f"x {GHP}"]})
+    assert {k for k, v in out["env_vars"].items() if v == REDACTED} == {
+        "GPG_PASSPHRASE", "SLACK_WEBHOOK_URL", "AWS_CREDS", "NPM_AUTH", "PRIVKEY", "STORAGE",
+        "NOTES"}
+    assert "c2VjcmV0" not in json.dumps(out) and GHP not in json.dumps(out)
+    assert "AccountKey=<redacted>" in out["pip"][0]
+
+
+def test_passphrase_and_webhook_in_the_recorded_argv_are_redacted():
+    """`x.passphrase=...`, `--webhook URL`, and a token or AccountKey in any word: redacted."""
+    argv = ["python", "-m", "orchestrator.main", "x.passphrase=hunter2", "--webhook",
+            "https://hooks.slack.com/services/T/B/x", f"note={GHP}", f"conn={AZURE}"]
+    out = redact_argv(argv)
+    assert out[3:6] == [f"x.passphrase={REDACTED}", "--webhook", REDACTED]
+    assert GHP not in " ".join(out) and "c2VjcmV0" not in " ".join(out)
