@@ -13,11 +13,13 @@ proof nothing ran. No Ray, no JAX compile.
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import socket
 import threading
 import time
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -314,5 +316,68 @@ def test_a_key_beside_a_run_in_the_home_directory_is_not_a_runs_root(tmp_path, m
     check_key_place(_cfg(home / "exp", f"compile.dir={tmp_path / 'store'}"), home / "exp", env)
     cfg = _cfg(tmp_path / "runs" / "exp", "compile.cache=off")
     check_key_place(cfg, tmp_path / "runs" / "exp", {ENV_KEY: str(tmp_path / "runs" / "k")})
+
+
+def test_a_key_inside_the_store_is_refused_by_the_store_itself(tmp_path):
+    """Hosts as well: a store whose key lies inside it loads nothing and stores nothing."""
+    root = tmp_path / "store"
+    root.mkdir(mode=0o755)
+    store = ExecutableStore(root, key_file=str(root / "keys" / "k"))
+    exe, marker = _exe_key(), tmp_path / "PWNED"
+    _forge(store, exe, marker, load_key(root / "keys" / "k"))
+    got = store.load(exe, args=())
+    assert not marker.exists(), "the payload ran"
+    assert got.compiled is None and "lies in the store" in got.reason
+
+
+# ---- low: a padded or forged executable is refused before its body is read whole ---------------
+
+def _peak_while(fn) -> int:
+    tracemalloc.start()
+    try:
+        fn()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+PADDING = 256 << 20
+
+
+def test_a_valid_executable_padded_sparse_is_refused_without_reading_the_padding(tmp_path, key):
+    """A correctly signed file grown (sparse) by 256 MiB: refused by its size, the padding never
+    read (Python's peak allocation stays under 16 MiB; it was the whole file)."""
+    store, exe, marker = ExecutableStore(tmp_path / "store", key_file=str(key)), _exe_key(), \
+        tmp_path / "PWNED"
+    path = _forge(store, exe, marker, load_key(key))
+    os.truncate(path, path.stat().st_size + PADDING)
+    got = []
+    peak = _peak_while(lambda: got.append(store.load(exe, args=())))
+    assert peak < 16 << 20, f"{peak >> 20} MiB allocated"
+    assert got[0].compiled is None and "the header says" in got[0].reason
+    assert not marker.exists()
+
+
+def test_a_forged_header_claiming_a_huge_body_costs_one_chunk(tmp_path, key):
+    """A header that says 256 MiB, a 256 MiB sparse body that matches its checksum, a MAC under
+    no key we hold: the MAC is checked chunk by chunk and fails; the body is never held whole."""
+    import hashlib
+
+    from workers.training.executables import MAGIC
+
+    store, exe = ExecutableStore(tmp_path / "store", key_file=str(key)), _exe_key()
+    zeros = hashlib.sha256()
+    for _ in range(PADDING >> 20):
+        zeros.update(bytes(1 << 20))
+    line = json.dumps({"key": exe, "body_len": PADDING,
+                       "body_sha256": zeros.hexdigest()}).encode() + b"\n"
+    store.root.mkdir(mode=0o755)
+    path = store.path(exe)
+    path.write_bytes(MAGIC + os.urandom(32).hex().encode() + b"\n" + line)
+    os.truncate(path, path.stat().st_size + PADDING)
+    got = []
+    peak = _peak_while(lambda: got.append(store.load(exe, args=())))
+    assert peak < 16 << 20, f"{peak >> 20} MiB allocated"
+    assert got[0].compiled is None and "signature does not verify" in got[0].reason
 
 

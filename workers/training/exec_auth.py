@@ -20,6 +20,7 @@ import hmac
 import os
 import secrets
 import stat
+from collections.abc import Iterable
 from pathlib import Path
 
 from orchestrator.shared.files import atomic_write_text
@@ -101,15 +102,26 @@ def _create_key(path: Path) -> None:
 
 def sign(key: bytes, *parts: bytes) -> bytes:
     """HMAC-SHA256 of ``parts`` (concatenated) under ``key``, in hex."""
+    return sign_chunks(key, parts)
+
+
+def sign_chunks(key: bytes, chunks: Iterable[bytes]) -> bytes:
+    """``sign`` of chunks taken one at a time: a body read in pieces is checked without ever
+    being held whole."""
     mac = hmac.new(key, digestmod=hashlib.sha256)
-    for part in parts:
-        mac.update(part)
+    for chunk in chunks:
+        mac.update(chunk)
     return mac.hexdigest().encode()
 
 
 def verify(key: bytes, mac: bytes, *parts: bytes) -> bool:
     """Whether ``mac`` is ``sign(key, *parts)`` (constant-time)."""
-    return hmac.compare_digest(sign(key, *parts), mac)
+    return verify_chunks(key, mac, parts)
+
+
+def verify_chunks(key: bytes, mac: bytes, chunks: Iterable[bytes]) -> bool:
+    """``verify`` of chunks taken one at a time (``sign_chunks``)."""
+    return hmac.compare_digest(sign_chunks(key, chunks), mac)
 
 
 def writable_by_others(st: os.stat_result) -> str | None:

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestrator.shared.files import atomic_write_bytes
+from orchestrator.shared.files import atomic_write_bytes, holder
 from orchestrator.shared.host_env import key_path
 from workers.training.exec_auth import (
     MAC_HEX,
@@ -45,7 +45,7 @@ from workers.training.exec_auth import (
     load_key,
     sign,
     store_problem,
-    verify,
+    verify_chunks,
     writable_by_others,
 )
 
@@ -56,6 +56,8 @@ FORMAT = 2
 MAGIC = b"tpu-orchestrator executable v2\n"
 """Then the MAC line (64 hex digits), the JSON header line, the pickled body."""
 SUFFIX = ".xla"
+CHUNK = 1 << 20
+"""A body is MAC-checked in pieces this big before it is read whole (issue 49)."""
 KEEP_PER_PROCESS = 8
 """Newest files kept per (function, process index/count): enough for the few meshes a run moves
 between (N slices, N-1, N with a spare), bounded so a long run does not fill the disk."""
@@ -195,7 +197,13 @@ class ExecutableStore:
         self.key_file = key_file or key_path()
 
     def _key(self) -> bytes:
-        """The signing key (read each time: a replaced key takes effect at once)."""
+        """The signing key (read each time: a replaced key takes effect at once); refused
+        when it lies in the store, where whoever plants executables could replace it."""
+        if holder(self.key_file, [self.root]) is not None:
+            raise Untrusted(f"executables key {self.key_file} lies in the store {self.root}: "
+                            "whoever can write the store could replace it; fix: keep the key "
+                            "outside every directory the orchestrator writes (point "
+                            "$TPU_ORCH_EXECUTABLES_KEY elsewhere, or move compile.dir)")
         return load_key(self.key_file)
 
     def path(self, key: Mapping[str, Any]) -> Path:
@@ -318,10 +326,13 @@ def _read(path: Path, *, key: bytes | None = None) -> tuple[dict, bytes]:
     """(header, body) of a stored file; ValueError when it is not one or is damaged.
 
     With ``key``: the body too, returned only when the file is one nobody else could have
-    written (where the filesystem can tell) and its MAC verifies, else ``Untrusted``. Without:
-    the header alone, unverified (for the log; never for loading)."""
+    written (where the filesystem can tell), its size is the header's, and its MAC verifies,
+    else ``Untrusted``; the MAC is checked in ``CHUNK``s before the body is read whole, so a
+    forged or padded file costs no more memory than a chunk. Without: the header alone,
+    unverified (for the log; never for loading)."""
     with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK), "rb") as f:
-        if key is not None and (why := writable_by_others(os.fstat(f.fileno()))) is not None:
+        st = os.fstat(f.fileno())
+        if key is not None and (why := writable_by_others(st)) is not None:
             raise Untrusted(f"the file {why}; fix: remove it (the next compile rewrites it)")
         if f.read(len(MAGIC)) != MAGIC:
             raise ValueError("not an executable file of this format")
@@ -332,15 +343,34 @@ def _read(path: Path, *, key: bytes | None = None) -> tuple[dict, bytes]:
         header = json.loads(line)
         if key is None:
             return header, b""
-        data = f.read()
-    if len(data) != header.get("body_len") or \
-            hashlib.sha256(data).hexdigest() != header.get("body_sha256"):
+        start, body_len = f.tell(), header.get("body_len")
+        if type(body_len) is not int or st.st_size - start != body_len:
+            raise ValueError(f"body is damaged ({st.st_size - start} bytes, the header says "
+                             f"{body_len!r})")
+        body_sha = hashlib.sha256()
+        signed = verify_chunks(key, mac[:-1], _chunks(f, MAGIC + line, body_len, body_sha))
+        if body_sha.hexdigest() != header.get("body_sha256"):
+            raise ValueError(f"body is damaged ({body_len} bytes, checksum mismatch)")
+        if not signed:
+            raise Untrusted("its signature does not verify with this store's key (forged, or "
+                            "written with another key); fix: remove it, or give every run "
+                            "sharing the store the same key file ($TPU_ORCH_EXECUTABLES_KEY)")
+        f.seek(start)
+        data = f.read(body_len)
+    # read twice: the checksum the MAC vouches for says it is still the body that was checked
+    if len(data) != body_len or hashlib.sha256(data).hexdigest() != header.get("body_sha256"):
         raise ValueError(f"body is damaged ({len(data)} bytes, checksum mismatch)")
-    if not verify(key, mac[:-1], MAGIC, line, data):
-        raise Untrusted("its signature does not verify with this store's key (forged, or "
-                        "written with another key); fix: remove it, or give every run sharing "
-                        "the store the same key file ($TPU_ORCH_EXECUTABLES_KEY)")
     return header, data
+
+
+def _chunks(f: Any, head: bytes, n: int, body_sha: Any) -> Any:
+    """``head``, then the next ``n`` bytes of ``f`` in ``CHUNK``s (fewer when it ends early),
+    each also fed to ``body_sha``."""
+    yield head
+    while n > 0 and (chunk := f.read(min(CHUNK, n))):
+        n -= len(chunk)
+        body_sha.update(chunk)
+        yield chunk
 
 
 def read_header(path: str | Path) -> dict:
