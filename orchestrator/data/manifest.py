@@ -94,10 +94,27 @@ def load(data_dir: str, *, setting: str = "data.dir") -> Manifest:
                         "check the path and its permissions") from exc
     try:
         doc = json.loads(raw)
-        return _from_dict(doc)
+        m = _from_dict(doc)
     except (ValueError, TypeError, KeyError) as exc:
         raise DataError(setting, f"{manifest_path(data_dir)!r} is not a valid manifest "
                         f"({type(exc).__name__}: {exc})", prepare) from exc
+    if (name := _escaping(m)) is not None:
+        raise DataError(setting, f"{manifest_path(data_dir)!r} lists {name!r}, which is not a "
+                        f"file inside {data_dir!r} (an absolute path, a URL or a '..'): a "
+                        "manifest names its own directory's files only, so a run never reads "
+                        "what the data directory's writer points it at elsewhere", prepare)
+    return m
+
+
+def _escaping(m: Manifest) -> str | None:
+    """The first file name of ``m`` that leads out of its directory, or None (issue 49)."""
+    for name in (m.tokenizer.file, *(s.path for s in (*m.shards, *m.eval_shards))):
+        if not isinstance(name, str):
+            return repr(name)
+        parts = name.replace("\\", "/").split("/")
+        if not name or name.startswith(("/", "\\")) or "://" in name or ".." in parts:
+            return name
+    return None
 
 
 def _from_dict(doc: dict) -> Manifest:

@@ -381,3 +381,53 @@ def test_a_forged_header_claiming_a_huge_body_costs_one_chunk(tmp_path, key):
     assert got[0].compiled is None and "signature does not verify" in got[0].reason
 
 
+# ---- low: a manifest names its own directory's files only ---------------------------------------
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory) -> Path:
+    from tests.input.conftest import make_dataset
+
+    return Path(make_dataset(tmp_path_factory.mktemp("escape"), "bin"))
+
+
+@pytest.mark.parametrize("how", ["dotdot", "absolute", "nested dotdot", "tokenizer"])
+def test_a_manifest_naming_files_outside_its_directory_is_refused(prepared, tmp_path, how):
+    """Shard (or tokenizer) names with '..' or an absolute path, the files there matching the
+    listed size and sha256: refused by ``load`` and ``verify`` naming the file, nothing read;
+    a name in a subdirectory is still read."""
+    from orchestrator.data.manifest import MANIFEST, load, verify
+    from orchestrator.shared.errors import DataError
+
+    data = tmp_path / "data"
+    data.mkdir()
+    doc = json.loads((prepared / MANIFEST).read_text())
+    for name in [doc["tokenizer"]["file"], *(s["path"] for s in doc["shards"])]:
+        (tmp_path / name).write_bytes((prepared / name).read_bytes())  # beside, not inside
+    first = doc["shards"][0]["path"]
+    renamed = {"dotdot": f"../{first}", "absolute": str(tmp_path / first),
+               "nested dotdot": f"sub/../../{first}", "tokenizer": None}[how]
+    if how == "tokenizer":
+        renamed = doc["tokenizer"]["file"] = f"../{doc['tokenizer']['file']}"
+    else:
+        doc["shards"][0]["path"] = renamed
+    for s in doc["shards"][1:]:
+        (data / s["path"]).write_bytes((prepared / s["path"]).read_bytes())
+    if how == "tokenizer":
+        (data / first).write_bytes((prepared / first).read_bytes())
+    else:
+        (data / doc["tokenizer"]["file"]).write_bytes(
+            (prepared / doc["tokenizer"]["file"]).read_bytes())
+    (data / MANIFEST).write_text(json.dumps(doc))
+    for check in (load, verify):
+        with pytest.raises(DataError) as info:
+            check(str(data))
+        assert f"lists {renamed!r}, which is not a file inside" in str(info.value)
+    if how == "dotdot":  # a name in a subdirectory stays inside: read as before
+        (data / "sub").mkdir()
+        (tmp_path / first).rename(data / "sub" / first)
+        doc["shards"][0]["path"] = f"sub/{first}"
+        (data / MANIFEST).write_text(json.dumps(doc))
+        assert load(str(data)).shards[0].path == f"sub/{first}"
+        verify(str(data))
+
+
