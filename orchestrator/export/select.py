@@ -5,11 +5,14 @@ Orbax tier when ``orchestrator.shared.layout`` calls it committed (``RUN_DIR/che
 commit marker and readable step metadata), and in the tier the RAM holders write
 (``RUN_DIR/checkpoints-from-ram/<step>``) when every source is there (``COMPLETE``,
 ``workers.ram.copy_store``). With no ``--step`` the newest complete step of either tier is taken; a
-step complete in both is read from Orbax (it needs no run secret).
+step complete in both is read from Orbax (it needs no run secret). A step reached through a
+symbolic link (the step, its tier's directory, or anything inside it) is refused: an export reads
+what the run wrote, never what a writer of the runs directory points it at (issue 49).
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,7 +79,29 @@ def choose(run_dir: Path, step: int | None = None) -> Source:
                           fix="pass --step with one of the complete steps, or leave --step "
                               "out to export the newest")
     root = checkpoint_dir(run_dir) if tier == ORBAX else copies_dir(run_dir)
-    return Source(step=step, tier=tier, path=root / str(step))
+    source = Source(step=step, tier=tier, path=root / str(step))
+    if (link := first_link(run_dir, source.path)) is not None:
+        raise ExportError(f"Step {step} of {run_dir} is reached through the symbolic link {link} "
+                          f"(to {os.readlink(link)}): an export reads only what the run wrote.",
+                          fix=f"remove the link (`rm {link}`), or export the run that wrote that "
+                              "step from its own directory")
+    return source
+
+
+def first_link(run_dir: Path, path: Path) -> Path | None:
+    """The first symbolic link on the way from ``run_dir`` down to ``path`` or anywhere below
+    it (never followed), or None."""
+    run_dir, path = run_dir.absolute(), path.absolute()
+    at = run_dir
+    for part in path.relative_to(run_dir).parts:
+        at = at / part
+        if at.is_symlink():
+            return at
+    for top, dirs, files in os.walk(path):  # links to folders are listed, not entered
+        for name in sorted(dirs + files):
+            if (p := Path(top) / name).is_symlink():
+                return p
+    return None
 
 
 def listing(run_dir: Path) -> str:

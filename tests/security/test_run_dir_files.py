@@ -431,3 +431,38 @@ def test_a_manifest_naming_files_outside_its_directory_is_refused(prepared, tmp_
         verify(str(data))
 
 
+# ---- low: an export never reads a step through a link -------------------------------------------
+
+def _committed(step_dir: Path) -> None:
+    from orchestrator.shared.layout import COMMIT_MARKER, STEP_METADATA
+
+    (step_dir / "state").mkdir(parents=True)
+    (step_dir / COMMIT_MARKER).write_text("ok")
+    (step_dir / STEP_METADATA).write_text("{}")
+
+
+@pytest.mark.parametrize("where", ["step", "checkpoints", "inside the step"])
+def test_an_export_refuses_a_step_reached_through_a_link(tmp_path, where):
+    """A committed-looking step outside the run, linked in as the step, as checkpoints/, or as a
+    file inside a step: ``choose`` refuses with the link and the fix; nothing is read."""
+    from orchestrator.export.select import ExportError, choose
+
+    run, outside = tmp_path / "run", tmp_path / "elsewhere"
+    run.mkdir()
+    _committed(outside / "5")
+    if where == "step":
+        (run / "checkpoints").mkdir()
+        (run / "checkpoints" / "5").symlink_to(outside / "5")
+        link = run / "checkpoints" / "5"
+    elif where == "checkpoints":
+        (run / "checkpoints").symlink_to(outside)
+        link = run / "checkpoints"
+    else:
+        _committed(run / "checkpoints" / "5")
+        link = run / "checkpoints" / "5" / "state" / "array"
+        link.symlink_to(outside / "5" / "state")
+    for step in (None, 5):
+        with pytest.raises(ExportError) as info:
+            choose(run, step)
+        assert f"through the symbolic link {link}" in info.value.message
+        assert f"rm {link}" in info.value.fix
