@@ -9,6 +9,8 @@ The inbox is a control channel (stop, drain), so only the run's own user may use
 owned by anyone else, a symbolic link, or any file while the inbox folder is writable by others
 (group or world) or owned by someone else, is refused before it is parsed — logged with the
 reason, recorded as a dead letter once, and left in place (nothing is deleted that is not ours).
+Only the first ``MAX_REFUSALS_RECORDED`` refusals of a watcher are logged and dead-lettered, then
+one line says the rest are refused unrecorded: a writer who drops thousands of files fills no disk.
 Ownership cannot stop writers on a shared bucket mount (every file looks like the mount's), so
 the inbox is off by default where Pub/Sub is configured (``EventsConfig.inbox_on``).
 """
@@ -31,6 +33,7 @@ from orchestrator.shared.files import atomic_write_bytes
 log = structlog.get_logger(__name__)
 
 INBOX_DIR = "inbox"
+MAX_REFUSALS_RECORDED = 100
 PUBLISH_FIX = ("publish as the run's own user (`python -m orchestrator.events publish --run-dir "
                "RUN_DIR`), or through Pub/Sub")
 
@@ -75,6 +78,8 @@ class InboxWatcher:
         self._poll_s = poll_s
         self._max_bytes = max_bytes
         self._refused: set[str] = set()
+        self.refusals = 0
+        """Files refused so far (all of them, recorded or not)."""
         self._in_flight: set[str] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -151,6 +156,15 @@ class InboxWatcher:
         with self._lock:
             self._refused.add(name)
             self._in_flight.discard(name)
+            self.refusals += 1
+            count = self.refusals
+        if count > MAX_REFUSALS_RECORDED:
+            if count == MAX_REFUSALS_RECORDED + 1:
+                log.warning("inbox_refusals_capped", dir=str(self.dir),
+                            recorded=MAX_REFUSALS_RECORDED, reason=reason,
+                            fix=f"find who writes {self.dir} and remove the files not yours; "
+                                "further refused files are neither logged nor dead-lettered")
+            return
         log.warning("inbox_file_refused", file=str(self.dir / name), reason=reason,
                     fix=PUBLISH_FIX)
         if self._refuse is not None:

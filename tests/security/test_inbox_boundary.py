@@ -114,3 +114,23 @@ def test_inbox_setting_default_and_explicit():
     assert not EventsConfig(pubsub=sub).inbox_on
     assert EventsConfig(pubsub=topic, inbox=True).inbox_on
     assert not EventsConfig(inbox=False).inbox_on
+
+
+def test_thousands_of_refused_files_leave_a_bounded_number_of_dead_letters(tmp_path):
+    """5,000 files in an inbox others can write (issue 49, low): every one refused and left in
+    place, but only the first 100 logged and dead-lettered, then one line saying so."""
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    os.chmod(inbox, 0o777)
+    for i in range(5000):
+        (inbox / f"{i:020d}-planted.json").write_bytes(_stop(f"planted-{i}"))
+    dead: list[str] = []
+    watcher = InboxWatcher(tmp_path, lambda *a: pytest.fail("a refused file was delivered"),
+                           refuse=lambda data, reason, name: dead.append(name))
+    with capture_logs() as logs:
+        assert watcher.scan_once() == 0
+        assert watcher.scan_once() == 0  # refused once, not again
+    assert len(dead) == 100 and dead[0] == f"{0:020d}-planted.json"
+    assert watcher.refusals == 5000 and len(os.listdir(inbox)) == 5000
+    assert len([r for r in logs if r["event"] == "inbox_file_refused"]) == 100
+    assert len([r for r in logs if r["event"] == "inbox_refusals_capped"]) == 1
