@@ -40,6 +40,7 @@ class UnsafeFile(OSError):
     project's errors have them (``orchestrator.main.explain``)."""
 
     def __init__(self, path: str | Path, what: str) -> None:
+        self.what = what
         self.message = (f"{path} is {what}; the orchestrator never writes through one (whoever "
                         "can write its directory could point it at a key or a config)")
         self.fix = (f"remove {path} (`rm {path}`: nothing of the run is lost, it is written "
@@ -48,6 +49,9 @@ class UnsafeFile(OSError):
 
     def __str__(self) -> str:
         return self.strerror or self.message
+
+    def __reduce__(self) -> tuple[Any, ...]:  # picklable across actors (OSError's would not be)
+        return (type(self), (self.filename, self.what))
 
 
 def atomic_write_bytes(path: str | Path, data: bytes, *, fsync: bool = False,

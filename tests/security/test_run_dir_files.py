@@ -209,6 +209,8 @@ def test_a_link_planted_at_the_driver_log_is_bad_input_naming_the_file_and_the_f
     assert text.startswith(bare(f"Unsafe file in the run directory: {path} is a symbolic link"))
     assert bare(f"Fix: remove {path} (`rm {path}`") in text
     assert "UnsafeFile" in driver_main.main.__code__.co_names  # among main's bad input
+    again = pickle.loads(pickle.dumps(info.value))  # it crosses actor boundaries whole
+    assert (type(again), str(again), again.fix) == (UnsafeFile, str(info.value), info.value.fix)
 
 
 def test_tensorboard_files_are_not_named_so_a_link_could_wait_for_them(tmp_path, key):
