@@ -27,6 +27,7 @@ from typing import Any
 from orchestrator.cluster.auth_token import write_token
 from orchestrator.cluster.errors import LocalClusterError
 from orchestrator.cluster.nodes import Shape, head_args, host_args, host_labels
+from orchestrator.cluster.state_file import read_own_text
 from orchestrator.raygroup.topology import INSTANCE_LABEL, LOOPBACK, SLICE_LABEL, WORKER_LABEL
 from orchestrator.shared import host_env
 from orchestrator.shared.files import atomic_write_json, open_append
@@ -72,18 +73,23 @@ def free_port(preferred: int = 0) -> int:
 
 
 def load_state(state_dir: Path) -> ClusterState | None:
-    try:
-        data = json.loads((state_dir / STATE_FILE).read_text())
-    except FileNotFoundError:
+    """What ``up`` recorded in STATE_DIR; only from this user's own file (``state_file``)."""
+    text = read_own_text(state_dir / STATE_FILE, "the cluster's state file")
+    if text is None:
         return None
+    fix = "stop leftover Ray processes by hand and delete it"
+    try:
+        return ClusterState(**json.loads(text))
     except ValueError as exc:
         raise LocalClusterError(f"{state_dir / STATE_FILE} is not readable JSON ({exc}).",
-                                fix="stop leftover Ray processes by hand and delete it") from None
-    return ClusterState(**data)
+                                fix=fix) from None
+    except TypeError as exc:
+        raise LocalClusterError(f"{state_dir / STATE_FILE} is not a cluster's state ({exc}).",
+                                fix=fix) from None
 
 
 def _save(state_dir: Path, state: ClusterState) -> None:
-    atomic_write_json(state_dir / STATE_FILE, asdict(state), indent=1)
+    atomic_write_json(state_dir / STATE_FILE, asdict(state), indent=1, mode=0o600)
 
 
 def _node_env(state: ClusterState) -> dict[str, str]:
@@ -115,7 +121,8 @@ def _launch(args: list[str], log_path: Path, env: dict[str, str]) -> subprocess.
 def _get(state: ClusterState, path: str, timeout: float = 5.0) -> Any:
     req = urllib.request.Request(state.url + path)
     if state.auth:
-        req.add_header("Authorization", f"Bearer {Path(state.token_path).read_text().strip()}")
+        token = read_own_text(Path(state.token_path), "the token file") or ""
+        req.add_header("Authorization", f"Bearer {token.strip()}")
     with urllib.request.urlopen(req, timeout=timeout) as resp:
         return json.loads(resp.read())
 
