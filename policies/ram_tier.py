@@ -3,7 +3,7 @@
 Every host's shards of the train state are copied, every ``ram.every`` steps, to a holder on its
 own node (survives the host process) and to a holder on a peer host in *another slice* (survives
 the node). A restore uses the newest step for which a complete, intact set exists in RAM: every
-source process of one incarnation, each copy's HMAC verified. It uses RAM only when that step
+source process of one incarnation, each copy's MAC verified. It uses RAM only when that step
 is at least as new as every durable step (RAM is faster); otherwise the newest durable step:
 Orbax's (saved from the devices) or the holders' (saved from their RAM copies, off the
 training processes). Pure: no Ray, no JAX, no I/O.
@@ -20,7 +20,7 @@ from typing import Literal
 class ReplicaEntry:
     """One copy of one source host's shards at one step, as a holder reports it.
 
-    ``intact``: the holder verified the copy's HMAC (keyed from the run's secret).
+    ``intact``: the holder verified the copy's MAC (keyed from the run's secret).
     """
 
     holder: str

@@ -76,14 +76,15 @@ def test_a_restore_reads_a_copy_over_the_wire_described_first_then_whole():
     h = holder()
     address = h.serve(TOKEN, host="127.0.0.1")
     data = bytes(range(256)) * 1000
+    sent = copy_header(7, data)
     with ram_wire.connect(address, TOKEN, writer="node-a", timeout_s=5) as sock:
-        ram_wire.send_frame(sock, copy_header(7, data), data)
+        ram_wire.send_frame(sock, sent, data)
         assert ram_wire.read_ack(sock)
     with ram_wire.connect(address, TOKEN, writer="restore-7", timeout_s=5) as sock:
         desc, nothing = ram_wire.read_copy(sock, incarnation=1, step=7, source=0, max_data=0,
                                            describe=True)
         assert (desc["step"], desc["nbytes"], nothing) == (7, len(data), bytearray())
-        assert desc["mac"] == copy_header(7, data)["mac"]
+        assert desc["mac"] == sent["mac"]
         with pytest.raises(KeyError, match="no copy of source 0 at step 8"):
             ram_wire.read_copy(sock, incarnation=1, step=8, source=0, max_data=len(data))
         got, body = ram_wire.read_copy(sock, incarnation=1, step=7, source=0,

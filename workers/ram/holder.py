@@ -97,8 +97,8 @@ def parse_copy(header: dict, data: bytes | bytearray, *, max_copy_bytes: int) ->
     layout, mac = header["layout"], header["mac"]
     if not isinstance(layout, dict):
         raise TypeError(f"layout is {type(layout).__name__}, not an object")
-    if not isinstance(mac, str) or len(mac) != 64:
-        raise TypeError("mac is not a hex HMAC-SHA256")
+    if not ram_auth.valid_mac_text(mac):
+        raise TypeError("mac is not a copy MAC (workers.ram.auth.copy_mac)")
     return _Copy(incarnation=_whole(header, "incarnation"), step=_whole(header, "step"),
                  source=source, sources=sources, layout=layout, data=data, mac=mac)
 

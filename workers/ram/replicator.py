@@ -13,7 +13,7 @@ newer copy replaces the waiting one and the lag is logged (a copy asked to be sa
 never replaced). A holder that fails is dropped for the rest of
 this incarnation and logged: the RAM tier is an optimisation, it never stops training.
 
-The sender thread runs in Linux's idle scheduling class: its HMAC and socket writes (with
+The sender thread runs in Linux's idle scheduling class: its MAC and socket writes (with
 the kernel's loopback work they bring) then fill the gaps the step leaves on the cores instead
 of delaying the step's threads (bench/RESULTS.md, section 6: at normal priority, and at nice
 19, the tier slowed the step measurably more). A host whose cores are all busy with other
@@ -249,8 +249,8 @@ class Replicator:
         """Stream the copy to every holder, then read every acknowledgement. A connection the
         holder closed since the last copy (idle too long) is made again once."""
         data = copy.data
-        # authenticated here, once per copy, not in the step: the HMAC releases the GIL while
-        # it reads the bytes
+        # authenticated here, once per copy, not in the step: the MAC reads the bytes in
+        # 16 MiB pieces, holding the GIL about a millisecond at a time
         header = {"incarnation": self.incarnation, "step": copy.step, "source": self.source,
                   "sources": self.sources, "layout": copy.layout,
                   "mac": ram_auth.copy_mac(self._copy_key, incarnation=self.incarnation,
