@@ -7,13 +7,15 @@ on (`ray start --head` plus two worker nodes labelled as one TPU slice, from
 tests/autoresume/ray_server.py); the autoresume service pulls with the real Pub/Sub client and
 submits through the real JobSubmissionClient with the cluster's token.
 
-Each repeat: a run whose run.json holds a real driver entrypoint (``python -m orchestrator.main``
-with a tiny config, what the allow-list accepts) and whose first submission died (FAILED: that
-driver exits 2 on a missing config file; a `ray job stop` would mean "do not resume"); publish a
-real-format alert notification; time until the service has submitted ``<run>-r1`` and until Ray
-reports it RUNNING (the resubmitted driver then trains on the TPU-labelled nodes; it is stopped
-once measured). Starts and always stops its own emulator and Ray nodes (no `ray stop`). Prints
-one line per repeat and the medians; exits 1 when a repeat fails.
+Each repeat: a run whose first submission ``<run>-r0`` is the real driver (``python -m
+orchestrator.main`` with a tiny config, what the allow-list accepts), killed (SIGKILL: the job
+FAILS; a `ray job stop` would mean "do not resume") once it has written its own run.json, so the
+command run.json records is the one Ray recorded (autoresume resubmits nothing else:
+``orchestrator/autoresume/resume_only.py``); publish a real-format alert notification; time
+until the service has submitted ``<run>-r1`` and until Ray reports it RUNNING (the resubmitted
+driver then trains on the TPU-labelled nodes; it is stopped once measured). Starts and always
+stops its own emulator and Ray nodes (no `ray stop`). Prints one line per repeat and the medians;
+exits 1 when a repeat fails.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import argparse
 import json
 import os
 import shlex
+import signal
 import statistics
 import sys
 import tempfile
@@ -74,24 +77,41 @@ def driver_argv(run_id: str, run_dir: Path) -> list[str]:
             *TINY]
 
 
+def recorded_by(run_dir: Path, submission: str) -> bool:
+    """The driver of ``submission`` has written run.json (its command, as Ray recorded it)."""
+    try:
+        meta = json.loads((run_dir / "run.json").read_text())
+    except (OSError, ValueError):  # not written yet
+        return False
+    return meta.get("ray_job_submission_id") == submission
+
+
+def kill_first_driver(client: Any, run_id: str, run_dir: Path) -> None:
+    """Submit ``<run>-r0`` as the run's real driver and kill it (SIGKILL: FAILED) once it has
+    recorded itself in run.json: autoresume resubmits only the command Ray recorded."""
+    from ray.job_submission import JobStatus
+
+    first = client.submit_job(entrypoint=shlex.join(driver_argv(run_id, run_dir)),
+                              submission_id=f"{run_id}-r0", runtime_env=RUNTIME_ENV,
+                              metadata={RUN_ID_METADATA: run_id})
+    wait_for(lambda: recorded_by(run_dir, first) or client.get_job_status(first).is_terminal(),
+             180, f"{first} to write run.json")
+    if not recorded_by(run_dir, first):
+        raise RuntimeError(f"{first} ended {client.get_job_status(first)} before it wrote "
+                           f"run.json:\n{client.get_job_logs(first)[-2000:]}")
+    os.kill(int(client.get_job_info(first).driver_info.pid), signal.SIGKILL)
+    wait_for(lambda: client.get_job_status(first).is_terminal(), 120, f"{first} to end")
+    if client.get_job_status(first) != JobStatus.FAILED:
+        raise RuntimeError(f"{first} ended {client.get_job_status(first)}, expected FAILED")
+
+
 def one_repeat(client: Any, service: AutoresumeService, publisher: Any, topic: str,
                runs: Path) -> tuple[float, float]:
     """(publish -> submitted, publish -> RUNNING) seconds for one freshly failed run."""
     from ray.job_submission import JobStatus
 
     run_id = f"bench-{uuid.uuid4().hex[:6]}"
-    run_dir = runs / run_id
-    run_dir.mkdir(parents=True)
-    (run_dir / "run.json").write_text(json.dumps(
-        {"run_id": run_id, "job": run_id, "entrypoint": driver_argv(run_id, run_dir),
-         "runtime_env": RUNTIME_ENV, "incarnation": 0}))
-    first = client.submit_job(
-        entrypoint=shlex.join(["python", "-m", "orchestrator.main", "--config",
-                               str(run_dir / "missing.yaml")]),
-        submission_id=f"{run_id}-r0", metadata={RUN_ID_METADATA: run_id})
-    wait_for(lambda: client.get_job_status(first).is_terminal(), 120, f"{first} to end")
-    if client.get_job_status(first) != JobStatus.FAILED:
-        raise RuntimeError(f"{first} ended {client.get_job_status(first)}, expected FAILED")
+    kill_first_driver(client, run_id, runs / run_id)
     second = f"{run_id}-r1"
     t0, t0_wall = time.monotonic(), time.time()
     publisher.publish(topic, encode(notification(
