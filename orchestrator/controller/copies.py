@@ -1,10 +1,11 @@
 """RUNNING's choice of the RAM tier's copy interval under ``checkpoint.ram.every: auto``.
 
 Before each chunk the driver weighs the measured copy cost (the median of host 0's blocking
-seconds per periodic copy, once five are measured; a group's first copy, which also lays the
-copy out, is left out) against the step time with ``policies.ram_interval`` and passes the
-interval with the chunk, so every host copies at the same steps (a restore needs every host's
-copy of one step). A change is logged with its reason and kept for ``summary.json``.
+seconds over its five newest periodic copies, once five are measured; a group's first
+``PACK_WARMUP`` copies, which measure its start, are left out) against the step time with
+``policies.ram_interval`` and passes the interval with the chunk, so every host copies at the
+same steps (a restore needs every host's copy of one step). A change is logged with its
+reason and kept for ``summary.json``.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from orchestrator.controller.context import Run, log
 from policies.ram_interval import IntervalObservation, RamIntervalPolicy
 
 MIN_COPIES = 5
-"""Copies measured before the interval is chosen (the first of each group is left out)."""
+"""Copies measured before the interval is chosen, and how many of the newest it weighs (the
+interval follows the copies as they are now, not as they were while the run started)."""
 
 
 def copy_every(run: Run, save_every: int) -> int | None:
@@ -28,7 +30,7 @@ def copy_every(run: Run, save_every: int) -> int | None:
     current = led.copy_every or 1
     measured = len(led.pack_costs) >= MIN_COPIES
     choice = policy.choose(IntervalObservation(
-        step_s=led.median_step_s(), copy_s=led.median_pack_s() if measured else None,
+        step_s=led.median_step_s(), copy_s=led.median_pack_s(MIN_COPIES) if measured else None,
         current=current,
         failures=sum(not r.announced for r in led.restarts),
         observed_s=run.now() - run.started_at))
