@@ -116,3 +116,23 @@ def test_a_fixed_ram_interval_or_no_tier_passes_none(tmp_path):
         assert sim.run().state == "SUCCEEDED"
         assert {c["copy_every"] for c in sim.fleet.groups[0].chunks} == {None}
         assert "ram_every" not in sim.run_dir.joinpath("summary.json").read_text()
+
+
+def test_ram_every_auto_weighs_copies_after_a_groups_start_and_the_newest_five():
+    """A group's first four copies measure its start (first touches, compile, pre-form): left
+    out; the interval weighs the five newest, so the start's slow copies do not stretch it."""
+    from orchestrator.controller.ledger import PACK_WARMUP, RecoveryLedger
+
+    led = RecoveryLedger()
+    led.incarnation = 1
+    start = [2.7, 0.77, 0.24, 0.22]
+    steady = [0.5, 0.5, 0.04, 0.03, 0.05, 0.03, 0.04]
+    recs = tuple({"step": i + 1, "loss": 1.0, "step_time_s": 1.0, "ram_copy_s": c}
+                 for i, c in enumerate(start + steady))
+    led.absorb(len(recs), None, recs)
+    assert PACK_WARMUP == len(start) and led.pack_costs == steady
+    assert led.median_pack_s(5) == pytest.approx(0.04)
+    led.incarnation = 2  # a new group starts its own warm-up
+    led.absorb(len(recs) + 1, None, ({"step": len(recs) + 1, "loss": 1.0, "step_time_s": 1.0,
+                                      "ram_copy_s": 3.0},))
+    assert led.pack_costs == steady
