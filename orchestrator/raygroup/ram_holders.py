@@ -56,13 +56,19 @@ def run_key(name: str, run_dir: str) -> str:
 
 def run_secret(run_dir: Path, *, fresh: bool = False) -> tuple[str, bool]:
     """(the run's RAM-tier secret, whether it was made now): read from ``run_dir``, or made
-    and written there (owner-only, write + rename) when ``fresh`` or there is none."""
+    and written there (owner-only, write + rename) when ``fresh`` or there is none. Read only
+    from a private file of the run's user (``read_private``: never through a link), else
+    ``UnsafeFile`` (the driver: exit 2): a secret others chose or can read forges copies."""
+    from orchestrator.shared.files import read_private
+
     path = run_dir / SECRET_FILE
     if not fresh:
-        try:
-            token = path.read_text().strip()
-        except FileNotFoundError:
-            token = ""
+        data = read_private(path, fix=(
+            f"remove {path} (`rm {path}`): the driver then writes a new secret, owner-only; RAM "
+            "copies made under the old one are not restored (the run resumes from its durable "
+            "checkpoint) and holders of the old one are released. Let only the run's user "
+            "write and read its directory"))
+        token = (data or b"").decode("utf-8", "replace").strip()
         if token:
             return token, False
     token = secrets.token_hex(32)

@@ -12,11 +12,13 @@ One implementation each, for the driver, the hosts, the tools and the bench:
   of a live or killed writer, or the first one of a tail read) is skipped, unless ``strict``.
 - ``jsonl_line`` / ``append_jsonl``: one object per line, appended whole.
 - ``open_append``: what every append (a log, a JSON-lines file) opens with.
+- ``read_private``: what a secret kept in a run directory is read with.
 
 Nothing here writes through a symbolic link (issue 49): others may write a run directory or a
 bucket, and a link planted at a name we write would make us write into whatever it names (the
 executables key, a config). A rename replaces the link itself, and appends are opened with
-``O_NOFOLLOW``; a link, a hard-linked file or a non-file at the name is ``UnsafeFile``.
+``O_NOFOLLOW``; a link, a hard-linked file or a non-file at the name is ``UnsafeFile``. A
+secret is read the same way, and only from a private file of this user (``read_private``).
 
 Standard library only (``orchestrator.shared`` is neutral ground, tests/test_import_direction.py).
 """
@@ -36,22 +38,25 @@ from typing import IO, Any
 
 class UnsafeFile(OSError):
     """A name we write holds a symbolic link, a file with other names or not a file: someone
-    else may have put it there to have us write elsewhere. ``message`` and ``fix`` as the
-    project's errors have them (``orchestrator.main.explain``)."""
+    else may have put it there to have us write elsewhere (or, for a secret we read, to have
+    us use one they know). ``message`` and ``fix`` as the project's errors have them
+    (``orchestrator.main.explain``); given, they replace the ones for a write."""
 
-    def __init__(self, path: str | Path, what: str) -> None:
+    def __init__(self, path: str | Path, what: str, message: str | None = None,
+                 fix: str | None = None) -> None:
         self.what = what
-        self.message = (f"{path} is {what}; the orchestrator never writes through one (whoever "
-                        "can write its directory could point it at a key or a config)")
-        self.fix = (f"remove {path} (`rm {path}`: nothing of the run is lost, it is written "
-                    "afresh) and let only the run's user write its directory")
+        self.message = message or (
+            f"{path} is {what}; the orchestrator never writes through one (whoever can write "
+            "its directory could point it at a key or a config)")
+        self.fix = fix or (f"remove {path} (`rm {path}`: nothing of the run is lost, it is "
+                           "written afresh) and let only the run's user write its directory")
         super().__init__(errno.ELOOP, f"{self.message}. Fix: {self.fix}", str(path))
 
     def __str__(self) -> str:
         return self.strerror or self.message
 
     def __reduce__(self) -> tuple[Any, ...]:  # picklable across actors (OSError's would not be)
-        return (type(self), (self.filename, self.what))
+        return (type(self), (self.filename, self.what, self.message, self.fix))
 
 
 def atomic_write_bytes(path: str | Path, data: bytes, *, fsync: bool = False,
@@ -184,6 +189,72 @@ def open_append(path: str | Path, *, binary: bool = False, truncate: bool = Fals
     except BaseException:
         os.close(fd)
         raise
+
+
+FUSE_SUPER_MAGIC = 0x65735546  # statfs f_type of every FUSE filesystem (GCS FUSE among them)
+
+
+def read_private(path: str | Path, *, fix: str) -> bytes | None:
+    """The bytes of ``path``, a secret of this user's; None when there is none. ``UnsafeFile``
+    (with ``fix``) when the name holds a symbolic link, anything but a regular file, a file
+    with other names, or a file another user owns or its group or others may read or write:
+    someone else chose its text, or knows it. Owner and mode are checked where the filesystem
+    keeps them; on FUSE (the runs bucket's GCS FUSE mount) every file shows the mount's owner
+    and mode, which tell nothing (there, who may read the bucket decides)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.EMLINK) and os.path.islink(path):
+            raise _unsafe_secret(path, "a symbolic link", fix) from None
+        raise
+    with os.fdopen(fd, "rb") as fh:
+        if (what := _not_private(os.fstat(fd), fd)) is not None:
+            raise _unsafe_secret(path, what, fix)
+        return fh.read()
+
+
+def _not_private(st: os.stat_result, fd: int) -> str | None:
+    """Why the open file ``fd`` (its ``st``) is no private file of this user, or None."""
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file"
+    if st.st_nlink > 1:
+        return f"a file with {st.st_nlink} names (a hard link)"
+    if _on_fuse(fd):
+        return None
+    if st.st_uid != os.geteuid():
+        return f"owned by uid {st.st_uid}, not by this user ({os.geteuid()})"
+    if (mode := stat.S_IMODE(st.st_mode)) & 0o077:
+        return f"open to its group or others (mode {mode:04o})"
+    return None
+
+
+def _unsafe_secret(path: str | Path, what: str, fix: str) -> UnsafeFile:
+    return UnsafeFile(path, what, message=(
+        f"{path} is {what}; a secret is read only from a private file of the run's user "
+        "(whoever else put it there or can read it could know it)"), fix=fix)
+
+
+def _on_fuse(fd: int) -> bool:
+    """Whether open file ``fd`` lies on a FUSE filesystem; False where that cannot be told
+    (another OS): the owner and mode checks then apply."""
+    return fs_type(fd) == FUSE_SUPER_MAGIC
+
+
+def fs_type(fd: int) -> int | None:
+    """The ``f_type`` (magic number) of the filesystem holding open file ``fd`` (Linux
+    ``fstatfs``), or None where it cannot be asked."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)  # this process's own symbols: libc's
+        buf = ctypes.create_string_buffer(256)  # struct statfs; f_type is its first field
+        if libc.fstatfs(fd, buf) != 0:
+            return None
+    except (OSError, AttributeError):
+        return None
+    return ctypes.c_long.from_buffer(buf).value
 
 
 def holder(path: str | Path, dirs: Iterable[str | Path]) -> Path | None:

@@ -468,3 +468,102 @@ def test_an_export_refuses_a_step_reached_through_a_link(tmp_path, where):
             choose(run, step)
         assert f"through the symbolic link {link}" in info.value.message
         assert f"rm {link}" in info.value.fix
+
+
+# ---- the RAM tier's secret is read only from a private file of the run's user -------------------
+
+KNOWN = "a" * 64  # the secret the planter knows: with it, RAM copies and holder proofs are forged
+
+
+def _plant_secret(run_dir: Path, how: str, theirs: Path) -> Path:
+    """``RUN_DIR/ram_secret`` as a runs-directory writer leaves it, ``theirs`` holding KNOWN."""
+    path = run_dir / "ram_secret"
+    theirs.write_text(KNOWN + "\n")
+    if how == "link":
+        path.symlink_to(theirs)
+    elif how == "hard link":
+        os.link(theirs, path)
+    elif how == "fifo":
+        os.mkfifo(path)
+    elif how == "another user's":
+        path.write_text(KNOWN + "\n")
+        os.chmod(path, 0o600)
+        os.chown(path, 65534, 65534)
+    else:  # ours, but others may read it (and so know it)
+        path.write_text(KNOWN + "\n")
+        os.chmod(path, {"group-readable": 0o640, "world-readable": 0o644}[how])
+    return path
+
+
+def _run_secret_or_error(run_dir: Path) -> tuple[object, BaseException | None]:
+    """``run_secret``'s answer or error; from a thread, so a read that blocks (a FIFO read
+    plainly) fails the test instead of hanging it."""
+    from orchestrator.raygroup.ram_holders import run_secret
+
+    out: list[tuple[object, BaseException | None]] = []
+
+    def read() -> None:
+        try:
+            out.append((run_secret(run_dir), None))
+        except BaseException as exc:  # handed to the test
+            out.append((None, exc))
+
+    t = threading.Thread(target=read, daemon=True)
+    t.start()
+    t.join(timeout=5)
+    assert out, "run_secret blocked reading ram_secret"
+    return out[0]
+
+
+@pytest.mark.parametrize("how", [
+    "link", "hard link", "fifo", "group-readable", "world-readable",
+    pytest.param("another user's", marks=pytest.mark.skipif(
+        os.geteuid() != 0, reason="gives a file to uid 65534 (root only)"))])
+def test_a_ram_secret_others_chose_or_can_read_is_refused_naming_the_file_and_the_fix(
+        tmp_path, how):
+    """A later driver of the run (autoresume's) reads RUN_DIR/ram_secret back: a link (to a file
+    the planter wrote), a second name of such a file, a FIFO, another user's file or one its
+    group or others may read is ``UnsafeFile`` (the driver: exit 2) naming the file and the
+    fix, never a secret the planter knows; the file planted is left as it was."""
+    from orchestrator.main import explain
+    from orchestrator.shared.files import UnsafeFile
+
+    run_dir = tmp_path / "runs" / "exp"
+    run_dir.mkdir(parents=True)
+    path = _plant_secret(run_dir, how, tmp_path / "theirs")
+    got, error = _run_secret_or_error(run_dir)
+    assert got is None, f"the driver used the planted secret: {got}"
+    assert isinstance(error, UnsafeFile), error
+    def bare(text: str) -> str:  # explain() wraps lines, at hyphens too
+        return "".join(text.split())
+
+    text = bare(explain(error))
+    assert text.startswith(bare(f"Unsafe file in the run directory: {path} is "))
+    assert bare("a secret is read only from a private file of the run's user") in text
+    assert bare(f"Fix: remove {path} (`rm {path}`)") in text and "owner-only" in text
+    assert os.path.lexists(path) and (tmp_path / "theirs").read_text() == KNOWN + "\n"
+
+
+def test_on_fuse_owner_and_mode_tell_nothing_but_a_link_is_still_refused(tmp_path,
+                                                                          monkeypatch):
+    """On the runs bucket's GCS FUSE mount every file shows the mount's owner and mode (0664
+    with GKE's fsGroup): a resumed run there reads its secret (refusing it would stop every
+    resume); a link there is still refused. ``fs_type`` reads the filesystem's magic number
+    (procfs: 0x9FA0), which is how FUSE is told."""
+    from orchestrator.raygroup.ram_holders import run_secret
+    from orchestrator.shared import files
+
+    fd = os.open("/proc/self/status", os.O_RDONLY)
+    try:
+        assert files.fs_type(fd) == 0x9FA0
+    finally:
+        os.close(fd)
+    monkeypatch.setattr(files, "_on_fuse", lambda fd: True)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    ours = _plant_secret(run_dir, "world-readable", tmp_path / "theirs")
+    assert run_secret(run_dir) == (KNOWN, False)
+    ours.unlink()
+    _plant_secret(run_dir, "link", tmp_path / "theirs")
+    with pytest.raises(files.UnsafeFile, match="is a symbolic link"):
+        run_secret(run_dir)
