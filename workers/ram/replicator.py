@@ -257,14 +257,14 @@ class Replicator:
                                            step=copy.step, source=self.source,
                                            sources=self.sources, layout=copy.layout,
                                            data=data)}
+        todo = [(name, address, {**header, "persist": copy.persist is not None and i == 0},
+                 name in self._socks) for i, (name, address) in enumerate(self.holders)]
+        pushed = self._push_all(todo, data)
         sent = []
-        for i, (name, address) in enumerate(self.holders):
-            frame = {**header, "persist": copy.persist is not None and i == 0}
-            reused = name in self._socks
-            try:
-                sent.append((name, address, frame, reused, self._push(name, address, frame,
-                                                                      data)))
-            except OSError as exc:
+        for (name, address, frame, reused), (sock, exc) in zip(todo, pushed, strict=True):
+            if exc is None:
+                sent.append((name, address, frame, reused, sock))
+            else:
                 self._again_or_drop(name, address, frame, data, reused, exc)
         for name, address, frame, reused, sock in sent:
             try:
@@ -274,6 +274,30 @@ class Replicator:
                 self._again_or_drop(name, address, frame, data, reused, exc)
         self.stats.sent += 1
         self.stats.sent_bytes += len(data) * len(sent)
+
+    def _push_all(self, todo: list[tuple[str, tuple[str, int], dict, bool]],
+                  data: bytes | bytearray) -> list[tuple[Any, OSError | None]]:
+        """Stream the copy to every holder at once (its own node's and its peer's: one stream
+        each, in parallel, so the copy is delivered in about one stream's time, not two);
+        (socket, None) or (None, the error) per holder, in order."""
+        out: list[tuple[Any, OSError | None]] = [(None, None)] * len(todo)
+
+        def push(i: int) -> None:
+            name, address, frame, _ = todo[i]
+            try:
+                out[i] = (self._push(name, address, frame, data), None)
+            except OSError as exc:
+                out[i] = (None, exc)
+
+        others = [threading.Thread(target=push, args=(i,), name="ram-sender-peer", daemon=True)
+                  for i in range(1, len(todo))]  # inherit this thread's scheduling class
+        for t in others:
+            t.start()
+        if todo:
+            push(0)
+        for t in others:
+            t.join()
+        return out
 
     def _push(self, name: str, address: tuple[str, int], frame: dict,
               data: bytes | bytearray) -> Any:
