@@ -5,7 +5,8 @@ JAX at module level). Orbax steps are restored leaf by leaf as ``np.ndarray``
 (``RestoreArgs(restore_type=np.ndarray)``), so the mesh and devices they were saved from need
 not exist; without ``--with-opt-state`` only the ``params`` subtree is read (Orbax's partial
 restore). RAM-tier steps are authenticated with the run's secret (``RUN_DIR/ram_secret``, as
-the restoring hosts do) before a byte is used, then assembled from every source's pieces
+the restoring hosts do; read as the driver reads it, only from a private file of this user,
+never through a link) before a byte is used, then assembled from every source's pieces
 (``workers.ram.replica.assemble``) and named by the copy's own layout (``names``): no model code is
 needed to read either tier.
 
@@ -20,6 +21,7 @@ from typing import Any
 
 from orchestrator.export.select import ORBAX, ExportError, Source, listing
 from orchestrator.shared import layout as ckpt_layout
+from orchestrator.shared.files import UnsafeFile, read_private
 
 SECRET_FILE = "ram_secret"  # orchestrator.raygroup.ram_holders.SECRET_FILE (it imports Ray)
 PARAMS = "params"
@@ -72,15 +74,7 @@ def _read_orbax(source: Source, *, with_opt_state: bool) -> tuple[dict[str, Any]
 
 
 def _read_copy(source: Source, run_dir: Path, *, with_opt_state: bool) -> dict[str, Any]:
-    secret = run_dir / SECRET_FILE
-    try:
-        token = secret.read_text().strip()
-    except OSError as exc:
-        raise ExportError(
-            f"RAM-tier step {source.step} ({source.path}) is authenticated with the run's "
-            f"secret {secret}, which cannot be read ({type(exc).__name__}).",
-            fix=f"restore {SECRET_FILE} into the run directory (the driver writes it there when "
-                "checkpoint.ram is on), or export an Orbax step with --step N") from None
+    token = _run_secret(source, run_dir)
     import numpy as np
 
     from workers.ram import auth as ram_auth
@@ -100,7 +94,7 @@ def _read_copy(source: Source, run_dir: Path, *, with_opt_state: bool) -> dict[s
         raise ExportError(
             f"RAM-tier step {source.step} ({source.path}) is refused: {exc}.",
             fix=f"export another step with --step N (a copy changed on disk is never used), or "
-                f"check that {secret} is this run's") from None
+                f"check that {run_dir / SECRET_FILE} is this run's") from None
     except Exception as exc:
         raise _unreadable(source, f"{type(exc).__name__}: {str(exc)[:400]}") from None
     layout = copies[0]["layout"]
@@ -117,6 +111,37 @@ def _read_copy(source: Source, run_dir: Path, *, with_opt_state: bool) -> dict[s
     except replica.ReplicaMismatch as exc:
         raise _unreadable(source, str(exc)) from None
     return dict(sorted((names[i], full[i]) for i in keep))
+
+
+def _run_secret(source: Source, run_dir: Path) -> str:
+    """The run's RAM-tier secret, read as the driver reads it (``read_private``: never through
+    a link, only from a private file of this user): a secret others chose or can read would
+    pass copies forged with it as the run's (issue 49)."""
+    secret = run_dir / SECRET_FILE
+    try:
+        data = read_private(secret, fix="")
+    except UnsafeFile as exc:
+        raise ExportError(
+            f"RAM-tier step {source.step} ({source.path}) is authenticated with the run's "
+            f"secret, but {exc.message}.",
+            fix=f"export an Orbax step with --step N (complete steps: {listing(run_dir)}); or, "
+                f"if {secret} is the run's own secret, run the export as the run's user with it "
+                f"a private file (a regular file with one name, not a link: `chmod 600 "
+                f"{secret}`)") from None
+    except OSError as exc:
+        raise _no_secret(source, secret, type(exc).__name__) from None
+    token = (data or b"").decode("utf-8", "replace").strip()
+    if not token:
+        raise _no_secret(source, secret, "missing" if data is None else "empty")
+    return token
+
+
+def _no_secret(source: Source, secret: Path, why: str) -> ExportError:
+    return ExportError(
+        f"RAM-tier step {source.step} ({source.path}) is authenticated with the run's secret "
+        f"{secret}, which cannot be read ({why}).",
+        fix=f"restore {SECRET_FILE} into the run directory (the driver writes it there when "
+            "checkpoint.ram is on), or export an Orbax step with --step N")
 
 
 def _unreadable(source: Source, reason: str) -> ExportError:

@@ -196,6 +196,7 @@ def test_a_ram_tier_copy_needs_this_runs_secret(made, tmp_path, refused):
     err = refused(str(other), "--to", str(tmp_path / "out"))
     assert "ram_secret" in err and "cannot be read" in err
     (other / "ram_secret").write_text("f" * 64 + "\n")
+    os.chmod(other / "ram_secret", 0o600)  # private, as the driver writes it: read, then refused
     proc = export(str(other), "--to", str(tmp_path / "out"))
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "fails its authentication" in proc.stderr

@@ -496,22 +496,26 @@ def _plant_secret(run_dir: Path, how: str, theirs: Path) -> Path:
 
 
 def _run_secret_or_error(run_dir: Path) -> tuple[object, BaseException | None]:
-    """``run_secret``'s answer or error; from a thread, so a read that blocks (a FIFO read
-    plainly) fails the test instead of hanging it."""
     from orchestrator.raygroup.ram_holders import run_secret
 
+    return _answer_or_error(lambda: run_secret(run_dir), "run_secret")
+
+
+def _answer_or_error(fn, who: str) -> tuple[object, BaseException | None]:
+    """``fn()``'s answer or error; from a thread, so a read that blocks (a FIFO read plainly)
+    fails the test instead of hanging it."""
     out: list[tuple[object, BaseException | None]] = []
 
     def read() -> None:
         try:
-            out.append((run_secret(run_dir), None))
+            out.append((fn(), None))
         except BaseException as exc:  # handed to the test
             out.append((None, exc))
 
     t = threading.Thread(target=read, daemon=True)
     t.start()
     t.join(timeout=5)
-    assert out, "run_secret blocked reading ram_secret"
+    assert out, f"{who} blocked reading ram_secret"
     return out[0]
 
 
@@ -567,3 +571,49 @@ def test_on_fuse_owner_and_mode_tell_nothing_but_a_link_is_still_refused(tmp_pat
     _plant_secret(run_dir, "link", tmp_path / "theirs")
     with pytest.raises(files.UnsafeFile, match="is a symbolic link"):
         run_secret(run_dir)
+
+
+def _forged_copy(run_dir: Path, secret: str) -> dict:
+    """A complete RAM-tier step 4 in ``run_dir``'s durable copies, MACed with ``secret``: what a
+    planter who knows the secret writes. Its parameters, by name."""
+    import jax.numpy as jnp
+
+    from workers.ram import auth as ram_auth
+    from workers.ram import copy_store, replica
+
+    layout, data = replica.pack({"params": {"w": jnp.arange(4.0)}})
+    mac = ram_auth.copy_mac(ram_auth.Keys.from_token(secret).copy, incarnation=1, step=4,
+                            source=0, sources=1, layout=layout, data=data)
+    copy_store.write(copy_store.copies_dir(run_dir / "checkpoints"), step=4, source=0,
+                     sources=1, incarnation=1, layout=layout, data=data, mac=mac)
+    return {"params/w": [0.0, 1.0, 2.0, 3.0]}
+
+
+@pytest.mark.parametrize("how", [
+    "link", "hard link", "fifo", "world-readable",
+    pytest.param("another user's", marks=pytest.mark.skipif(
+        os.geteuid() != 0, reason="gives a file to uid 65534 (root only)"))])
+def test_an_export_reads_ram_secret_only_from_a_private_file_of_its_user(tmp_path, how):
+    """``python -m orchestrator.export`` checks a RAM-tier step with RUN_DIR/ram_secret: a
+    planted link (or second name, FIFO, a file others can read or another user's) to a secret
+    the planter knows would pass their forged copy as the run's. It is an ``ExportError``
+    naming the file and the fix, nothing read; the run's own private secret still exports."""
+    from orchestrator.export.read import read
+    from orchestrator.export.select import ExportError, choose
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    params = _forged_copy(run_dir, KNOWN)
+    path = _plant_secret(run_dir, how, tmp_path / "theirs")
+    source = choose(run_dir)
+    got, error = _answer_or_error(lambda: read(source, run_dir, with_opt_state=False), "export")
+    assert got is None, f"the export took the forged copy as the run's: {got}"
+    assert isinstance(error, ExportError), error
+    assert f"{path} is " in error.message and "private file of the run's user" in error.message
+    assert "--step N" in error.fix and f"chmod 600 {path}" in error.fix
+    assert os.path.lexists(path) and (tmp_path / "theirs").read_text() == KNOWN + "\n"
+    os.unlink(path)
+    (run_dir / "ram_secret").write_text(KNOWN + "\n")
+    os.chmod(run_dir / "ram_secret", 0o600)
+    arrays, _ = read(source, run_dir, with_opt_state=False)
+    assert {k: v.tolist() for k, v in arrays.items()} == params
