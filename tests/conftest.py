@@ -57,7 +57,8 @@ SHARED_FIXTURE_UNITS = {
 
 # The units that start Ray clusters take most of the suite; the longest go first, so that the
 # run does not end with one worker alone on a long unit while the other idles. Seconds per unit
-# as measured under two workers (2026-11-27; the autoresume unit, 2026-11-28); a
+# as measured under two workers (2026-11-27; the autoresume unit, 2026-11-28; issue 49's
+# cluster files, 2026-11-29, measured alone; the 256 MiB-per-host run's as its author gives it); a
 # unit not listed keeps its place after these, a ``cluster``-marked one first. Only the order
 # changes, and only on xdist's workers.
 HEAVY_FIRST_S = {
@@ -67,6 +68,7 @@ HEAVY_FIRST_S = {
     "tests/faults/test_ram_tier.py": 118,
     "tests/e2e/test_train_your_own_model.py": 94,
     "tests/faults/test_elastic_and_node_loss.py": 91,
+    "tests/faults/test_state_sizes.py": 90,
     "tests/production/test_try_locally.py": 88,
     "tests/autoresume (job server, emulator)": 70,
     "tests/workers/test_executables.py": 79,
@@ -76,7 +78,9 @@ HEAVY_FIRST_S = {
     "tests/workers/test_host_cluster.py": 44,
     "tests/integration/test_driver_sigkill.py": 44,
     "tests/integration/test_driver_sigterm.py": 31,
+    "tests/security/test_run_dir_chain.py": 31,
     "tests/events/test_pubsub.py": 30,
+    "tests/security/test_ram_holder_names.py": 16,
 }
 
 
