@@ -81,15 +81,23 @@ class StepModel:
 class TierModel:
     """One checkpoint tier. Each host writes/reads its share of the state in parallel:
     commit = ``latency_s`` + share·8/``write_gbps``; restore = ``latency_s`` + share·8/
-    ``read_gbps``; the step loop is blocked ``blocking_s`` per save (device → host copy)."""
+    ``read_gbps``; the step loop is blocked per save (the device → host copy) ``blocking_s`` +
+    share·8/``copy_gbps``, or ``blocking_s`` alone when ``copy_gbps`` is null (a fixed cost,
+    whatever the state's size). Rates are Gbit/s, as the network's."""
 
     blocking_s: float = 1.0
+    copy_gbps: float | None = None
     write_gbps: float = 4.0
     read_gbps: float = 8.0
     latency_s: float = 2.0
 
     def check(self, where: str) -> None:
         _nonneg(f"{where}.blocking_s", self.blocking_s, "1.0")
+        if self.copy_gbps is not None:
+            _need(math.isfinite(self.copy_gbps) and self.copy_gbps > 0, f"{where}.copy_gbps",
+                  f"{self.copy_gbps} is not a number > 0",
+                  f"set `{where}.copy_gbps` to the device → host copy rate in Gbit/s (e.g. 80 "
+                  f"for 10 GB/s), or null to keep `{where}.blocking_s` a fixed cost")
         _pos(f"{where}.write_gbps", self.write_gbps, "4")
         _pos(f"{where}.read_gbps", self.read_gbps, "8")
         _nonneg(f"{where}.latency_s", self.latency_s, "2")

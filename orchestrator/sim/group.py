@@ -88,7 +88,7 @@ class SimGroup:
         self.node_set = frozenset(self.nodes)
         self.n_hosts, self.n_slices = plan.num_processes, plan.num_slices
         self.st = models.step_s(fleet.cfg, self.n_slices, spec.accum_steps)
-        self.blocking = models.save_blocking_s(fleet.cfg)
+        self.blocking = models.save_blocking_s(fleet.cfg, self.n_hosts)
         self.commit = models.save_commit_s(fleet.cfg, self.n_hosts)
         self.closed = False
         self.step = 0
@@ -178,7 +178,8 @@ class SimGroup:
         disk, t0 = self.fleet.disk, self.world.t
         inflight = [s.commit_at for s in disk.pending if s.step == self.step]
         done = any(s == self.step for s, _ in disk.committed)
-        wait = 0.0 if done else (max(inflight) - t0 if inflight else self.blocking + self.commit)
+        wait = 0.0 if done else (max(inflight) - t0 if inflight
+                                  else models.drain_save_s(self.fleet.cfg, self.n_hosts))
         self._busy(max(0.0, wait))
         disk.settle(self.world.t)
         disk.commit(self.step, self.world.t)

@@ -32,15 +32,26 @@ def _share_gb(cfg: SimConfig, hosts: int) -> float:
     return cfg.checkpoint.state_gb / max(1, hosts)
 
 
-def save_blocking_s(cfg: SimConfig) -> float:
-    """Seconds the step loop is blocked per save (device → host copy)."""
-    return cfg.checkpoint.model.blocking_s
+def save_blocking_s(cfg: SimConfig, hosts: int) -> float:
+    """Seconds the step loop is blocked per save: every host copies its share from the devices
+    into host memory in parallel, so the copy grows with the share when the tier has a copy
+    rate (fixed ``blocking_s`` without one)."""
+    t = cfg.checkpoint.model
+    if t.copy_gbps is None:
+        return t.blocking_s
+    return t.blocking_s + _share_gb(cfg, hosts) * 8.0 / t.copy_gbps
 
 
 def save_commit_s(cfg: SimConfig, hosts: int) -> float:
     """Seconds from a save starting to it being committed (every host's share written)."""
     t = cfg.checkpoint.model
     return t.latency_s + _share_gb(cfg, hosts) * 8.0 / t.write_gbps
+
+
+def drain_save_s(cfg: SimConfig, hosts: int) -> float:
+    """A drain's save (the hand-over of the stopped step to the tier) with no save of that
+    step in flight: the copy out of the devices, then the commit, both per host's share."""
+    return save_blocking_s(cfg, hosts) + save_commit_s(cfg, hosts)
 
 
 def restore_s(cfg: SimConfig, hosts: int) -> float:

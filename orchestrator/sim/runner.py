@@ -183,7 +183,7 @@ def simulate(cfg: SimConfig, *, run_dir: Path | str | None = None,
     wall = time.perf_counter() - t0
     rows = [{**tr.to_json(), "slices": []} for tr in ctl.lifecycle.timeline]
     report = compute_goodput(rows, fleet.spans, now=world.t, samples=2)
-    yd_c = models.save_blocking_s(cfg)
+    yd_c = models.save_blocking_s(cfg, t.hosts)
     return SimResult(
         name=cfg.name, seed=cfg.seed, slices=t.slices, hosts=t.hosts,
         spare_slices=t.spare_slices, state=summary.state, reason=summary.reason,

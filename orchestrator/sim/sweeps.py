@@ -28,9 +28,14 @@ def mtbf_s(cfg: SimConfig) -> float:
     return 3600.0 / per_h if per_h > 0 else math.inf
 
 
+def save_cost_s(cfg: SimConfig) -> float:
+    """The blocking cost of one save on the full mesh (it grows with the share per host)."""
+    return models.save_blocking_s(cfg, cfg.topology.hosts)
+
+
 def young_daly_steps(cfg: SimConfig) -> float:
     """Young's optimum sqrt(2·C·MTBF) in steps, C = the blocking cost of one save."""
-    return models.young_daly_s(models.save_blocking_s(cfg), mtbf_s(cfg)) / models.step_s(
+    return models.young_daly_s(save_cost_s(cfg), mtbf_s(cfg)) / models.step_s(
         cfg, cfg.topology.slices)
 
 
@@ -86,11 +91,11 @@ def checkpoint_sweep(cfg: SimConfig, *, intervals: Sequence[int] | None = None,
                                        for r in results) / len(results)})
     fit = fit_optimum([r["every_steps"] for r in rows], [r["goodput"] for r in rows])
     best = max(rows, key=lambda r: r["goodput"])
-    daly = models.daly_s(models.save_blocking_s(cfg), mtbf_s(cfg)) / step
+    daly = models.daly_s(save_cost_s(cfg), mtbf_s(cfg)) / step
     return {"young_daly_steps": opt, "young_daly_s": opt * step, "mtbf_s": mtbf_s(cfg),
             "daly_steps": daly,
             "fit_vs_daly": (fit / daly - 1.0) if fit and math.isfinite(daly) else None,
-            "save_cost_s": models.save_blocking_s(cfg), "step_s": step,
+            "save_cost_s": save_cost_s(cfg), "step_s": step,
             "fit_optimum_steps": fit, "argmax_steps": best["every_steps"],
             "fit_vs_young_daly": (fit / opt - 1.0) if fit and math.isfinite(opt) else None,
             "seeds": list(seeds), "rows": rows}

@@ -17,6 +17,8 @@ from orchestrator.sim.config import load_sim_config
     ("topology.hosts_per_slice=0", "topology.hosts_per_slice", ">= 1"),
     ("capacity.slice_return.kind=gamma", "capacity.slice_return.kind", "one of"),
     ("checkpoint.tiers.ram.write_gbps=0", "checkpoint.tiers.ram.write_gbps", "positive"),
+    ("checkpoint.tiers.ram.copy_gbps=0", "checkpoint.tiers.ram.copy_gbps", "or null"),
+    ("checkpoint.tiers.gcs.copy_gbps=-8", "checkpoint.tiers.gcs.copy_gbps", "Gbit/s"),
     ("horizon_h=0", "horizon_h", "168"),
     ("trace.path=/nonexistent/trace.jsonl", "trace.path", "JSONL"),
     ("controller.budgets.host_lost=-3", "controller.budgets.host_lost", "positive count"),
