@@ -267,6 +267,9 @@ def plot(result: dict, path: Path) -> Path | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if any(a == "--fit" or a.startswith("--fit=") for a in argv):
+        return fit_main(argv)  # calibrate the simulator from a result instead
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default=",".join(map(str, SIZES_MIB)),
                    help="MiB of train state per host, comma-separated")
@@ -295,6 +298,150 @@ def main(argv: list[str] | None = None) -> int:
     png = plot(result, path.with_suffix(".png"))
     print(render(result))
     print(f"\nwritten: {path}" + (f", {png}" if png else ""))
+    return 0
+
+
+# ---- calibration of the simulator (issue 48 item 5) ----------------------------------------
+
+WRITE_CAP_GBPS = 10_000.0
+"""Gbit/s standing for a movement that took no measurably longer with more bytes."""
+
+
+def _movement_points(result: dict) -> dict[str, list[tuple[int, float]]]:
+    """(bytes per host, seconds) per movement over the sweep's runs: ``pack`` (the copy into
+    host memory), ``restore`` (from the RAM tier; ``durable_restore`` from Orbax), ``handover``
+    (a notice's CHECKPOINTING with the tier on) and ``save`` (a recorded save, or the notice's
+    CHECKPOINTING with the tier off: the drain saved durably)."""
+    out: dict[str, list[tuple[int, float]]] = {}
+
+    def add(name: str, seconds: object, nbytes: int) -> None:
+        if isinstance(seconds, int | float) and seconds > 0 and nbytes > 0:
+            out.setdefault(name, []).append((nbytes, float(seconds)))
+
+    for r in result.get("runs") or []:
+        nbytes, m = int(r["size_mib"]) * 2**20, r.get("movements") or {}
+        add("pack", (m.get("pack") or {}).get("s"), nbytes)
+        restore = m.get("restore") or {}
+        add("restore" if restore.get("tier", "ram") == "ram" else "durable_restore",
+            restore.get("s"), nbytes)
+        add("save", (m.get("save") or {}).get("s"), nbytes)
+        if r.get("system") == "notice":
+            add("handover" if r.get("tier") else "save",
+                (m.get("phases") or {}).get("CHECKPOINTING"), nbytes)
+    return out
+
+
+def _line(points: list[tuple[int, float]]) -> dict:
+    """seconds = latency + bytes / rate, least squares over ``points``. One size: latency 0 and
+    the rate through the origin; a negative latency is refitted through the origin, and a time
+    that does not grow with the size gives no rate (its mean as the latency)."""
+    import math
+
+    xs, ys = [float(x) for x, _ in points], [y for _, y in points]
+    if len(set(xs)) < 2:
+        a, b = 0.0, sum(ys) / sum(xs)
+    else:
+        mx, my = statistics.fmean(xs), statistics.fmean(ys)
+        b = (sum((x - mx) * (y - my) for x, y in points)
+             / sum((x - mx) ** 2 for x in xs))
+        a = my - b * mx
+        if b <= 0:
+            a, b = my, 0.0
+        elif a < 0:
+            a, b = 0.0, sum(x * y for x, y in points) / sum(x * x for x in xs)
+    rms = math.sqrt(statistics.fmean([(a + b * x - y) ** 2 for x, y in points]))
+    return {"latency_s": round(a, 4), "s_per_GB": round(b * 1e9, 5),
+            "GBps": round(1.0 / (b * 1e9), 3) if b > 0 else None, "points": len(points),
+            "sizes_mib": sorted({x // 2**20 for x, _ in points}), "rms_s": round(rms, 4)}
+
+
+def _gbps(s_per_gb: float) -> float:
+    """Gbit/s (the simulator's unit) of a movement taking ``s_per_gb`` seconds per GB."""
+    return float(f"{8.0 / s_per_gb:.4g}") if s_per_gb > 0 else WRITE_CAP_GBPS
+
+
+def _sim_settings(lines: dict[str, dict]) -> tuple[dict, list[str]]:
+    """The simulator's RAM tier (and restore base) that reproduce the fitted lines: a save
+    blocks for the pack, a drain's save is the pack then the commit (``latency_s`` + the
+    write), a restore is ``restore_base_s`` + ``latency_s`` + the read."""
+    from orchestrator.sim.config import RamTier
+
+    ram: dict[str, float] = {}
+    notes: list[str] = []
+    pack, hand, rest = lines.get("pack"), lines.get("handover"), lines.get("restore")
+    if pack:
+        ram["blocking_s"] = pack["latency_s"]
+        ram["copy_gbps"] = _gbps(pack["s_per_GB"])
+    if hand:
+        blocking = ram.get("blocking_s", RamTier().blocking_s)
+        ram["latency_s"] = round(max(0.0, hand["latency_s"] - blocking), 4)
+        write = hand["s_per_GB"] - (pack["s_per_GB"] if pack else 0.0)
+        ram["write_gbps"] = _gbps(write)
+        if write <= 0:
+            notes.append("the hand-over took no longer per byte than the pack: write_gbps "
+                         f"{WRITE_CAP_GBPS:g} stands for no measurable write")
+    else:
+        notes.append("no notice run with the tier on: write_gbps and latency_s keep the RAM "
+                     "tier's defaults")
+    reform: dict[str, float] = {}
+    if rest:
+        ram["read_gbps"] = _gbps(rest["s_per_GB"])
+        latency = ram.get("latency_s", RamTier().latency_s)
+        reform["restore_base_s"] = round(max(0.0, rest["latency_s"] - latency), 4)
+    sim: dict = {"checkpoint": {"tiers": {"ram": ram}}} if ram else {}
+    if reform:
+        sim["reform"] = reform
+    return sim, notes
+
+
+def fit(result: dict) -> dict:
+    """Per movement of a sweep's result (``bench/results/sizes-*.json``), seconds = latency +
+    bytes per host / GB/s by least squares over the sizes, and the simulator's settings
+    (``checkpoint.tiers.ram``, ``reform.restore_base_s``) that reproduce them, as YAML."""
+    import yaml
+
+    lines = {name: _line(points)
+             for name, points in sorted(_movement_points(result).items())}
+    sim, notes = _sim_settings(lines)
+    return {"valid": (result.get("validity") or {}).get("valid"),
+            "sizes_mib": sorted({int(r["size_mib"]) for r in result.get("runs") or []}),
+            "lines": lines, "sim": sim, "notes": notes,
+            "yaml": yaml.safe_dump(sim, default_flow_style=None, sort_keys=False)}
+
+
+def render_fit(fitted: dict) -> str:
+    rows = [f"fit over sizes {fitted['sizes_mib']} MiB per host"
+            + ("" if fitted["valid"] else " (from a result that is NOT A RESULT)"),
+            "| movement | latency (s) | GB/s | points | rms (s) |", "|---|---|---|---|---|"]
+    for name, ln in fitted["lines"].items():
+        rows.append(f"| {name} | {ln['latency_s']} | {ln['GBps']} | {ln['points']} | "
+                    f"{ln['rms_s']} |")
+    rows += ["", "simulator settings (rates in Gbit/s):", fitted["yaml"].rstrip()]
+    rows += [f"note: {n}" for n in fitted["notes"]]
+    return "\n".join(rows)
+
+
+def fit_main(argv: list[str]) -> int:
+    """``python -m bench.sizes --fit RESULT.json``: the fitted lines and the sim's YAML."""
+    import json
+
+    p = argparse.ArgumentParser(prog="python -m bench.sizes --fit",
+                                description="fit a size sweep's movements for the simulator")
+    p.add_argument("--fit", required=True, metavar="RESULT.json",
+                   help="a bench/results/sizes-*.json")
+    args = p.parse_args(argv)
+    try:
+        result = json.loads(Path(args.fit).read_text())
+        fitted = fit(result)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        print(f"error: cannot fit {args.fit}: {exc!r}; pass a result written by "
+              "python -m bench.sizes (bench/results/sizes-*.json)", file=sys.stderr)
+        return 2
+    if not fitted["lines"]:
+        print(f"error: {args.fit} records no movement to fit; pass a sweep with the tier on "
+              "(systems kill or notice)", file=sys.stderr)
+        return 2
+    print(render_fit(fitted))
     return 0
 
 
