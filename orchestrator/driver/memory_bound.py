@@ -6,8 +6,9 @@ JAX), says what to fit them into and words the result:
 
 - ``cluster.device_memory_gib`` / ``cluster.host_memory_gib`` when set;
 - else on the CPU emulation this machine's RAM (``MemTotal``, or the cgroup's limit when
-  lower) shared by the run's emulated hosts (``slices × hosts_per_slice``; spare slices hold no
-  state) and, within a host, by its devices. The devices' state and the RAM tier's copies are
+  lower) shared by every emulated host (``(slices + spare_slices) × hosts_per_slice``: a spare
+  slice's hosts hold state too, the standbys' pre-formed copy and their holders' copies of
+  their peers') and, within a host, by its devices. The devices' state and the RAM tier's copies are
   the same RAM there, so a host's share has to hold both;
 - else on TPU the chip's HBM for ``cluster.accelerator`` (``HBM_GIB_PER_CHIP``); a host's RAM
   and the devices per host are not known before the cluster is seen: the estimate is per
@@ -104,7 +105,7 @@ def bounds_for(cfg: Any, *, ram_bytes: int | None = None) -> MemoryBounds:
     dev_set, host_set = _gib(c.device_memory_gib), _gib(c.host_memory_gib)
     if c.mode != "tpu":
         em = c.emulate
-        hosts = em.slices * em.hosts_per_slice
+        hosts = (em.slices + em.spare_slices) * em.hosts_per_slice
         ram = ram_bytes if ram_bytes is not None else machine_ram_bytes()
         host = host_set if host_set is not None else (ram // hosts if ram else None)
         device = dev_set if dev_set is not None else (
@@ -112,8 +113,10 @@ def bounds_for(cfg: Any, *, ram_bytes: int | None = None) -> MemoryBounds:
         if dev_set is not None and host_set is not None:
             source = "cluster.device_memory_gib and cluster.host_memory_gib"
         elif ram:
+            spare = (f" ({em.spare_slices * em.hosts_per_slice} on spare slices)"
+                     if em.spare_slices else "")
             source = (f"CPU emulation: this machine's {_size(ram)} of RAM shared by {hosts} "
-                      f"emulated host(s) of {em.devices_per_host} device(s)")
+                      f"emulated host(s){spare} of {em.devices_per_host} device(s)")
             source += "".join(f"; {k} set" for k, v in (("cluster.device_memory_gib", dev_set),
                                                        ("cluster.host_memory_gib", host_set))
                               if v is not None)

@@ -33,6 +33,16 @@ def test_emulated_bound_is_the_machines_ram_over_its_hosts_and_devices():
     assert b.source == "cluster.device_memory_gib and cluster.host_memory_gib"
 
 
+def test_emulated_spare_slices_share_the_machines_ram_too():
+    """A spare slice's hosts hold state as well (standbys' pre-formed copy, their holders'
+    copies of their peers'): one spare slice of 2 hosts halves each host's share. A 1 GiB
+    per-host state with the RAM tier ran this machine (23.5 GiB) out of memory when only the
+    mesh's 2 hosts were counted."""
+    b = bounds_for(load_config(None, ["cluster.emulate.spare_slices=1"]), ram_bytes=24 * GIB)
+    assert (b.host_bytes, b.device_bytes) == (6 * GIB, 3 * GIB)
+    assert "shared by 4 emulated host(s) (2 on spare slices)" in b.source
+
+
 def test_tpu_bound_is_the_chips_hbm_or_unknown():
     """On TPU a device's bound is its chip's HBM (cluster.accelerator) or the setting; hosts
     (their RAM, devices per host) are not known before the cluster is seen: not checked."""
