@@ -28,11 +28,9 @@ PACK_CHUNK = 32 * 1024 * 1024
 PACK_THREADS = max(1, min(4, os.cpu_count() or 1))
 """Threads a pack uses (numpy's copy releases the GIL): the step waits for the pack, and one
 thread does not reach the memory bandwidth (256 MiB here: 0.05 s with one, 0.02 s with two)."""
-PAGE = 4096
 _POOL: ThreadPoolExecutor | None = None
-MAX_FREE = 2
-"""Released pack buffers kept for reuse (one in flight and one being packed is the steady
-state)."""
+MAX_FREE = 1
+"""Released pack buffers kept for reuse: the next pack's."""
 
 
 class ReplicaMismatch(ValueError):
@@ -76,30 +74,17 @@ class Packer:
                        "names": [leaf_name(path) for path, _ in paths]}
         self._free: list[bytearray] = []
         self._lock = threading.Lock()
-        self._spare_wanted = True
-        """The second buffer (the one the pack after a copy in flight uses) is made and
-        touched in the background once the first pack is done, off the step."""
 
     def release(self, data: bytearray) -> None:
         """Give back a buffer ``pack`` returned once nothing reads it any more (delivered, or
         replaced before it was sent): the next pack writes into it. A fresh buffer costs its
         first touch of every page, several times a copy into memory already touched (a 256 MiB
-        buffer here: 0.4-1.7 GiB/s fresh, 11 GiB/s reused); two are in use at most (one in
-        flight, one being packed)."""
+        buffer here: 0.4-1.7 GiB/s fresh, 11 GiB/s reused). The replicator packs only once the
+        previous copy is delivered, so one buffer is in use."""
         if len(data) == self.nbytes:
             with self._lock:
                 if len(self._free) < MAX_FREE and all(b is not data for b in self._free):
                     self._free.append(data)
-
-    def _touch_spare(self) -> None:
-        """Make the second buffer and touch its pages in the idle scheduling class, so the
-        step that packs into it pays a copy, not first touches."""
-        from workers.host.niceness import idle_this_thread
-
-        idle_this_thread(what="the RAM copy buffer's first touch")
-        buf = bytearray(self.nbytes)  # calloc's pages are touched only when written
-        np.frombuffer(buf, np.uint8)[::PAGE] = 0
-        self.release(buf)
 
     def _buffer(self) -> bytearray:
         with self._lock:
@@ -131,10 +116,6 @@ class Packer:
                 moves.append((out[offset + a:offset + min(nbytes, a + PACK_CHUNK)],
                               piece[a:a + PACK_CHUNK]))
         _copy_all(moves)
-        if self._spare_wanted:
-            self._spare_wanted = False
-            threading.Thread(target=self._touch_spare, name="ram-pack-spare",
-                             daemon=True).start()
         return self.layout, data
 
 

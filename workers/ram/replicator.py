@@ -140,10 +140,8 @@ class Replicator:
                                    f"exceeds checkpoint.ram.max_host_bytes={self.max_host_bytes}")
             log.warning("RAM tier off on this host: %s", self.stats.disabled)
             return time.perf_counter() - t0
-        layout, body = self._packer.pack(state)
-        if data is not None:
-            layout = {**layout, "data": data}
-        copy = _Copy(step=step, layout=layout, data=body, persist=persist)
+        # the previous copy delivered first, then this one packed into its buffer: one copy's
+        # buffer in this process, not two (the wait is the same either way)
         t_wait = time.perf_counter()
         settled = self.settle(LAG_WAIT_S)  # the promise: <= 1 step lost
         waited = time.perf_counter() - t_wait
@@ -154,6 +152,10 @@ class Replicator:
         if settled and waited > IDLE_LAG_S and self.stats.sender == "idle":
             self._start_sender(idle=False, why=f"step {step} waited {waited:.3f}s for the "
                                "previous copy")
+        layout, body = self._packer.pack(state)
+        if data is not None:
+            layout = {**layout, "data": data}
+        copy = _Copy(step=step, layout=layout, data=body, persist=persist)
         with self._cv:
             kept = [c for c in self._queue if c.persist is not None]
             for c in self._queue:
