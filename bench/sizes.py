@@ -49,7 +49,7 @@ SIZES_MIB = (1, 64, 256, 1024, 2048)
 AT_STEP = 25
 BASE = ["cluster.emulate.spare_slices=1", "metrics.console_every_steps=0",
         "controller.checkpoint_interval.every_steps=10", "run.total_steps=40",
-        "task.kind=llama", "train.global_batch=4"]
+        "task.kind=llama", "train.global_batch=8"]
 """The default config plus one spare slice and a durable save every 10 steps."""
 SYSTEMS = {
     "kill": [f"controller.chaos=[{{at_step: {AT_STEP}, host: 1, kind: kill}}]"],
@@ -60,7 +60,7 @@ SYSTEMS = {
 HOSTS = 2
 STATE_BYTES_PER_PARAM = 12
 """float32 parameters and AdamW's two float32 moments."""
-SEQ_LEN = 16
+SEQ_LEN = 32
 
 
 def model_for(per_host_bytes: int) -> dict[str, int]:
@@ -78,10 +78,15 @@ def model_for(per_host_bytes: int) -> dict[str, int]:
     return shape
 
 
-def overrides(size_mib: int, system: str) -> list[str]:
+def overrides(size_mib: int, system: str, *, at_step: int = AT_STEP,
+              total_steps: int | None = None) -> list[str]:
+    """The run's settings: ``BASE``, the shape of ``size_mib`` per host, the ``system``'s event
+    (``at_step`` moves it; ``total_steps`` shortens the run)."""
     model = model_for(size_mib * MIB)
+    event = [o.replace(f"at_step: {AT_STEP},", f"at_step: {at_step},") for o in SYSTEMS[system]]
+    steps = [] if total_steps is None else [f"run.total_steps={total_steps}"]
     return [*BASE, *(f"task.model.{k}={v}" for k, v in model.items()),
-            f"run.name=sizes-{size_mib}-{system}", *SYSTEMS[system]]
+            f"run.name=sizes-{size_mib}-{system}", *event, *steps]
 
 
 # ---- the physical line ---------------------------------------------------------------------

@@ -1,0 +1,42 @@
+"""Protection holds at the sizes real runs have, with the defaults: ``python -m
+orchestrator.main`` on the default topology plus one spare slice, the built-in ``llama`` task
+shaped to 256 MiB of train state per host (``bench.sizes.model_for``), nothing protective set.
+The RAM tier decides itself on (its cap comes from the host's RAM, not a fixed 2 GiB) and a
+kill -9 of a host loses at most one step. Functional: no timing is asserted (the sweep's
+figures are ``python -m bench.sizes``)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench import sizes
+from tests.integration.cli import run_main
+
+pytestmark = pytest.mark.cluster
+
+
+def test_256_mib_per_host_kill_9_with_the_defaults_keeps_the_tier_on_and_loses_at_most_a_step(
+        tmp_path):
+    run_dir = tmp_path / "run"
+    # a longer step than the sweep's (4x the tokens): the copies' share of it stays under the
+    # 2 % budget with a margin, so `every: auto` keeps copying every step (here a 256 MiB copy
+    # blocks its step ~0.06 s, both hosts packing on the same 2 cores, of a ~4 s step)
+    args = [f"run.run_dir={run_dir}", *sizes.overrides(256, "kill", at_step=10, total_steps=13),
+            "train.global_batch=32"]
+    out = run_main(args, timeout_s=600)
+    assert out.code == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert not out.leftovers, out.leftovers
+    summary = json.loads((run_dir / "summary.json").read_text())
+    tier = summary["protection"]["ram_tier"]
+    assert tier["enabled"] is True and tier["setting"] == "auto", tier
+    assert tier["copy_bytes"] >= 256 * 1024**2 - 1024**2, tier
+    assert "max_host_bytes: auto" in tier["reason"], tier["reason"]
+    assert "Protection: RAM tier on" in out.stdout
+    (recovery,) = summary["recoveries"]
+    assert recovery["cause"] == "host_lost", recovery
+    restore = summary["restores"][-1]
+    assert restore["tier"] == "ram", restore
+    assert recovery["lost_steps"] <= 1, (recovery, summary["protection"].get("ram_every"))
+    assert (summary["state"], summary["step"]) == ("SUCCEEDED", 13)
