@@ -303,6 +303,17 @@ class RamTier:
                         nbytes=choice.nbytes or int(outs[0].get("nbytes", 0)),
                         data=outs[0].get("data"))
 
+    def drop_older(self, incarnation: int) -> None:
+        """Have every holder forget the copies of incarnations before ``incarnation`` (sent,
+        not waited for: the holders answer it between copies). Never raises: the tier is an
+        optimisation."""
+        try:
+            for h in self.holders().values():
+                h.drop_older.remote(self.token, int(incarnation))
+            log.info("ram_older_copies_dropped", below_incarnation=incarnation)
+        except Exception as exc:
+            log.warning("ram_drop_older_failed", error=str(exc)[:300])
+
     def stats(self) -> dict[str, dict]:
         """Bytes and copies each holder keeps now (for the summary)."""
         out: dict[str, dict] = {}

@@ -274,7 +274,8 @@ def test_the_driver_keeps_the_runs_secret_owner_only_and_a_fresh_run_gets_a_new_
 def test_every_method_ray_can_call_is_known_and_moving_copies_needs_the_token():
     callable_by_ray = {n for n, _ in inspect.getmembers(RamHolder, inspect.isfunction)}
     assert callable_by_ray == {"__init__", "_check", "prove", "serve", "put", "get",
-                               "inventory", "persist_status", "flush", "stats"}, (
+                               "inventory", "persist_status", "flush", "stats",
+                               "drop_older"}, (
         "no test hooks, no bypass")
     h = holder()
     put(h, "node-a", 1, b"secret bytes")
@@ -295,7 +296,8 @@ def test_what_a_holder_keeps_and_does_is_told_only_to_the_token(tmp_path):
     h = holder(persist_dir=str(tmp_path))
     put(h, "node-a", 1, b"secret bytes")
     for call in (lambda t: h.inventory(t), lambda t: h.stats(t),
-                 lambda t: h.persist_status(t), lambda t: h.flush(t, 0.1)):
+                 lambda t: h.persist_status(t), lambda t: h.flush(t, 0.1),
+                 lambda t: h.drop_older(t, 0)):
         with pytest.raises(PermissionError):
             call("guess")
         call(TOKEN)

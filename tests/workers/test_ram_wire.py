@@ -119,3 +119,18 @@ def test_a_holder_receives_a_writers_next_copy_into_its_evicted_buffer():
         assert buffer_of(6) is not lent
     assert [bytes(c.data[:1]) for c in sorted(h._store.all(), key=lambda c: c.step)] == \
         [b"\x05", b"\x06"]
+
+
+def test_a_holder_drops_the_copies_of_older_incarnations_when_told():
+    """Once a new group's copies are complete the driver has the holders forget the older
+    incarnations' (at a GiB per host they ran the machine out of memory): its own writer's
+    and other writers', never the new incarnation's."""
+    from tests.workers.ram_testing import put
+
+    h = holder()
+    put(h, "node-a", 5, b"a" * 100, incarnation=1)
+    put(h, "node-b", 5, b"b" * 100, incarnation=1)
+    put(h, "node-c", 6, b"c" * 100, incarnation=2)
+    assert h.drop_older(TOKEN, 2) == 200
+    assert [(c["incarnation"], c["step"]) for c in h.inventory(TOKEN)] == [(2, 6)]
+    assert h.drop_older(TOKEN, 2) == 0

@@ -239,6 +239,22 @@ class _Store:
         description["nbytes"] = len(c.data)
         return description, (b"" if request.get("describe") else c.data)
 
+    def drop_older(self, incarnation: int) -> int:
+        """``RamHolder.drop_older``: copies of older incarnations out (a queued durable save
+        keeps its own), and the spare buffers of writers left with none."""
+        freed = 0
+        with self.lock:
+            for writer, mine in list(self.copies.items()):
+                keep = [c for c in mine if c.incarnation >= incarnation]
+                freed += sum(len(c.data) for c in mine if c.incarnation < incarnation)
+                if keep:
+                    self.copies[writer] = keep
+                else:
+                    del self.copies[writer]
+                    spare = self.spare.pop(writer, None)
+                    freed += len(spare) if spare is not None else 0
+        return freed
+
     def all(self) -> list[_Copy]:
         with self.lock:
             return [c for mine in self.copies.values() for c in mine]
@@ -339,6 +355,13 @@ class RamHolder:
         return [{"incarnation": c.incarnation, "step": c.step, "source": c.source,
                  "sources": c.sources, "nbytes": len(c.data),
                  "intact": ram_auth.copy_intact(key, c.as_dict())} for c in self._store.all()]
+
+    def drop_older(self, token: str, incarnation: int) -> int:
+        """Forget the copies of incarnations before ``incarnation`` (the driver asks once the
+        new group's copies are complete everywhere: nothing restores the older ones any more,
+        and at a GiB per host they are what runs a node out of memory); the bytes freed."""
+        self._check(token)
+        return self._store.drop_older(_whole({"incarnation": incarnation}, "incarnation"))
 
     def persist_status(self, token: str) -> dict:
         """What the background writer did (seconds per save, errors) and has still to do."""
