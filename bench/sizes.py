@@ -224,8 +224,8 @@ def render(result: dict) -> str:
             f"physical line: memcpy {line['memcpy_GBps']} GB/s, first touch "
             f"{line['first_touch_GBps']} GB/s, one loopback TCP stream {line['socket_GBps']} "
             f"GB/s, HMAC-SHA256 {line['hmac_sha256_GBps']} GB/s", "",
-            "| MiB/host | tier | every | step (s) | copies/step | on/off step | kill: lost, "
-            "to first step (s) | notice: downtime, not training (s) |",
+            "| MiB/host | tier | every | step (s) | copies' share of a step | on/off step | "
+            "kill: lost, to first step (s) | notice: downtime, not training (s) |",
             "|---|---|---|---|---|---|---|---|"]
     for size, f in result["figures"].items():
         k, n = f["kill"], f["notice"]
@@ -261,7 +261,8 @@ def plot(result: dict, path: Path) -> Path | None:
     line = result["physical"]
     xs = np.array(sizes, dtype=float)
     for label, rate in (("one memcpy of the share", line["memcpy_GBps"]),
-                        ("one loopback TCP stream of the share", line["socket_GBps"])):
+                        ("one loopback TCP stream of the share", line["socket_GBps"]),
+                        ("the share's first touch (fresh memory)", line["first_touch_GBps"])):
         ax.plot(xs, xs * MIB / (rate * 1e9), linestyle="--", label=label)
     ax.set(xscale="log", yscale="log", xlabel="train state per host (MiB)", ylabel="seconds",
            title="Protection vs state size (default config, CPU emulation)")
