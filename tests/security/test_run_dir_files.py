@@ -153,9 +153,10 @@ def _trace(path: Path) -> None:
 
 APPENDERS = {
     "driver.log.jsonl": _driver_log, "metrics.jsonl": _metrics, "events.jsonl": _events,
-    "audit.jsonl": _audit,
-    f"samples-{socket.gethostname()}-{os.getpid()}.jsonl": _trace,
+    "audit.jsonl": _audit, "samples-HOST-PID.jsonl": _trace,
 }
+"""By the file each writes; a host's sample trace is named by its host and process, filled in
+when the test runs (a test id must be the same in every xdist worker)."""
 
 
 @pytest.mark.parametrize("name", sorted(APPENDERS))
@@ -163,11 +164,13 @@ def test_an_append_never_follows_a_link_planted_at_its_name(tmp_path, key, name)
     """The driver's log, metrics and event log, the autoresume state's appends, a host's sample
     trace: a link at the name is refused (naming the file and the fix), the key untouched."""
     before = key.read_bytes()
+    write = APPENDERS[name]
+    name = name.replace("HOST", socket.gethostname()).replace("PID", str(os.getpid()))
     path = tmp_path / "run" / name
     path.parent.mkdir()
     path.symlink_to(key)
     try:
-        APPENDERS[name](path)
+        write(path)
     except OSError as exc:
         refused: OSError | None = exc
     else:
