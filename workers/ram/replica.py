@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import os
 import threading
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -197,16 +197,8 @@ def place(copies: Sequence[tuple[dict, bytes | bytearray]], abstract_state: Any)
     targets, treedef = jax.tree_util.tree_flatten(abstract_state)
     want = [[list(t.shape), np.dtype(t.dtype).str] for t in targets]
     by_leaf: list[list[tuple[list, np.ndarray]]] = [[] for _ in targets]
-    for layout, data in copies:
-        if layout["leaves"] != want:
-            raise ReplicaMismatch("the RAM copy was written by a different model or optimizer: "
-                                  + _first_difference(layout["leaves"], want))
-        for i, index, dtype, shape, offset, nbytes in layout["pieces"]:
-            if offset + nbytes > len(data):
-                raise ReplicaMismatch(f"piece of array {i} runs past the copy's end")
-            piece = np.frombuffer(data, dtype=np.dtype(dtype), count=math.prod(shape),
-                                  offset=offset).reshape(shape)
-            by_leaf[i].append((index, piece))
+    for i, index, piece in _pieces(copies, want):
+        by_leaf[i].append((index, piece))
     arrays = [_place_leaf(i, t, by_leaf[i]) for i, t in enumerate(targets)]
     return jax.tree_util.tree_unflatten(treedef, arrays)
 
@@ -267,18 +259,9 @@ def assemble(copies: Sequence[tuple[dict, bytes]], leaves: list, *,
     full = [np.empty(shape, dtype) if i in keep else None
             for i, (shape, dtype) in enumerate(leaves)]
     filled = [0] * len(want)
-    for layout, data in copies:
-        if layout["leaves"] != want:
-            raise ReplicaMismatch("the RAM copy was written by a different model or optimizer: "
-                                  + _first_difference(layout["leaves"], want))
-        for i, index, dtype, shape, offset, nbytes in layout["pieces"]:
-            if offset + nbytes > len(data):
-                raise ReplicaMismatch(f"piece of array {i} runs past the copy's end")
-            target = full[i]
-            if target is None:
-                continue
-            piece = np.frombuffer(data, dtype=np.dtype(dtype), count=math.prod(shape),
-                                  offset=offset).reshape(shape)
+    for i, index, piece in _pieces(copies, want):
+        target = full[i]
+        if target is not None:
             target[tuple(slice(a, b) for a, b in index)] = piece
             filled[i] += piece.size
     for i, (arr, n) in enumerate(zip(full, filled, strict=True)):
@@ -286,6 +269,22 @@ def assemble(copies: Sequence[tuple[dict, bytes]], leaves: list, *,
             raise ReplicaMismatch(f"array {i} is {n}/{arr.size} covered by the copies: a source "
                                   "is missing")
     return full
+
+
+def _pieces(copies: Sequence[tuple[dict, bytes | bytearray]], want: list
+            ) -> Iterator[tuple[int, list, np.ndarray]]:
+    """(leaf index, global index, the piece: a view of the copy's bytes) of every piece of
+    ``copies``, refusing copies of another state (``want``: its leaves' shapes and dtypes) or a
+    piece past its copy's end."""
+    for layout, data in copies:
+        if layout["leaves"] != want:
+            raise ReplicaMismatch("the RAM copy was written by a different model or optimizer: "
+                                  + _first_difference(layout["leaves"], want))
+        for i, index, dtype, shape, offset, nbytes in layout["pieces"]:
+            if offset + nbytes > len(data):
+                raise ReplicaMismatch(f"piece of array {i} runs past the copy's end")
+            yield i, index, np.frombuffer(data, dtype=np.dtype(dtype), count=math.prod(shape),
+                                          offset=offset).reshape(shape)
 
 
 def _first_difference(got: list, want: list) -> str:
