@@ -20,6 +20,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ READY_TIMEOUT_S = 120.0
 START_ATTEMPTS = 3
 STATE_FILE = "cluster.json"
 TOKEN_FILE = "auth_token"
+STATE_DIR_ENV = "TPU_ORCHESTRATOR_CLUSTER_DIR"
 
 
 @dataclass
@@ -59,9 +61,10 @@ class ClusterState:
         return out
 
 
-def default_state_dir() -> Path:
-    return Path(os.environ.get("TPU_ORCHESTRATOR_CLUSTER_DIR")
-                or Path.home() / ".tpu-orchestrator" / "local-cluster")
+def default_state_dir(env: Mapping[str, str] | None = None) -> Path:
+    """``$TPU_ORCHESTRATOR_CLUSTER_DIR``, else the per-user default (``env``: os.environ)."""
+    env = os.environ if env is None else env
+    return Path(env.get(STATE_DIR_ENV) or Path.home() / ".tpu-orchestrator" / "local-cluster")
 
 
 def free_port(preferred: int = 0) -> int:

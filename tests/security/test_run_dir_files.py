@@ -323,6 +323,41 @@ def test_a_key_beside_a_run_in_the_home_directory_is_not_a_runs_root(tmp_path, m
     check_key_place(cfg, tmp_path / "runs" / "exp", {ENV_KEY: str(tmp_path / "runs" / "k")})
 
 
+@pytest.mark.parametrize("where", ["cluster tool's default state", "cluster tool's state",
+                                   "emulated clusters' records"])
+def test_a_key_where_the_cluster_tools_write_is_refused_before_anything_is_written(
+        tmp_path, monkeypatch, check_here, where):
+    """The orchestrator writes more than the run: the local cluster tool its state, token and
+    node logs (``~/.tpu-orchestrator/local-cluster`` or ``$TPU_ORCHESTRATOR_CLUSTER_DIR``), the
+    emulated clusters their reaper's records (``$TMPDIR/tpu-orchestrator-UID/emulated``). A key
+    there is refused as one in the run directory is: ConfigError naming the place and the
+    setting that moves it, before the run directory's lock."""
+    import tempfile
+
+    from orchestrator.main import Driver
+
+    home, tmp = tmp_path / "home", tmp_path / "tmp"
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))  # what $TMPDIR would make it
+    if where == "cluster tool's state":
+        monkeypatch.setenv("TPU_ORCHESTRATOR_CLUSTER_DIR", str(tmp_path / "cluster"))
+    key = {"cluster tool's default state": home / ".tpu-orchestrator" / "local-cluster" / "k",
+           "cluster tool's state": tmp_path / "cluster" / "k",
+           "emulated clusters' records": tmp / f"tpu-orchestrator-{os.getuid()}" / "emulated"
+           / "k"}[where]
+    monkeypatch.setenv(ENV_KEY, str(key))
+    run_dir = tmp_path / "runs" / "exp"
+    cfg = _cfg(run_dir, f"compile.dir={tmp_path / 'store'}", "cluster.mode=emulate",
+               "cluster.address=127.0.0.1:9")
+    with pytest.raises(ConfigError) as info:
+        Driver(cfg, argv=[]).run()
+    assert info.value.setting == f"${ENV_KEY}" and str(key) in info.value.message
+    moves = "$TMPDIR" if where == "emulated clusters' records" else "$TPU_ORCHESTRATOR_CLUSTER_DIR"
+    assert "outside every directory the orchestrator writes" in info.value.fix
+    assert moves in info.value.fix
+    assert not (run_dir / "driver.lock").exists()
+
+
 def test_a_key_inside_the_store_is_refused_by_the_store_itself(tmp_path):
     """Hosts as well: a store whose key lies inside it loads nothing and stores nothing."""
     root = tmp_path / "store"
