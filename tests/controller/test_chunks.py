@@ -130,7 +130,7 @@ def test_ram_every_auto_weighs_copies_after_a_groups_start_and_the_newest_five()
     recs = tuple({"step": i + 1, "loss": 1.0, "step_time_s": 1.0, "ram_copy_s": c}
                  for i, c in enumerate(start + steady))
     led.absorb(len(recs), None, recs)
-    assert PACK_WARMUP == len(start) and led.pack_costs == steady
+    assert len(start) == PACK_WARMUP and led.pack_costs == steady
     assert led.median_pack_s(5) == pytest.approx(0.04)
     led.incarnation = 2  # a new group starts its own warm-up
     led.absorb(len(recs) + 1, None, ({"step": len(recs) + 1, "loss": 1.0, "step_time_s": 1.0,
