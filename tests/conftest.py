@@ -68,7 +68,7 @@ HEAVY_FIRST_S = {
     "tests/faults/test_ram_tier.py": 118,
     "tests/e2e/test_train_your_own_model.py": 94,
     "tests/faults/test_elastic_and_node_loss.py": 91,
-    "tests/faults/test_state_sizes.py": 90,
+    "tests/faults/test_state_sizes.py": 48,
     "tests/production/test_try_locally.py": 88,
     "tests/autoresume (job server, emulator)": 70,
     "tests/workers/test_executables.py": 79,
