@@ -2,7 +2,7 @@
 ``1b`` shape (and the ``8b`` shape cut to a few layers), its MFU from the task's analytic FLOPs
 against XLA's cost analysis of the compiled step, the executable's store and load at that size
 (``workers.training.executables.ExecutableStore``), and the RAM tier's device→host copy
-(``workers.ram.replica.Packer``) and restore (``unpack``).
+(``workers.ram.replica.Packer``) and restore (``place``).
 
 No Ray, no cluster: one process, the task contract's own pieces (``workers.task.llama``,
 ``workers.task.state.train_step``). Run where a GPU or TPU is lent (``bench/RESULTS.md``
@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from orchestrator.shared.sections import TrainConfig
-from workers.ram.replica import Packer, unpack
+from workers.ram.replica import Packer, place
 from workers.task.contract import TaskContext
 from workers.task.llama import LlamaSettings, make_task
 from workers.task.state import init_boxed, init_unboxed, train_step
@@ -92,7 +92,7 @@ def _case(preset: str, overrides: dict, batch: int) -> tuple[LlamaSettings, Task
 
 
 def _abstract(tree: Any) -> Any:
-    """Shapes, dtypes and shardings of ``tree``'s arrays (what a load or an unpack is given)."""
+    """Shapes, dtypes and shardings of ``tree``'s arrays (what a load or a place is given)."""
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
                         tree)
 
@@ -204,7 +204,7 @@ def run_case(name: str, preset: str, overrides: dict, batch: int, *, steps: int)
     abstract_state = _abstract(state)
     del state
     t0 = time.perf_counter()
-    restored = unpack([(layout, bytes(data))], abstract_state)
+    restored = place([(layout, bytes(data))], abstract_state)
     jax.block_until_ready(restored)
     out["ram_unpack_s"] = time.perf_counter() - t0
     del restored, data

@@ -80,7 +80,6 @@ class RayWorkerGroup:
         """``pool``: warm processes shared by the run's groups (standbys; with ``reuse``, ours)."""
         self.spec = spec
         self.ram = ram
-        self._copies_seen, self._older_dropped = 0, False
         self.pool = pool
         self.reuse = reuse and pool is not None
         self.origins: list[str] = []
@@ -202,20 +201,9 @@ class RayWorkerGroup:
         if pending:
             return Running(pending=pending)
         done = combine([self._results[i] for i in range(len(refs))])
-        self._older_copies(done)
+        if self.ram is not None and isinstance(done, Progress):
+            self.ram.after_chunk(self.spec.incarnation, done.records)
         return done
-
-    def _older_copies(self, done: Any) -> None:
-        """Once this group's copies are complete on every holder (host 0 made two periodic
-        copies: each waits for the one before it to be delivered, on every host, so the first
-        is everywhere) the copies of earlier incarnations can restore nothing newer: the
-        holders forget them, once per group."""
-        if self.ram is None or self._older_dropped or not isinstance(done, Progress):
-            return
-        self._copies_seen += sum(1 for r in done.records if r.get("ram_copy_s"))
-        if self._copies_seen >= 2:
-            self._older_dropped = True
-            self.ram.drop_older(self.spec.incarnation)
 
     def request_stop(self, chunk: int) -> None:
         try:

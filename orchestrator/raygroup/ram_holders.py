@@ -90,6 +90,8 @@ class RamTier:
                             if cfg.durable_from_ram else None)
         self.persist_keep = checkpoint_keep
         self.timeout_s = timeout_s
+        self._copies_seen: dict[int, int] = {}
+        self._dropped_below = 0
 
     @classmethod
     def for_config(cls, cfg: Any, *, fresh: bool = False) -> RamTier | None:
@@ -302,6 +304,19 @@ class RamTier:
                         tier_reason=choice.reason,
                         nbytes=choice.nbytes or int(outs[0].get("nbytes", 0)),
                         data=outs[0].get("data"))
+
+    def after_chunk(self, incarnation: int, records: Sequence[dict]) -> None:
+        """Count ``incarnation``'s periodic copies (host 0's records); once there are two (each
+        waits for the one before it to be delivered, on every host, so the first is everywhere)
+        the copies of earlier incarnations can restore nothing newer: ``drop_older``, once."""
+        if incarnation <= self._dropped_below:
+            return
+        seen = self._copies_seen.get(incarnation, 0) + sum(1 for r in records
+                                                           if r.get("ram_copy_s"))
+        self._copies_seen = {incarnation: seen}
+        if seen >= 2:
+            self._dropped_below = incarnation
+            self.drop_older(incarnation)
 
     def drop_older(self, incarnation: int) -> None:
         """Have every holder forget the copies of incarnations before ``incarnation`` (sent,

@@ -85,10 +85,10 @@ def run(tmp: Path) -> dict:
 
     # half the pieces: incomplete; another model: refused
     half = dict(layout, pieces=layout["pieces"][: len(layout["pieces"]) // 2])
-    out["incomplete"] = _refusal(lambda: replica.unpack([(half, data)],
+    out["incomplete"] = _refusal(lambda: replica.place([(half, data)],
                                                         src.trainer.abstract_state))
     bigger = make_actor(tmp / "bigger", overrides=("model.d_model=64",))
-    out["other_model"] = _refusal(lambda: replica.unpack([(layout, data)],
+    out["other_model"] = _refusal(lambda: replica.place([(layout, data)],
                                                          bigger.trainer.abstract_state))
     # keep: a holder keeps the newest `keep` steps of each writer
     for step in (4, 5):

@@ -5,10 +5,10 @@ replica count: every distinct shard is taken by exactly one device (so the copie
 processes are disjoint and together cover every array once), and arrays replicated across slices
 are spread over the slices' hosts instead of all landing on one. Their bytes are concatenated; the
 layout records, per piece, which array and which global index it is, and each array's key path
-(``names``). ``unpack`` assembles the global arrays from every source's copy and places them with
-the *target* sharding, so a state copied from one mesh restores into another (a re-formed mesh).
-It assembles each array whole on every host: simple and right for the models this runs in
-tests; a large model would fetch only the pieces overlapping its own shards (not built).
+(``names``). ``place`` builds each of a process's shards from the pieces overlapping it (only
+the sources ``needed_sources`` names are fetched) and places it with the *target* sharding, so
+a state copied from one mesh restores into another (a re-formed mesh); ``assemble`` builds
+whole arrays on the host (the export).
 """
 
 from __future__ import annotations
@@ -163,16 +163,6 @@ def _replicas(leaf: Any) -> int:
     return max(1, len(index_map) // max(1, len(distinct)))
 
 
-def unpack(copies: Sequence[tuple[dict, bytes]], abstract_state: Any) -> Any:
-    """The state ``abstract_state`` describes (shapes, dtypes, target shardings), from the copies
-    of every source process; ``ReplicaMismatch`` if they do not fit or do not cover it."""
-    targets, treedef = jax.tree_util.tree_flatten(abstract_state)
-    full = assemble(copies, [(t.shape, t.dtype) for t in targets])
-    arrays = [jax.make_array_from_callback(t.shape, t.sharding, lambda idx, a=a: a[idx])
-              for t, a in zip(targets, full, strict=True)]
-    return jax.tree_util.tree_unflatten(treedef, arrays)
-
-
 def needed_sources(layouts: dict[int, dict], abstract_state: Any) -> list[int]:
     """The sources (of ``layouts``: source -> its copy's layout) holding a piece of any shard
     this process places of ``abstract_state``: a host fetches only those (on the mesh the copies
@@ -190,7 +180,8 @@ def needed_sources(layouts: dict[int, dict], abstract_state: Any) -> list[int]:
 
 
 def place(copies: Sequence[tuple[dict, bytes | bytearray]], abstract_state: Any) -> Any:
-    """``unpack`` without assembling any global array: each of this process's shards is built
+    """The state ``abstract_state`` describes (shapes, dtypes, target shardings), from the
+    copies, without assembling any global array: each of this process's shards is built
     from the pieces overlapping it (a piece that is exactly the shard is placed from the copy's
     bytes as they are), so a host needs only the copies ``needed_sources`` names and moves its
     own share once. ``ReplicaMismatch`` if they do not fit or do not cover its shards."""
