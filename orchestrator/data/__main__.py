@@ -16,6 +16,7 @@ import sys
 import textwrap
 from collections.abc import Sequence
 
+from orchestrator.data.prepare import TEXT_FILES
 from orchestrator.shared.errors import ConfigError
 
 EXIT_BAD_INPUT = 2
@@ -25,21 +26,28 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m orchestrator.data",
                                 description="Prepare and verify token shards for training.")
     sub = p.add_subparsers(dest="command", required=True)
-    pp = sub.add_parser("prepare", help="tokenize a text corpus into shards + manifest.json")
+    pp = sub.add_parser("prepare", help="tokenize a text corpus into shards + manifest.json",
+                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     pp.add_argument("--input", nargs="+", required=True, metavar="PATH",
-                    help="text files, or directories searched for --glob")
+                    help="text files, or directories searched for --glob (files the glob "
+                         "leaves out are named in a warning)")
     pp.add_argument("--out", required=True, help="output directory (local or gs://)")
     pp.add_argument("--tokenizer", default=None,
                     help="a tokenizers JSON file; default: train a byte-level BPE on the input")
-    pp.add_argument("--vocab-size", type=int, default=4096)
-    pp.add_argument("--seq-len", type=int, default=128)
+    pp.add_argument("--vocab-size", type=int, default=4096,
+                    help="tokens of the BPE trained when no --tokenizer is given")
+    pp.add_argument("--seq-len", type=int, default=128, help="tokens per record")
     pp.add_argument("--shard-size", type=int, default=16384, help="records per shard")
-    pp.add_argument("--format", choices=("bin", "npy", "arrayrecord"), default="bin")
-    pp.add_argument("--glob", default="*.txt", help="files taken from input directories")
+    pp.add_argument("--format", choices=("bin", "npy", "arrayrecord"), default="bin",
+                    help="shard format (docs/data.md)")
+    pp.add_argument("--glob", default=None,
+                    help=f"files taken from input directories, e.g. '*' for all; default: "
+                         f"{TEXT_FILES}")
     pp.add_argument("--eval-records", type=int, default=0,
                     help="hold the stream's last N records out as the eval split (eval.*)")
-    pp.add_argument("--overwrite", action="store_true")
-    pp.add_argument("--no-progress", action="store_true")
+    pp.add_argument("--overwrite", action="store_true",
+                    help="replace a dataset already prepared in --out")
+    pp.add_argument("--no-progress", action="store_true", help="no progress bar")
     pv = sub.add_parser("verify", help="check a prepared directory against its manifest")
     pv.add_argument("dir")
     pv.add_argument("--level", choices=("auto", "full", "quick"), default="full")
@@ -60,14 +68,19 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _prepare(args: argparse.Namespace) -> int:
-    from orchestrator.data.prepare import PrepareConfig, prepare
+    from orchestrator.data.prepare import PrepareConfig, find_inputs, left_out_warning, prepare
 
     cfg = PrepareConfig(inputs=tuple(args.input), out=args.out, tokenizer=args.tokenizer,
                         vocab_size=args.vocab_size, seq_len=args.seq_len,
                         shard_size=args.shard_size, format=args.format, glob=args.glob,
                         overwrite=args.overwrite, eval_records=args.eval_records)
-    m = prepare(cfg, progress=not args.no_progress)
-    print(f"prepared {args.out}: {m.records} records of {m.seq_len} tokens ({m.tokens} tokens) "
+    found = find_inputs(cfg.inputs, cfg.glob)
+    if found.left_out:
+        print(textwrap.fill(left_out_warning(found, cfg.glob), width=100), file=sys.stderr)
+    m = prepare(cfg, progress=not args.no_progress, inputs=found)
+    skipped = f", {len(found.left_out)} left out" if found.left_out else ""
+    print(f"prepared {args.out} from {len(found.files)} file(s){skipped}: "
+          f"{m.records} records of {m.seq_len} tokens ({m.tokens} tokens) "
           f"in {len(m.shards)} {m.format} shard(s); tokenizer {m.tokenizer.name} "
           f"({m.vocab_size} tokens, sha256 {m.tokenizer.sha256[:12]}…)"
           + (f"; held out for eval: {m.eval_records} records in {len(m.eval_shards)} "

@@ -42,7 +42,8 @@ CHUNK_CHARS = 1 << 20
 @dataclass(frozen=True, kw_only=True)
 class PrepareConfig:
     inputs: tuple[str, ...]
-    """Text files, or directories searched (recursively) for ``glob``."""
+    """Text files, or directories searched (recursively) for ``glob``; hidden files and
+    directories are left out."""
     out: str
     tokenizer: str | None = None
     """A ``tokenizers`` JSON file; None trains a byte-level BPE of ``vocab_size`` here."""
@@ -51,7 +52,8 @@ class PrepareConfig:
     shard_size: int = 16384
     """Records (sequences of ``seq_len`` tokens) per shard."""
     format: Literal["bin", "npy", "arrayrecord"] = "bin"
-    glob: str = "*.txt"
+    glob: str | None = None
+    """Files taken from input directories; None: ``*.txt`` and files without an extension."""
     overwrite: bool = False
     eval_records: int = 0
     """Records (of ``seq_len`` tokens) held out from the end of the stream as the eval split
@@ -79,22 +81,76 @@ class PrepareConfig:
                               "arrayrecord", "pick one of bin, npy, arrayrecord")
 
 
-def input_files(inputs: tuple[str, ...], glob: str) -> list[str]:
-    """The files to read, in a fixed order (sorted within each directory)."""
+TEXT_FILES = "*.txt or without an extension"
+"""What a directory gives when no ``glob`` is set (``--glob`` not passed)."""
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """The files prepare reads, and the files in its input directories it leaves out."""
+
+    files: tuple[str, ...]
+    left_out: tuple[str, ...] = ()
+    """Files under an input directory that the glob does not take (hidden ones aside): named
+    in the CLI's warning, so that no file is skipped without a word."""
+
+
+def find_inputs(inputs: tuple[str, ...], glob: str | None) -> Inputs:
+    """The files to read, in a fixed order (sorted within each directory), and those left out.
+
+    ``glob`` None takes ``*.txt`` and extension-less files: a corpus of ``notes``, ``chapter1``
+    is plain text as often as ``.txt``. Hidden files and directories (``.git``) are never read
+    nor reported."""
     files: list[str] = []
+    left_out: list[str] = []
     for item in inputs:
         if os.path.isdir(item):
-            found = sorted(str(p) for p in pathlib.Path(item).rglob(glob) if p.is_file())
-            if not found:
-                raise DataError("prepare --input", f"directory {item!r} has no {glob} file",
-                                "point --input at the text files, or pass --glob")
-            files += found
+            taken, skipped = _search(pathlib.Path(item), glob)
+            if not taken:
+                raise DataError("prepare --input", f"directory {item!r} has no "
+                                f"file {f'matched by {glob!r}' if glob else TEXT_FILES}"
+                                + (f" (it holds {_listing(skipped)})" if skipped else ""),
+                                "point --input at the text files, or pass --glob '*' (every "
+                                "file) or a pattern of yours")
+            files += taken
+            left_out += skipped
         elif os.path.isfile(item):
             files.append(item)
         else:
             raise DataError("prepare --input", f"{item!r} does not exist",
                             "give existing local text files or directories")
-    return files
+    return Inputs(files=tuple(files), left_out=tuple(left_out))
+
+
+def left_out_warning(found: Inputs, glob: str | None, *, show: int = 10) -> str:
+    """One paragraph naming the files the glob left out and how to take them."""
+    n = len(found.left_out)
+    what = f"matched by --glob {glob!r}" if glob else f"{TEXT_FILES} (the default)"
+    return (f"warning: {n} file{'s' if n != 1 else ''} in the --input directories "
+            f"{'are' if n != 1 else 'is'} left out, not {what}: "
+            f"{_listing(found.left_out, show=show)}. To read them, pass --glob '*' (every "
+            "file) or a pattern that takes them, or name them in --input.")
+
+
+def _search(root: pathlib.Path, glob: str | None) -> tuple[list[str], list[str]]:
+    """(taken, left out) under ``root``, each sorted; hidden paths are neither."""
+    every = sorted((p for p in root.rglob("*")
+                    if p.is_file() and not _hidden(p.relative_to(root))), key=str)
+    if glob is None:
+        taken = {p for p in every if p.suffix in (".txt", "")}
+    else:
+        taken = set(root.rglob(glob))
+    return [str(p) for p in every if p in taken], [str(p) for p in every if p not in taken]
+
+
+def _hidden(rel: pathlib.PurePath) -> bool:
+    return any(part.startswith(".") for part in rel.parts)
+
+
+def _listing(paths: tuple[str, ...] | list[str], *, show: int = 5) -> str:
+    """The first ``show`` paths, ``and N more``."""
+    more = len(paths) - show
+    return ", ".join(paths[:show]) + (f" and {more} more" if more > 0 else "")
 
 
 def _chunks(path: str) -> Iterator[str]:
@@ -178,11 +234,13 @@ class _ShardWriter:
         self.shards.append((path, shard))
 
 
-def prepare(cfg: PrepareConfig, *, progress: bool = True) -> Manifest:
-    """Tokenize ``cfg.inputs`` into shards under ``cfg.out``; returns the manifest written."""
+def prepare(cfg: PrepareConfig, *, progress: bool = True,
+            inputs: Inputs | None = None) -> Manifest:
+    """Tokenize ``cfg.inputs`` into shards under ``cfg.out``; returns the manifest written.
+    ``inputs``: ``find_inputs``' answer when the caller already has it (the CLI warns first)."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-    files = input_files(cfg.inputs, cfg.glob)
+    files = list((inputs or find_inputs(cfg.inputs, cfg.glob)).files)
     out_fs, out_root = fslib.filesystem(cfg.out, setting="prepare --out")
     if out_fs.exists(fslib.join(out_root, MANIFEST)) and not cfg.overwrite:
         raise DataError("prepare --out", f"{cfg.out!r} already holds a prepared dataset",

@@ -16,7 +16,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from orchestrator.data.manifest import load, verify
-from orchestrator.data.prepare import PrepareConfig, prepare
+from orchestrator.data.prepare import PrepareConfig, find_inputs, prepare
 from orchestrator.shared.errors import ConfigError, DataError
 from tests.input.conftest import CORPUS, SEQ_LEN, VOCAB, corpus_slice, make_dataset
 from workers.input import manifest_records
@@ -120,3 +120,38 @@ def test_cli_prepare_then_verify_and_exit_2_on_bad_data(tmp_path):
     bad = cli("verify", str(out))
     assert bad.returncode == 2
     assert "missing" in bad.stderr and "Fix:" in bad.stderr
+
+
+def test_cli_prepare_reads_extension_less_files_and_names_those_left_out(tmp_path, capsys):
+    """A folder of extension-less text files is read whole by default; a file the glob leaves
+    out is named on stderr and counted in the summary; hidden files are neither; --help
+    shows the defaults."""
+    from orchestrator.data.__main__ import main
+
+    text = CORPUS.read_text(encoding="utf-8")[:9000]
+    corpus = tmp_path / "corpus"
+    (corpus / "more").mkdir(parents=True)
+    for i, name in enumerate(("chapter1", "chapter2", "more/chapter3")):
+        (corpus / name).write_text(text[i * 3000:(i + 1) * 3000], encoding="utf-8")
+    (corpus / "notes.md").write_text("# not read\n")
+    (corpus / ".git").mkdir()
+    (corpus / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    out = tmp_path / "out"
+    code = main(["prepare", "--input", str(corpus), "--out", str(out), "--seq-len", "16",
+                 "--vocab-size", "300", "--no-progress"])
+    printed = capsys.readouterr()
+    assert code == 0, printed.err
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["extra"]["documents"] == 3
+    assert [pathlib.Path(s["path"]).name for s in manifest["sources"]] == [
+        "chapter1", "chapter2", "chapter3"]
+    assert "1 file in the --input directories is left out" in printed.err
+    assert "notes.md" in printed.err and "--glob '*'" in printed.err
+    assert ".git" not in printed.err
+    assert "from 3 file(s), 1 left out:" in printed.out
+    with pytest.raises(DataError, match=r"no file matched by '\*\.txt' \(it holds .*chapter1"):
+        find_inputs((str(corpus),), "*.txt")
+    with pytest.raises(SystemExit):
+        main(["prepare", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "default: *.txt or without an extension" in shown and "(default: 128)" in shown
