@@ -4,7 +4,9 @@ For each payload (a file, stdin, every ``*.json`` in ``--dir``; a file may hold 
 document, JSON lines, a JSON list such as ``gcloud pubsub subscriptions pull --format=json``
 prints, or base64 of any of those) it shows the format, the parsed event, the hosts it targets in
 a topology, the intake's verdict (accepted / duplicate / stale / irrelevant / dead letter, with
-the reason) and the reaction the policy would choose. It runs the same code as the driver
+the reason) and the reaction the policy would choose. Without a topology (no ``--topology``, or
+one with no hosts) a payload that names a host or slice is ``unknown_target``, never stale: no
+hosts given says nothing of whether it is the run's. It runs the same code as the driver
 (``parsing``, ``relevance.judge``, ``targeting``, the observation builder in ``observation`` and
 ``policies.reaction``) and touches nothing. With ``--topology RUN_DIR`` it judges with the run's
 own recorded config (RUN_DIR/config.yaml, written by the driver at each start): its ``controller``
@@ -42,6 +44,11 @@ from policies.reaction import ReactionKind, ReactionPolicy
 
 TOPOLOGY_FILE = "topology.json"
 CONFIG_FILE = "config.yaml"
+UNKNOWN_TARGET = "unknown_target"
+"""explain's own verdict (never the intake's): the payload names a host or slice and no
+topology says whether it is the run's."""
+TOPOLOGY_FIX = ("pass --topology RUN_DIR (the run's directory; or its topology.json or "
+                "run.json) to judge it against the run's hosts")
 
 
 @dataclass(frozen=True)
@@ -218,6 +225,8 @@ def explain_one(name: str, data: bytes, *, topo: Topology, settings: Settings, s
         attributes=parsing.envelope_attributes(value), filters=cfg.pubsub.filters or None,
         grace_s=cfg.stale_grace_s, id_to_name=topo.id_to_name,
         cluster=topo.cluster or cfg.cluster)
+    if _needs_topology(event, verdict, targeting, topo):
+        return _unknown_target(out, event)
     out["verdict"] = {"decision": verdict.decision, "reason": verdict.reason}
     if targeting is not None:
         by_id = {h.node_id: h for h in topo.hosts}
@@ -239,6 +248,28 @@ def explain_one(name: str, data: bytes, *, topo: Topology, settings: Settings, s
                        "cause": reaction.cause.value if reaction.cause else None,
                        "doomed": sorted(reaction.doomed), "cordon": sorted(reaction.cordon),
                        "at_step": reaction.at_step, "deadline": reaction.deadline}
+    return out
+
+
+def _needs_topology(event: Any, verdict: Any, targeting: Any, topo: Topology) -> bool:
+    """Found stale only for naming a host or slice of a mesh explain was not shown: no hosts
+    given is no evidence that the named one is not the run's."""
+    return (not topo.hosts and verdict.decision == "stale" and targeting is not None
+            and (event.target.host is not None or event.target.slice is not None))
+
+
+def _unknown_target(out: dict[str, Any], event: Any) -> dict[str, Any]:
+    """The verdict and reaction when the hosts are needed and not known."""
+    t = event.target
+    named = " in ".join(
+        ([f"{getattr(t, 'host_kind', None) or 'host'} {str(t.host)!r}"] if t.host is not None
+         else []) + ([f"slice {t.slice!r}"] if t.slice is not None else []))
+    out["verdict"] = {"decision": UNKNOWN_TARGET,
+                      "reason": f"current and for this job, and names {named}: whether that "
+                                "is one of the run's hosts is not known without a topology"}
+    out["targets"] = {"job_wide": False, "hosts": None, "reason": f"{named}; no --topology"}
+    out["reaction"] = {"kind": "unknown", "reason": "depends on the run's hosts: "
+                       + TOPOLOGY_FIX}
     return out
 
 
@@ -264,8 +295,11 @@ def render(result: dict[str, Any]) -> str:
         lines.append(f"  ignored:  {ev['labels']['parse.ignored']}")
     if "targets" in result:
         t = result["targets"]
-        hosts = "the whole job" if t["job_wide"] else (", ".join(t["hosts"]) or "none")
-        lines.append(f"  hosts:    {hosts} ({t['reason']})")
+        if t["hosts"] is None:
+            lines.append(f"  hosts:    unknown ({t['reason']})")
+        else:
+            hosts = "the whole job" if t["job_wide"] else (", ".join(t["hosts"]) or "none")
+            lines.append(f"  hosts:    {hosts} ({t['reason']})")
     if v["reason"]:
         lines.append(f"  verdict:  {v['decision']}: {v['reason']}")
     r = result["reaction"]

@@ -303,3 +303,30 @@ def test_each_result_names_its_file(tmp_path, capsys):
         (str(src / "a.json"), str(src / "a.json")),
         (str(src / "b.json"), f"{src / 'b.json'}[0]"),
         (str(src / "b.json"), f"{src / 'b.json'}[1]")]
+
+
+def test_without_a_topology_a_named_host_is_unknown_not_stale(tmp_path, capsys):
+    """No --topology: a current preemption naming an instance is `unknown_target` with the
+    --topology fix, not stale; a notice past its deadline is still stale; a topology without
+    that instance still calls it stale (not in the mesh)."""
+    sample = str(FIXTURES / "logentry_gce_compute_instances_preempted_real_gcpdiag.json")
+    code, out = explain_here(capsys, sample)
+    (r,) = out["payloads"]
+    assert code == 0 and r["event"]["kind"] == "preemption_notice"
+    assert r["verdict"]["decision"] == "unknown_target"
+    assert "instance 'spot-vm-termination'" in r["verdict"]["reason"]
+    assert r["targets"]["hosts"] is None
+    assert r["reaction"]["kind"] == "unknown" and "--topology RUN_DIR" in r["reaction"]["reason"]
+    _, late = explain_here(capsys, sample, "--now", str(2_000_000_000))
+    assert late["payloads"][0]["verdict"]["decision"] == "stale"
+    assert "deadline passed" in late["payloads"][0]["verdict"]["reason"]
+    others = tmp_path / "topology.json"
+    others.write_text(json.dumps({**TOPOLOGY, "hosts": TOPOLOGY["hosts"][1:]}))
+    _, mesh = explain_here(capsys, sample, "--topology", str(others))
+    assert mesh["payloads"][0]["verdict"] == {
+        "decision": "stale", "reason": "instance 'spot-vm-termination' is not in the mesh"}
+    from orchestrator.events.cli import main
+
+    assert main(["explain", sample]) == 0
+    text = capsys.readouterr().out
+    assert "UNKNOWN_TARGET" in text and "STALE" not in text and "hosts:    unknown" in text
