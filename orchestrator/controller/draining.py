@@ -61,9 +61,10 @@ def draining(run: Run) -> Next:
 def copies_survive(run: Run, doomed: frozenset[str]) -> bool:
     """Whether every host's RAM copy has a holder off the doomed slices: its own node's or its
     peer's (``policies.ram_tier.peer_nodes``: another slice's host, or a standby's on a spare
-    slice). A slice goes as a unit (a notice for one of its hosts takes them all): in a
-    one-slice mesh with no standby a host's peer is in the same slice, a notice dooms both
-    holders of every copy, and only a durable save keeps the step."""
+    slice; ``checkpoint.ram.holders: peer``: the peer's only). A slice goes as a unit (a notice
+    for one of its hosts takes them all): in a one-slice mesh with no standby a host's peer is
+    in the same slice, a notice dooms both holders of every copy, and only a durable save keeps
+    the step."""
     plan = run.plan
     if plan is None or not doomed:
         return True
@@ -72,8 +73,16 @@ def copies_survive(run: Run, doomed: frozenset[str]) -> bool:
     gone = {h.slice_name for h in plan.hosts if h.node_id in doomed}
     peer = peer_nodes([(h.slice_name, h.node_id) for h in plan.hosts],
                       [(h.slice_name, h.node_id) for h in spare])
-    return all(not ({h.slice_name} | ({slice_of[n]} if n is not None else set())) <= gone
+    peer_only = run.cfg.checkpoint.ram.holders == "peer"
+    return all(not held(h.slice_name, None if n is None else slice_of[n], peer_only) <= gone
                for h, n in zip(plan.hosts, peer, strict=True))
+
+
+def held(own: str, peer: str | None, peer_only: bool) -> set[str]:
+    """The slices holding a host's copy (``ram_holders.assignments``)."""
+    if peer is None:
+        return {own}
+    return {peer} if peer_only else {own, peer}
 
 
 RAM_ONLY = "drain-ram-only"

@@ -54,7 +54,7 @@ class MemoryBounds:
                 "shared": self.shared, "accum_steps": 1,
                 "ram_keep": ram.keep if ram.enabled else 0,
                 "ram_max_host_bytes": ram.cap_bytes if ram.enabled else None,
-                "ram_auto": ram.enabled == "auto"}
+                "ram_auto": ram.enabled == "auto", "ram_holders": ram.holders}
 
 
 def machine_ram_bytes(meminfo: str | None = None, cgroup_limits: tuple[str, ...] | None = None,
@@ -168,7 +168,8 @@ def memory_line(mem: Mapping[str, Any], bounds: MemoryBounds | None = None) -> s
         if mem.get("ram_keep"):
             head += (f"; RAM-tier copies {_size(mem['ram_tier'])} in host RAM "
                      f"({mem['ram_keep']}×{mem['holder_factor']}+1 copies of "
-                     f"{_size(mem['copy_bytes'])})")
+                     f"{_size(mem['copy_bytes'])}"
+                     + (", on a peer only" if mem.get("ram_holders") == "peer" else "") + ")")
         else:
             head += "; RAM tier off"
     else:

@@ -29,21 +29,23 @@ def resolve(cfg: Any, memory: dict | None, *, hosts: int, spare_slices: int | No
     the hosts of the mesh; ``spare_slices``: complete slices beyond it (None: not known yet,
     the planner counts them at every formation)."""
     ram = cfg.checkpoint.ram
+    holders = where_held(ram, memory)  # a tier turned on by hand: as the memory check chose
     if ram.enabled == "auto":
-        on, why = ram_auto(ram, memory, hosts=hosts)
+        on, why, holders = ram_auto(ram, memory, hosts=hosts)
         tier = {"enabled": on, "setting": "auto", "reason": why}
     else:
         on = ram.enabled
         tier = {"enabled": on, "setting": str(on).lower(),
                 "reason": f"checkpoint.ram.enabled={str(on).lower()}"}
     cap = holder_budget(ram, memory)[0] if ram.max_host_bytes == "auto" else None
-    ram = dataclasses.replace(ram, enabled=on,
+    ram = dataclasses.replace(ram, enabled=on, holders=holders,
                               **({"max_host_bytes": cap} if cap is not None else {}))
     cfg = dataclasses.replace(cfg, checkpoint=dataclasses.replace(cfg.checkpoint, ram=ram))
     copy = (memory or {}).get("copy_bytes")
     if copy:
         tier["copy_bytes"] = int(copy)
     if ram.enabled:
+        tier["holders"] = ram.holders
         tier["max_host_bytes"] = ram.max_host_bytes
         tier["every"] = ram.every
         tier["max_overhead"] = ram.max_overhead
@@ -66,32 +68,49 @@ def spare_slices(hosts: Any, plan: Any) -> int:
     return len({h.slice_name for h in hosts} - used)
 
 
-def ram_auto(ram: Any, memory: dict | None, *, hosts: int) -> tuple[bool, str]:
-    """(on, why) for ``checkpoint.ram.enabled: auto``."""
+def ram_auto(ram: Any, memory: dict | None, *, hosts: int) -> tuple[bool, str, str]:
+    """(on, why, ``checkpoint.ram.holders`` decided) for ``checkpoint.ram.enabled: auto``."""
+    holders = where_held(ram, memory)
     if hosts < 2:
         return False, ("auto: off, the mesh has one host, so no peer can hold a copy off its "
-                       "node (checkpoint.ram.enabled=true keeps one on the same node)")
+                       "node (checkpoint.ram.enabled=true keeps one on the same node)"), holders
     if memory and memory.get("ram_auto_off"):
-        return False, f"auto: off, the copies do not fit: {memory['ram_auto_off']}"
+        return False, f"auto: off, the copies do not fit: {memory['ram_auto_off']}", holders
     state = (memory or {}).get("state_bytes")
     copy = (memory or {}).get("copy_bytes") or (-(-int(state) // hosts) if state else None)
     cap, where = holder_budget(ram, memory)
     if copy is None:
         return True, ("auto: on, a peer exists (the state's size is not known before the "
                       "start; a host whose copies exceed checkpoint.ram.max_host_bytes stops "
-                      "copying and says so)")
-    need = copy * ram.keep * 2
-    sizes = f"{_mib(copy)} per copy × {ram.keep} kept × 2 hosts = {_mib(need)}"
+                      "copying and says so)"), holders
+    if (ram.holders == "auto" and holders == "both" and cap is not None
+            and copy * ram.keep * 2 > cap):
+        holders = "peer"  # half the copies per holder before the tier is turned off
+    factor = 1 if holders == "peer" else 2
+    need = copy * ram.keep * factor
+    sizes = f"{_mib(copy)} per copy × {ram.keep} kept × {factor} host(s) = {_mib(need)}"
+    if factor == 1:
+        sizes += (" (checkpoint.ram.holders=peer)" if ram.holders == "peer" else
+                  " (on a peer only: both the own node's and a peer's copies do not fit)")
     if cap is None:
         return True, (f"auto: on, a peer exists; {sizes}, checked on each host against "
-                      f"checkpoint.ram.max_host_bytes{where}")
+                      f"checkpoint.ram.max_host_bytes{where}"), holders
     if need > cap:
         fix = ("set checkpoint.ram.max_host_bytes to a number of bytes to override, spread "
                "the state over more hosts, or give the hosts more RAM"
                if ram.max_host_bytes == "auto" else "raise it to turn the tier on")
-        return False, f"auto: off, {sizes} exceeds checkpoint.ram.max_host_bytes{where} ({fix})"
+        return (False, f"auto: off, {sizes} exceeds checkpoint.ram.max_host_bytes{where} "
+                f"({fix})", holders)
     return True, (f"auto: on, a peer exists and the copies fit: {sizes} within "
-                  f"checkpoint.ram.max_host_bytes{where}")
+                  f"checkpoint.ram.max_host_bytes{where}"), holders
+
+
+def where_held(ram: Any, memory: dict | None) -> str:
+    """``checkpoint.ram.holders`` decided: the setting, or under ``auto`` the memory check's
+    choice (``peer`` when the own node's copies do not fit beside a peer's), else ``both``."""
+    if ram.holders != "auto":
+        return ram.holders
+    return "peer" if (memory or {}).get("ram_holders") == "peer" else "both"
 
 
 def holder_budget(ram: Any, memory: dict | None) -> tuple[int | None, str]:

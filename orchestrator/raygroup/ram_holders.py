@@ -146,22 +146,23 @@ class RamTier:
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
         ).remote(token=self.token, keep=self.cfg.keep,
                  max_copy_bytes=(None if self.cfg.cap_bytes is None
-                                 else max(1, self.cfg.cap_bytes // (2 * self.cfg.keep))),
+                                 else max(1, self.cfg.cap_bytes
+                                          // (self.cfg.holder_sources * self.cfg.keep))),
                  persist_dir=self.persist_dir, persist_keep=self.persist_keep)
         return name, handle
 
     def assignments(self, plan: MeshPlan, spare: Sequence[HostRef] = ()
                     ) -> list[list[tuple[str, Any]]]:
         """Per host: its own node's holder, then its peer's (``policies.ram_tier.peer_nodes``:
-        another slice's host, or a ``spare`` host kept warm when the mesh is one slice)."""
+        another slice's host, or a ``spare`` host kept warm when the mesh is one slice);
+        ``checkpoint.ram.holders: peer``: the peer's only (its own node's when it has none)."""
         peer_of = peer_nodes([(h.slice_name, h.node_id) for h in plan.hosts],
                              [(h.slice_name, h.node_id) for h in spare])
         out = []
         for h, peer in zip(plan.hosts, peer_of, strict=True):
-            mine = [self.holder(h.node_id)]
-            if peer is not None and peer != h.node_id:
-                mine.append(self.holder(peer))
-            out.append(mine)
+            nodes = [h.node_id] if peer is None or peer == h.node_id else (
+                [peer] if self.cfg.holders == "peer" else [h.node_id, peer])
+            out.append([self.holder(node) for node in nodes])
         return out
 
     def holders(self) -> dict[str, Any]:
@@ -265,6 +266,7 @@ class RamTier:
                                     token=self.token,
                                     incarnation=incarnation, every=self.cfg.first_every,
                                     keep=self.cfg.keep, max_host_bytes=self.cfg.cap_bytes,
+                                    holder_sources=self.cfg.holder_sources,
                                     durable_from_ram=self.cfg.durable_from_ram)
                 for i, a in enumerate(actors)]
 

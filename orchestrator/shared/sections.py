@@ -116,6 +116,12 @@ class RamTierConfig:
     crash, host loss), if known; None: only the failures this run observed count."""
     keep: int = 2
     """Copies kept per sending host and holder; 2 keeps a complete set while the next arrives."""
+    holders: Literal["auto", "both", "peer"] = "auto"
+    """Where each host's copies are kept. ``both``: its own node's holder (a restore after the
+    process dies reads its own node) and a peer's (survives the node); ``peer``: the peer's
+    only (half the RAM and one stream per copy; every restore reads over the network, and a
+    notice that takes the peer's slice too hands over through Orbax). ``auto`` (the default):
+    ``both`` where they fit the host's RAM, else ``peer``; the ``protection`` line says which."""
     durable_from_ram: bool = True
     """Periodic durable saves are written from the RAM copy by the holder on each node (Orbax,
     idle scheduling class, ``RUN_DIR/checkpoints-from-ram``), not from the devices by the training
@@ -169,6 +175,12 @@ class RamTierConfig:
         """``max_host_bytes`` as a number, None for ``auto`` not yet decided (a host then
         decides from its own RAM: ``workers.ram.budget``)."""
         return None if self.max_host_bytes == "auto" else int(self.max_host_bytes)
+
+    @property
+    def holder_sources(self) -> int:
+        """Hosts whose copies one node's holder keeps at most: its own and a peer's under
+        ``both`` (and ``auto`` not yet decided), a peer's only under ``peer``."""
+        return 1 if self.holders == "peer" else 2
 
     @property
     def first_every(self) -> int:

@@ -51,14 +51,45 @@ def test_auto_cap_comes_from_the_hosts_ram_share_beside_its_devices():
 
 
 def test_auto_cap_turns_the_tier_off_when_the_hosts_ram_cannot_hold_the_copies():
-    """2 GiB per host on a 6 GiB share: 8 GiB of copies do not fit 75 % of 4 GiB; the reason
-    names the figures and the fix."""
+    """2 GiB per host on a 6 GiB share: 8 GiB of copies (own node and peer) do not fit 75 % of
+    4 GiB, nor do 4 GiB on a peer only; the reason names the figures and the fix."""
     m = mem(2 * GIB, host_bytes=6 * GIB, shared=True, device_total=GIB, devices_per_host=2)
     cfg, rec = protection.resolve(load_config(None, []), m, hosts=2, spare_slices=1)
     assert cfg.checkpoint.ram.enabled is False
     why = rec["ram_tier"]["reason"]
-    assert "8.00 GiB exceeds checkpoint.ram.max_host_bytes: auto, 3.00 GiB" in why
+    assert "4.00 GiB (on a peer only" in why
+    assert "exceeds checkpoint.ram.max_host_bytes: auto, 3.00 GiB" in why
     assert "set checkpoint.ram.max_host_bytes to a number of bytes" in why
+
+
+def test_auto_keeps_the_copies_on_a_peer_only_when_both_do_not_fit():
+    """1 GiB per host on a 5.89 GiB share (this machine's, 4 emulated hosts): 4 GiB of copies
+    on the own node and a peer exceed 75 % of what the devices leave (3.42 GiB), 2 GiB on a
+    peer only fit: the tier stays on, the holders setting and the line say where."""
+    share = int(5.89 * GIB)
+    m = mem(GIB, host_bytes=share, shared=True, device_total=int(0.666 * GIB),
+            devices_per_host=2)
+    cfg, rec = protection.resolve(load_config(None, []), m, hosts=2, spare_slices=1)
+    assert cfg.checkpoint.ram.enabled is True and cfg.checkpoint.ram.holders == "peer"
+    assert cfg.checkpoint.ram.holder_sources == 1
+    assert rec["ram_tier"]["holders"] == "peer"
+    assert "2.00 GiB (on a peer only" in protection.line(rec)
+
+
+def test_holders_both_keeps_the_own_nodes_copy_or_turns_the_tier_off():
+    share = int(5.89 * GIB)
+    m = mem(GIB, host_bytes=share, shared=True, device_total=int(0.666 * GIB),
+            devices_per_host=2)
+    cfg, rec = protection.resolve(load_config(None, ["checkpoint.ram.holders=both"]), m,
+                                  hosts=2, spare_slices=1)
+    assert cfg.checkpoint.ram.enabled is False
+    assert "4.00 GiB exceeds" in rec["ram_tier"]["reason"]
+
+
+def test_small_copies_are_kept_on_both():
+    cfg, rec = protection.resolve(load_config(None, []), mem(3 * MIB, host_bytes=6 * GIB),
+                                  hosts=2, spare_slices=1)
+    assert cfg.checkpoint.ram.holders == "both" and rec["ram_tier"]["holders"] == "both"
 
 
 def test_auto_cap_unknown_before_the_cluster_is_left_to_each_host():
@@ -116,6 +147,7 @@ def test_standby_count_auto_is_every_spare_and_a_number_caps_it():
 @pytest.mark.parametrize(("override", "says"), [
     ("checkpoint.ram.enabled=maybe", "auto or true or false"),
     ("checkpoint.ram.every=often", "auto or a whole number"),
+    ("checkpoint.ram.holders=nearby", "one of ['auto', 'both', 'peer']"),
     ("checkpoint.ram.every=0", "checkpoint.ram.every=auto or a number"),
     ("checkpoint.ram.max_overhead=2", "share of step time"),
     ("checkpoint.ram.failures_per_hour=-1", "failures per hour"),

@@ -165,3 +165,26 @@ def test_auto_turns_a_ram_tier_that_does_not_fit_off_where_true_refuses_the_run(
 
     fits = run_check(load_config(None, [])).memory
     assert fits["refused"] is None and fits["ram_keep"] == 2 and fits["ram_auto_off"] is None
+
+
+def test_auto_keeps_the_copies_on_a_peer_only_when_the_own_nodes_do_not_fit(check_here):
+    """``checkpoint.ram.holders: auto``: a host RAM too small for copies on the own node and a
+    peer (keep × 2 + 1 copies beside the devices) but large enough for a peer's only (keep + 1)
+    keeps the tier on with the copies on the peer; ``both`` turns the tier off instead."""
+    from orchestrator.driver import protection
+    from orchestrator.driver.task_check import run_check
+
+    full = run_check(load_config(None, [])).memory
+    devices, copy = full["device_total"] * full["devices_per_host"], full["copy_bytes"]
+    assert full["ram_holders"] == "both" and full["ram_tier"] == copy * 5
+    gib = (devices + copy * 4) / GIB  # between keep + 1 (3) and keep × 2 + 1 (5) copies
+    tight = [f"cluster.host_memory_gib={gib:.9f}"]
+    auto = run_check(load_config(None, tight)).memory
+    assert auto["refused"] is None and auto["ram_auto_off"] is None
+    assert auto["ram_holders"] == "peer" and auto["ram_tier"] == copy * 3
+    assert "on a peer only" in memory_line(auto)
+    cfg, _ = protection.resolve(load_config(None, tight), auto, hosts=2, spare_slices=0)
+    assert cfg.checkpoint.ram.enabled is True and cfg.checkpoint.ram.holders == "peer"
+
+    both = run_check(load_config(None, [*tight, "checkpoint.ram.holders=both"])).memory
+    assert both["ram_keep"] == 0 and "host memory" in both["ram_auto_off"]

@@ -223,12 +223,14 @@ class HostActor:
 
     def attach_ram(self, holders: list[tuple[str, tuple[str, int]]], *, token: str,
                    incarnation: int, every: int, keep: int, max_host_bytes: int,
-                   durable_from_ram: bool = False) -> None:
-        """Copy this host's shards to ``holders`` ((name, wire address): own node's, peer's)
-        every ``every`` steps; ``durable_from_ram``: a save step's copy is saved durably by
-        this node's holder instead of an Orbax save from the devices here."""
+                   durable_from_ram: bool = False, holder_sources: int = 2) -> None:
+        """Copy this host's shards to ``holders`` ((name, wire address): own node's, peer's;
+        or a peer's only) every ``every`` steps; ``durable_from_ram``: a save step's copy is
+        saved durably by the first holder instead of an Orbax save from the devices here;
+        ``holder_sources``: hosts whose copies a holder keeps (``max_host_bytes`` is theirs)."""
         self._ram.attach(holders, token=token, incarnation=incarnation, every=every, keep=keep,
-                         max_host_bytes=max_host_bytes, checkpoint_dir=self.spec.checkpoint_dir,
+                         max_host_bytes=max_host_bytes, holder_sources=holder_sources,
+                         checkpoint_dir=self.spec.checkpoint_dir,
                          writer=self.host.node_id, source=self.host.index,
                          sources=self.spec.plan.num_processes,
                          durable_from_ram=durable_from_ram)

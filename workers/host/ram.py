@@ -53,7 +53,7 @@ class RamTier:
     def attach(self, holders: list[tuple[str, tuple[str, int]]], *, token: str,
                incarnation: int, every: int, keep: int, max_host_bytes: int,
                checkpoint_dir: str | Path, writer: str, source: int, sources: int,
-               durable_from_ram: bool = False) -> None:
+               durable_from_ram: bool = False, holder_sources: int = 2) -> None:
         """Copy this host's shards (``source`` of ``sources``, written by node ``writer``) to
         ``holders`` ((name, wire address): own node's, peer's) every ``every`` steps;
         ``durable_from_ram``: a save step's copy is saved durably by this node's holder instead
@@ -67,7 +67,8 @@ class RamTier:
                          if durable_from_ram else None)
         self._replicator = Replicator(holders, token=token, writer=writer,
                                       incarnation=incarnation, source=source, sources=sources,
-                                      every=every, keep=keep, max_host_bytes=max_host_bytes)
+                                      every=every, keep=keep, max_host_bytes=max_host_bytes,
+                                      holder_sources=holder_sources)
 
     def set_every(self, every: int) -> None:
         """Copy every ``every`` steps from now on (a no-op when not attached)."""

@@ -79,11 +79,12 @@ class _Copy:
 
 
 class Replicator:
-    """``holders``: (name, (address, port)) of this host's own-node holder and its peer's."""
+    """``holders``: (name, (address, port)) of this host's own-node holder and its peer's (or
+    its peer's only)."""
 
     def __init__(self, holders: Sequence[tuple[str, tuple[str, int]]], *, token: str,
                  writer: str, incarnation: int, source: int, sources: int, every: int,
-                 keep: int, max_host_bytes: int | None,
+                 keep: int, max_host_bytes: int | None, holder_sources: int = 2,
                  deliver_timeout_s: float = 30.0) -> None:
         self.holders = list(holders)
         self.token = token
@@ -96,6 +97,8 @@ class Replicator:
         self.sources = sources
         self.every = every
         self.keep = keep
+        self.holder_sources = holder_sources
+        """Hosts whose copies a holder keeps: 2 (its own node's and a peer's), 1 (peer only)."""
         self.max_host_bytes = budget.cap_bytes(max_host_bytes)
         """The driver's number, or (None: ``auto`` undecided there) this host's own."""
         self.deliver_timeout_s = deliver_timeout_s
@@ -134,9 +137,11 @@ class Replicator:
         if self._packer is None:
             self._packer = replica.Packer(state)
         nbytes = self._packer.nbytes
-        # A holder keeps `keep` copies of this host's and of one peer's, of about this size.
-        if nbytes * self.keep * 2 > self.max_host_bytes:
-            self.stats.disabled = (f"{nbytes} bytes per copy x {self.keep} kept x 2 hosts "
+        # A holder keeps `keep` copies of this host's and of one peer's (or a peer's only), of
+        # about this size.
+        if nbytes * self.keep * self.holder_sources > self.max_host_bytes:
+            self.stats.disabled = (f"{nbytes} bytes per copy x {self.keep} kept x "
+                                   f"{self.holder_sources} host(s) "
                                    f"exceeds checkpoint.ram.max_host_bytes={self.max_host_bytes}")
             log.warning("RAM tier off on this host: %s", self.stats.disabled)
             return time.perf_counter() - t0

@@ -94,7 +94,15 @@ def _memory(mem: dict | None, abstract: Any, specs: Any, task: dict, state_bytes
                                 devices_per_host=dph or 1, accum_steps=mem.get("accum_steps", 1),
                                 ram_keep=mem.get("ram_keep", 0) if dph else 0,
                                 ram_max_host_bytes=mem.get("ram_max_host_bytes"))
+    holders = mem.get("ram_holders", "both")
+    est = dataclasses.replace(est, ram_holders="peer" if holders == "peer" else "both")
     refused = _fits(est, mem, dph, task)
+    if refused and est.ram_keep and holders == "auto":
+        # checkpoint.ram.holders=auto: copies on a peer only (half the RAM) before the tier
+        # is turned off or the run refused for it
+        peer = dataclasses.replace(est, ram_holders="peer")
+        if refused["component"] != "device":  # the devices' own state is not the tier's
+            est, refused = peer, _fits(peer, mem, dph, task)
     ram_auto_off = None
     if refused and est.ram_keep and mem.get("ram_auto"):
         # checkpoint.ram.enabled=auto: a tier that does not fit is turned off, never the reason
@@ -105,6 +113,7 @@ def _memory(mem: dict | None, abstract: Any, specs: Any, task: dict, state_bytes
             "hosts": est.hosts if dph else None, "device": dict(est.device),
             "device_total": est.device_total, "ram_keep": est.ram_keep,
             "holder_factor": est.holder_factor, "copy_bytes": est.copy_bytes,
+            "ram_holders": est.ram_holders if est.ram_keep else None,
             "ram_tier": est.ram_tier, "state_bytes": est.state_bytes,
             "host_total": est.device_total * dph + est.ram_tier if dph else None,
             "host_bytes": mem.get("host_bytes") if dph else None, "shared": bool(mem.get("shared")),

@@ -12,8 +12,9 @@ headroom for them. Per host: the devices' sum, and the RAM tier (``policies/ram_
 host's copy of its shards (the state's bytes over the hosts: ``workers/ram/replica.py`` takes every
 distinct shard once, spread over hosts) is kept ``keep`` times on its own node's holder and
 ``keep`` times on a peer's, so a node's holder keeps ``2 × keep`` copies (its host's and the
-peer's), plus the copy the training process is sending. ``workers/ram/replicator.py`` turns the
-tier off on a host when ``copy × keep × 2`` exceeds ``checkpoint.ram.max_host_bytes``.
+peer's; ``checkpoint.ram.holders: peer``: only the peer's, ``keep`` copies), plus the copy the
+training process is sending. ``workers/ram/replicator.py`` turns the tier off on a host when
+``copy × keep × hosts per holder`` exceeds ``checkpoint.ram.max_host_bytes``.
 """
 
 from __future__ import annotations
@@ -93,6 +94,8 @@ class MemoryEstimate:
     copy_bytes: int
     ram_keep: int = 0
     ram_max_host_bytes: int | None = None
+    ram_holders: str = "both"
+    """``checkpoint.ram.holders`` decided: ``both`` (own node and a peer) or ``peer``."""
 
     @property
     def devices(self) -> int:
@@ -108,8 +111,9 @@ class MemoryEstimate:
 
     @property
     def holder_factor(self) -> int:
-        """Hosts whose copies one node's holder keeps: its own and a peer's (alone: its own)."""
-        return 2 if self.hosts > 1 else 1
+        """Hosts whose copies one node's holder keeps: its own and a peer's (``peer``: a peer's
+        only; alone: its own)."""
+        return 2 if self.hosts > 1 and self.ram_holders != "peer" else 1
 
     @property
     def ram_tier(self) -> int:
@@ -248,16 +252,19 @@ def check_fits(est: MemoryEstimate, *, device_bytes: int | None, host_bytes: int
             message=f"On each host {what} {size_text(host_need)} of host memory but a host has "
                     f"{size_text(host_bytes)} ({est.human()}).",
             fix="spread the state over more hosts (mesh.ici.fsdp / mesh.dcn.fsdp over more "
-                "hosts or slices), keep fewer RAM copies (checkpoint.ram.keep=2 is the least) "
+                "hosts or slices), keep fewer RAM copies (checkpoint.ram.keep=2 is the least, "
+                "checkpoint.ram.holders=peer halves them) "
                 f"or turn the tier off (checkpoint.ram.enabled=false), or {smaller}")
     cap = est.ram_max_host_bytes
-    if est.ram_keep and cap is not None and est.copy_bytes * est.ram_keep * 2 > cap:
-        wanted = est.copy_bytes * est.ram_keep * 2
+    if (est.ram_keep and cap is not None
+            and est.copy_bytes * est.ram_keep * est.holder_factor > cap):
+        wanted = est.copy_bytes * est.ram_keep * est.holder_factor
         have = f" (the host has {size_text(host_bytes)})" if host_bytes is not None else ""
         raise DoesNotFit(
             component="ram_tier", need=wanted, have=cap,
-            message=f"Each host's RAM copy is {size_text(est.copy_bytes)}: {est.ram_keep} kept × 2 "
-                    f"hosts = {size_text(wanted)} exceeds checkpoint.ram.max_host_bytes="
+            message=f"Each host's RAM copy is {size_text(est.copy_bytes)}: {est.ram_keep} kept × "
+                    f"{est.holder_factor} host(s) = {size_text(wanted)} exceeds "
+                    "checkpoint.ram.max_host_bytes="
                     f"{cap} ({size_text(cap)}), so every host would turn its RAM tier off.",
             fix=f"set checkpoint.ram.max_host_bytes={wanted} or more{have}, spread the state "
                 "over more hosts, or turn the tier off (checkpoint.ram.enabled=false)")
