@@ -30,6 +30,7 @@ from orchestrator.lifecycle import (
     Releasing,
     Restoring,
     RunState,
+    Stopped,
     Transition,
     WaitingForCapacity,
 )
@@ -58,6 +59,7 @@ def payload_for(state: RunState):
     return {
         S.PLANNING: Planning(cause=StopCause.HOST_LOST),
         S.FAILED: Failed(reason="budget exhausted", cause=StopCause.HOST_LOST),
+        S.STOPPED: Stopped(reason="stopped by SIGTERM after saving step 0", by="SIGTERM"),
         S.WAITING_FOR_CAPACITY: WaitingForCapacity(deadline=2000.0, needed_slices=1),
         S.HANDING_OVER: HandingOver(event_id="ev-1", hosts=("vm-2",), until=1020.0),
         S.DRAINING: Draining(event_id="ev-1", deadline=1030.0, doomed_hosts=("h1",)),
@@ -124,9 +126,20 @@ def test_every_pair(src, dst):
 
 
 def test_terminal_states_have_no_exits():
-    """SUCCEEDED and FAILED are terminal and nothing leaves them."""
-    assert {s for s in RunState if s.terminal} == {S.SUCCEEDED, S.FAILED}
-    assert TRANSITIONS[S.SUCCEEDED] == frozenset() and TRANSITIONS[S.FAILED] == frozenset()
+    """SUCCEEDED, FAILED and STOPPED are terminal and nothing leaves them."""
+    assert {s for s in RunState if s.terminal} == {S.SUCCEEDED, S.FAILED, S.STOPPED}
+    assert all(TRANSITIONS[s] == frozenset() for s in (S.SUCCEEDED, S.FAILED, S.STOPPED))
+
+
+def test_a_stop_asked_for_ends_stopped_where_no_group_runs():
+    """STOPPED (needing a Stopped payload) is entered only from the states that take a stop
+    with no group running; a running group drains first."""
+    assert {s for s in RunState if S.STOPPED in TRANSITIONS[s]} == {
+        S.PLANNING, S.RELEASING, S.WAITING_FOR_CAPACITY, S.BACKOFF}
+    assert REQUIRED_PAYLOAD[S.STOPPED] is Stopped
+    from orchestrator.metrics.goodput import TERMINAL_STATES
+
+    assert {"SUCCEEDED", "FAILED", "STOPPED"} == TERMINAL_STATES  # what the sinks end at
 
 
 def test_every_state_reachable_and_can_end():
@@ -162,9 +175,9 @@ def test_every_state_reachable_and_can_end():
         # bounded wait for capacity that runs out
         [S.FORMING, S.RESTORING, S.COMPILING, S.RUNNING, S.DRAINING, S.CHECKPOINTING,
          S.RELEASING, S.PLANNING, S.WAITING_FOR_CAPACITY, S.PLANNING, S.FAILED],
-        # operator stop: save, release, end
+        # operator stop or SIGTERM: save, release, end
         [S.FORMING, S.RESTORING, S.COMPILING, S.RUNNING, S.DRAINING, S.CHECKPOINTING,
-         S.RELEASING, S.FAILED],
+         S.RELEASING, S.STOPPED],
         # hang in distributed init -> released and retried
         [S.FORMING, S.RELEASING, S.BACKOFF, S.PLANNING, S.FORMING],
     ],

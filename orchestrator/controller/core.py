@@ -45,7 +45,7 @@ HANDLERS: dict[RunState, Callable[[Run], Next]] = {
 
 
 class Controller:
-    """Owns one run from PLANNING to SUCCEEDED/FAILED.
+    """Owns one run from PLANNING to SUCCEEDED/FAILED/STOPPED.
 
     Everything it works with is passed in: ``make_group`` builds each incarnation's worker
     group, ``cluster`` / ``clock`` / ``intake`` are the other seams; ``policies`` and

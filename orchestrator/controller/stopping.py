@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 from orchestrator.controller.context import Next, Pending, Run, log
-from orchestrator.lifecycle import Failed, RunState
+from orchestrator.lifecycle import RunState, Stopped
 from policies.causes import StopCause
 
 S = RunState
@@ -51,7 +51,8 @@ def _expected_drain_s(run: Run) -> float | None:
 
 
 def stop_requested(run: Run) -> Next | None:
-    """An operator stop (or SIGTERM) that arrived while no group runs ends the run at once."""
+    """An operator stop (or SIGTERM) that arrived while no group runs ends the run at once:
+    STOPPED, not FAILED (it did what it was asked; the summary counts any unsaved steps)."""
     take_signal(run)
     p = run.pending
     if p is None or not p.stop:
@@ -64,4 +65,5 @@ def stop_requested(run: Run) -> Next | None:
         what = f"stopped by {by.signal}" if by is not None else f"{p.reason}; the run stopped"
         reason = what + (f", checkpoint at step {step} is intact" if step is not None else "")
     run.reactions.settle(p, "stopped", step=step)
-    return Next(S.FAILED, reason, Failed(reason=reason, cause=StopCause.OPERATOR))
+    return Next(S.STOPPED, reason, Stopped(reason=reason,
+                                          by=by.signal if by is not None else "operator"))

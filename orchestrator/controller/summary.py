@@ -49,7 +49,8 @@ class RunSummary:
     """The same seconds in ``ml-goodput-measurement``'s buckets (``metrics/ml_goodput.py``)."""
     exit_code: int = 0
     stopped_by: str | None = None
-    """"SIGTERM" when a stop signal ended the run (exit code 143), else None."""
+    """"SIGTERM" when a stop signal ended the run (exit code 143), "operator" when an operator
+    stop event did (``state`` STOPPED, exit code 1 as before), else None."""
     unsaved_steps: int = 0
     """Steps past the last save when the run ended without its final save (in ``lost_steps``)."""
     metrics_gaps: list[list[int]] = dataclasses.field(default_factory=list)
@@ -122,7 +123,7 @@ def write_summary(run: Run, reason: str) -> RunSummary:
     state = run.lifecycle.state
     phases = {k.value: round(v, 3) for k, v in run.lifecycle.durations(now).items()}
     unsaved = led.unsaved_steps() if state is not RunState.SUCCEEDED else 0
-    stopped_by = _stop_signal(run) if state is RunState.FAILED else None
+    stopped_by = _stopped_by(run, state)
     summary = RunSummary(
         state=state.value, reason=reason, step=led.step, total_steps=run.cfg.run.total_steps,
         lost_steps=led.lost_steps + unsaved, restarts=led.restart_counts(), phases_s=phases,
@@ -149,6 +150,13 @@ def write_summary(run: Run, reason: str) -> RunSummary:
     except OSError as exc:
         log.error("summary_write_failed", error=str(exc))
     return summary
+
+
+def _stopped_by(run: Run, state: RunState) -> str | None:
+    """Who asked the run to stop: the signal, ``"operator"`` (an operator stop event), None."""
+    if state is RunState.STOPPED:
+        return _stop_signal(run) or "operator"
+    return _stop_signal(run) if state is RunState.FAILED else None
 
 
 def _stop_signal(run: Run) -> str | None:

@@ -31,6 +31,7 @@ from orchestrator.lifecycle.payloads import (
     Planning,
     Releasing,
     Restoring,
+    Stopped,
     WaitingForCapacity,
 )
 from orchestrator.shared.errors import OrchestratorError
@@ -55,10 +56,13 @@ class RunState(StrEnum):
     BACKOFF = "BACKOFF"
     SUCCEEDED = "SUCCEEDED"
     FAILED = "FAILED"
+    STOPPED = "STOPPED"
+    """Ended on request (SIGTERM, an operator stop event) and not by a fault: the drain's save
+    and any steps past the last one are in the summary (``stopped_by``, ``unsaved_steps``)."""
 
     @property
     def terminal(self) -> bool:
-        return self in (RunState.SUCCEEDED, RunState.FAILED)
+        return self in (RunState.SUCCEEDED, RunState.FAILED, RunState.STOPPED)
 
 
 S = RunState
@@ -67,10 +71,12 @@ _ACTIVE = frozenset({S.FORMING, S.RESTORING, S.COMPILING, S.RUNNING, S.HANDING_O
 
 # The only allowed moves. Read a row as "from this state the controller may go to ...".
 # FAILED is reachable from every non-terminal state (a budget or a fatal error can end the run
-# anywhere); terminal states have no exits. No self-loops: staying is not a transition.
+# anywhere); STOPPED (a stop asked for: SIGTERM, an operator stop) from the states that wait with
+# no group running, where a stop is taken (a running group drains first); terminal states have
+# no exits. No self-loops: staying is not a transition.
 TRANSITIONS: dict[RunState, frozenset[RunState]] = {
     # plan a topology from the hosts alive now: form it, or wait (bounded) for capacity
-    S.PLANNING: frozenset({S.FORMING, S.WAITING_FOR_CAPACITY, S.FAILED}),
+    S.PLANNING: frozenset({S.FORMING, S.WAITING_FOR_CAPACITY, S.FAILED, S.STOPPED}),
     # start host actors + distributed init + build; a failure releases the half-built group
     S.FORMING: frozenset({S.RESTORING, S.RELEASING, S.FAILED}),
     # restore the newest readable checkpoint into the new mesh (or init from the seed)
@@ -86,24 +92,26 @@ TRANSITIONS: dict[RunState, frozenset[RunState]] = {
     # synchronous save: then tear down (re-form, stop) or finish
     S.CHECKPOINTING: frozenset({S.RELEASING, S.SUCCEEDED, S.FAILED}),
     # whole JAX group torn down: re-plan at once (announced), after a backoff (unannounced),
-    # or end (operator stop, budget spent)
-    S.RELEASING: frozenset({S.PLANNING, S.BACKOFF, S.FAILED}),
-    # bounded: capacity arrived or the bound passed -> PLANNING decides; operator stop -> FAILED
-    S.WAITING_FOR_CAPACITY: frozenset({S.PLANNING, S.FAILED}),
-    S.BACKOFF: frozenset({S.PLANNING, S.FAILED}),
+    # or end (budget spent -> FAILED; operator stop or SIGTERM -> STOPPED)
+    S.RELEASING: frozenset({S.PLANNING, S.BACKOFF, S.FAILED, S.STOPPED}),
+    # bounded: capacity arrived or the bound passed -> PLANNING decides; a stop -> STOPPED
+    S.WAITING_FOR_CAPACITY: frozenset({S.PLANNING, S.FAILED, S.STOPPED}),
+    S.BACKOFF: frozenset({S.PLANNING, S.FAILED, S.STOPPED}),
     S.SUCCEEDED: frozenset(),
     S.FAILED: frozenset(),
+    S.STOPPED: frozenset(),
 }
 
 
 # The typed payloads live in ``orchestrator.lifecycle.payloads``; every one is named here.
-Payload = (Planning | Failed | WaitingForCapacity | HandingOver | Draining | Backoff
+Payload = (Planning | Failed | Stopped | WaitingForCapacity | HandingOver | Draining | Backoff
            | Checkpointing | Releasing | Restoring | Compiling)
 
 # States whose payload must be given, and states whose payload may be given.
 REQUIRED_PAYLOAD: dict[RunState, type] = {
     S.PLANNING: Planning,  # every PLANNING but the run's first line, written at creation
     S.FAILED: Failed,
+    S.STOPPED: Stopped,
     S.WAITING_FOR_CAPACITY: WaitingForCapacity,
     S.HANDING_OVER: HandingOver,
     S.DRAINING: Draining,

@@ -17,6 +17,15 @@ class Failed:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Stopped:
+    """The run ended because it was asked to: ``by`` is the signal (``"SIGTERM"``) or
+    ``"operator"`` (an operator stop event); ``reason`` says what was saved and what was not."""
+
+    reason: str
+    by: str
+
+
+@dataclass(frozen=True, kw_only=True)
 class Planning:
     """Why a mesh is planned again. ``cause``: the stop behind this re-form (what its restart
     budget counted); ``grow``: a re-form onto more slices; neither: planning goes on (capacity

@@ -17,9 +17,6 @@ if TYPE_CHECKING:
     from orchestrator.lifecycle import Transition
     from orchestrator.metrics.live import LiveProgress
 
-_FINAL = ("SUCCEEDED", "FAILED")
-
-
 def format_progress(rec: StepRecord, *, goodput: float | None) -> str:
     """One line a human can scan: step, loss, step time, tokens/s, MFU (with its peak source)."""
     good = "n/a" if goodput is None else f"{goodput * 100:5.1f}%"
@@ -60,7 +57,7 @@ class ConsoleSink(RunListener):
                     f"hosts {t.hosts} step {t.step}{cause}")
         if self._live is not None:
             self._live.update(state=t.state.value)
-            if t.state.value in _FINAL:
+            if t.state.terminal:
                 self._live.close()  # the summary follows on plain lines
 
     def on_step(self, rec: StepRecord) -> None:

@@ -12,7 +12,7 @@ wall time:
   checkpoint), ``idle`` (anything else: unknown states, gaps).
 
 A state lasts from its transition to the next one; the last state of a run still going ends at
-``now`` (the injected clock), a terminal state (SUCCEEDED/FAILED) ends at once.
+``now`` (the injected clock), a terminal state (SUCCEEDED/FAILED/STOPPED) ends at once.
 A step is lost when a later incarnation resumed from an earlier step than it: its step time is
 moved from productive to ``lost_steps`` in the RUNNING interval where it ran.
 Per slice, the same buckets are counted over the intervals the slice was a member of, plus
@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from orchestrator.lifecycle import RunState
 from orchestrator.metrics.ml_goodput import ml_badput
 
 
@@ -45,7 +46,7 @@ class StepLike(Protocol):
 
 CAUSES: tuple[str, ...] = ("startup", "reform", "compile", "restore", "drain", "checkpoint",
                            "release", "waiting_for_capacity", "backoff", "lost_steps", "idle")
-TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED"})
+TERMINAL_STATES = frozenset(s.value for s in RunState if s.terminal)
 _STATE_CAUSE = {
     "COMPILING": "compile",
     "RESTORING": "restore",

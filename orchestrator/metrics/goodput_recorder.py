@@ -5,7 +5,7 @@ Monitoring exporter) reads our runs as it reads MaxText's.
 On with ``metrics.goodput_recorder: <Cloud Logging log name>`` (the ``goodput`` extra). The
 markers, from the lifecycle the controller already keeps:
 
-- job start when the sink starts (the driver's run start), job end at SUCCEEDED/FAILED;
+- job start when the sink starts (the driver's run start), job end at SUCCEEDED/FAILED/STOPPED;
 - TPU initialisation: each FORMING (processes, ``jax.distributed``);
 - training preparation: each RESTORING (fresh init or checkpoint restore);
 - a step start per step (its end time minus its step time).
@@ -21,13 +21,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from orchestrator.controller.listener import RunListener
+from orchestrator.metrics.goodput import TERMINAL_STATES
 from orchestrator.shared.errors import ConfigError
 
 if TYPE_CHECKING:
     from orchestrator.lifecycle import Transition
     from orchestrator.metrics.records import StepRecord
-
-_TERMINAL = frozenset({"SUCCEEDED", "FAILED"})
 
 
 class Recorder(Protocol):
@@ -95,7 +94,7 @@ class GoodputRecorderSink(RunListener):
             self._rec.record_tpu_init_start_time(at)
         elif state == "RESTORING":
             self._rec.record_training_preparation_start_time(at)
-        elif state in _TERMINAL and not self._ended:
+        elif state in TERMINAL_STATES and not self._ended:
             self._ended = True
             self._rec.record_job_end_time(at)
             self._rec.flush()

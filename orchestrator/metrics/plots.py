@@ -23,7 +23,7 @@ STATE_COLORS = {
     "PLANNING": "#bdbdbd", "FORMING": "#9e9ac8", "RESTORING": "#6baed6", "COMPILING": "#fdae6b",
     "RUNNING": "#31a354", "DRAINING": "#e6550d", "CHECKPOINTING": "#3182bd",
     "RELEASING": "#969696", "WAITING_FOR_CAPACITY": "#de2d26", "BACKOFF": "#fd8d3c",
-    "SUCCEEDED": "#006d2c", "FAILED": "#a50f15",
+    "SUCCEEDED": "#006d2c", "FAILED": "#a50f15", "STOPPED": "#54278f",
 }
 
 

@@ -54,7 +54,7 @@ log = structlog.get_logger(__name__)
 
 STATES = ("PLANNING", "FORMING", "RESTORING", "COMPILING", "RUNNING", "HANDING_OVER",
           "DRAINING", "CHECKPOINTING", "RELEASING", "WAITING_FOR_CAPACITY", "BACKOFF",
-          "SUCCEEDED", "FAILED")
+          "SUCCEEDED", "FAILED", "STOPPED")
 """``lifecycle/state`` values: the position here (``orchestrator.lifecycle.RunState`` order);
 -1 for a state not listed."""
 _STATE_LEGEND = "state number: " + ", ".join(f"{i} {s}" for i, s in enumerate(STATES))

@@ -7,6 +7,7 @@ import pytest
 
 from orchestrator.controller import core
 from orchestrator.controller.seam import GroupFailed, Hung
+from orchestrator.driver.signals import StopRequest
 from orchestrator.lifecycle import TRANSITIONS, RunState
 from tests.controller.fakes import lost
 from tests.controller.harness import Sim, make
@@ -96,6 +97,27 @@ def stop_in_wait(tmp) -> Sim:
     return sim
 
 
+def stop_while_running(tmp) -> Sim:
+    """An operator stop mid-run: drain, save, release, STOPPED."""
+    sim = make(tmp)
+    sim.fleet.on_step(6, lambda g: sim.notice("operator_stop", deadline_in=None))
+    return sim
+
+
+def sigterm_after_a_loss(tmp) -> Sim:
+    """SIGTERM as a host dies, no backoff: the re-plan takes the stop (PLANNING -> STOPPED)."""
+    sim = make(tmp, "controller.backoff.base_s=0")
+    signals: list[StopRequest] = []
+    sim.controller.run_state.stop_request = lambda: signals[0] if signals else None
+
+    def term_and_lose(g):
+        signals.append(StopRequest(signal="SIGTERM", at=0.0))
+        return lost()
+
+    sim.fleet.on_step(4, term_and_lose)
+    return sim
+
+
 def budget_spent(tmp) -> Sim:
     sim = make(tmp, "controller.budgets.host_lost=0")
     sim.fleet.on_step(4, lambda g: lost())
@@ -103,7 +125,8 @@ def budget_spent(tmp) -> Sim:
 
 
 SCENARIOS = [happy, announced, handover_interrupted, handover_to_the_end, short_deadline,
-             phase_failures, capacity_wait, stop_in_backoff, stop_in_wait, budget_spent]
+             phase_failures, capacity_wait, stop_in_backoff, stop_in_wait, stop_while_running,
+             sigterm_after_a_loss, budget_spent]
 
 
 def _interrupted(tmp, state: RunState, monkeypatch) -> Sim:
@@ -145,6 +168,6 @@ def test_every_table_edge_is_taken_and_no_other(tmp_path, monkeypatch):
 def test_every_scenario_ends_with_a_summary(tmp_path, scenario):
     sim = scenario(tmp_path)
     summary = sim.run()
-    assert summary.state in ("SUCCEEDED", "FAILED")
+    assert summary.state in ("SUCCEEDED", "FAILED", "STOPPED")
     assert (sim.run_dir / "summary.json").exists()
     assert all(g.shutdowns for g in sim.fleet.groups), "a group was left running"

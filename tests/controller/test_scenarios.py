@@ -36,13 +36,15 @@ def test_a_save_only_started_is_not_recorded_as_committed(tmp_path):
 
 
 def test_operator_stop_ends_the_run_when_nothing_is_left_to_save(tmp_path):
-    """A stop right after a committed save ends the run (it used to re-form and go on)."""
+    """A stop right after a committed save ends the run (it used to re-form and go on): STOPPED
+    by the operator, with the exit code a stop event always had (1: autoresume as before)."""
     sim = make(tmp_path, "run.total_steps=100")
     sim.fleet.on_step(10, lambda g: sim.notice("operator_stop", deadline_in=None))
     summary = sim.run()
-    assert summary.state == "FAILED" and summary.step < 100
+    assert summary.state == "STOPPED" and summary.step < 100
     assert "stop" in summary.reason and len(sim.fleet.groups) == 1
-    assert sim.controller.lifecycle.timeline[-1].payload.cause.value == "operator"
+    assert sim.controller.lifecycle.timeline[-1].payload.by == "operator"
+    assert (summary.stopped_by, summary.exit_code) == ("operator", 1)
 
 
 def test_job_wide_notice_never_reforms_on_the_doomed_hosts(tmp_path):
@@ -245,8 +247,8 @@ def test_operator_stop_while_waiting_for_capacity_ends_the_run(tmp_path):
 
     sim.fleet.on_step(4, lose_all)
     summary = sim.run()
-    assert summary.state == "FAILED" and "stop" in summary.reason
-    assert ("WAITING_FOR_CAPACITY", "FAILED") in sim.edges()
+    assert summary.state == "STOPPED" and "stop" in summary.reason
+    assert ("WAITING_FOR_CAPACITY", "STOPPED") in sim.edges()
 
 
 def test_ctrl_c_fails_cleanly_with_a_summary(tmp_path):

@@ -1,11 +1,15 @@
 """SIGTERM drains (issue 28, item 4): the driver's handler only sets a flag; the controller takes
 it at its next poll, stops at the next step boundary, saves that step durably and ends the run
-with exit code 143, saying so. A second signal stops at once and counts what it discards."""
+STOPPED (issue 53, item 6: it was FAILED) with exit code 143, saying so. A second signal stops at
+once (FAILED: the drain asked for was cut short) and counts what it discards."""
 
 from __future__ import annotations
 
+import json
+
 from orchestrator.controller.seam import GroupFailed
 from orchestrator.driver.signals import EXIT_SIGTERM, StopRequest
+from orchestrator.lifecycle import Stopped
 from tests.controller.fakes import lost
 from tests.controller.harness import make
 
@@ -33,11 +37,17 @@ def sim_with_flag(tmp_path, *overrides, **kw):
 
 
 def test_sigterm_mid_run_saves_the_step_it_stopped_at_and_exits_143(tmp_path):
+    """The clean drain ends STOPPED, not FAILED: in the lifecycle, summary.json and the
+    printed summary, with the signal as the Stopped payload's ``by``."""
     sim, flag = sim_with_flag(tmp_path)
     sim.fleet.on_step(7, lambda g: flag.term())
     summary = sim.run()
-    assert sim.states()[-4:] == ["DRAINING", "CHECKPOINTING", "RELEASING", "FAILED"]
-    assert summary.state == "FAILED" and summary.exit_code == EXIT_SIGTERM == 143
+    assert sim.states()[-4:] == ["DRAINING", "CHECKPOINTING", "RELEASING", "STOPPED"]
+    assert summary.state == "STOPPED" and summary.exit_code == EXIT_SIGTERM == 143
+    assert json.loads((sim.run_dir / "summary.json").read_text())["state"] == "STOPPED"
+    assert sim.controller.lifecycle.timeline[-1].payload == Stopped(reason=summary.reason,
+                                                                    by="SIGTERM")
+    assert summary.as_text(sim.run_dir).startswith("Run STOPPED: stopped by SIGTERM after")
     assert summary.stopped_by == "SIGTERM"
     assert 7 <= summary.step <= 9 and summary.last_committed_step == summary.step
     assert summary.step in sim.fleet.disk.committed
@@ -63,7 +73,7 @@ def test_sigterm_while_no_group_runs_stops_at_once_and_counts_the_unsaved_steps(
                               "controller.backoff.base_s=30", "controller.backoff.max_s=30")
     sim.fleet.on_step(8, lambda g: (flag.term(), lost())[1])  # taken at BACKOFF's first poll
     summary = sim.run()
-    assert sim.states()[-2:] == ["BACKOFF", "FAILED"]
+    assert sim.states()[-2:] == ["BACKOFF", "STOPPED"]
     assert summary.exit_code == 143 and summary.stopped_by == "SIGTERM"
     assert summary.last_committed_step == 5 and summary.unsaved_steps == 3
     assert summary.lost_steps == 3
@@ -106,6 +116,6 @@ def test_a_failed_save_of_the_stop_is_recovered_like_the_final_save(tmp_path):
     sim.fleet.on_step(7, lambda g: flag.term())
     sim.fleet.save_failures.append(GroupFailed(lost()))
     summary = sim.run()
-    assert summary.state == "FAILED" and summary.exit_code == 143
+    assert summary.state == "STOPPED" and summary.exit_code == 143
     assert len(sim.fleet.groups) == 1  # stopping: never re-formed
     assert summary.lost_steps == summary.step - 5 > 0

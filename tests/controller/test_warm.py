@@ -64,7 +64,7 @@ def test_the_seam_is_told_which_nodes_the_notice_dooms_when_it_releases_the_grou
 def test_an_operator_stop_keeps_no_process(tmp_path):
     sim = make(tmp_path, "run.total_steps=100")
     sim.fleet.on_step(12, lambda g: sim.notice("operator_stop", deadline_in=None))
-    assert sim.run().state == "FAILED"
+    assert sim.run().state == "STOPPED"
     assert sim.fleet.groups[0].kept_processes == [False]
 
 

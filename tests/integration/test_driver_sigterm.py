@@ -1,6 +1,7 @@
 """SIGTERM (``ray job stop``, a Kubernetes pod deletion) drains a real driver: it stops at the
 next step boundary, saves that step, exits 143 and says so in summary.json, with 0 steps lost
-(issue 28, item 4; before: FAILED, exit 1, the steps since the last save discarded, lost 0)."""
+(issue 28, item 4; before: FAILED, exit 1, the steps since the last save discarded, lost 0),
+and ends STOPPED (issue 53, item 6; before: FAILED)."""
 
 from __future__ import annotations
 
@@ -41,14 +42,14 @@ def test_sigterm_mid_run_saves_the_step_it_stopped_at_and_exits_143(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     step = summary["step"]
     assert (summary["state"], summary["stopped_by"], summary["exit_code"]) == (
-        "FAILED", "SIGTERM", 143)
+        "STOPPED", "SIGTERM", 143)
     assert step >= 12 and summary["last_committed_step"] == step
     assert summary["lost_steps"] == 0 and summary["unsaved_steps"] == 0
     assert f"stopped by SIGTERM after saving step {step}" in summary["reason"]
     assert ckpt_layout.committed_steps(run_dir / "checkpoints") == [step]
     timeline = (run_dir / "timeline.jsonl").read_text().splitlines()
     states = [json.loads(x)["state"] for x in timeline if x.startswith("{")]
-    assert states[-4:] == ["DRAINING", "CHECKPOINTING", "RELEASING", "FAILED"]
+    assert states[-4:] == ["DRAINING", "CHECKPOINTING", "RELEASING", "STOPPED"]
     assert _survivors(marker, 30.0) == ()
     phases = summary["phases_s"]
     print(f"\nSIGTERM -> exit {took:.1f}s (drain {phases.get('DRAINING', 0):.2f}s, save "
