@@ -1,4 +1,6 @@
 """``python -m orchestrator.main [--config FILE] [key.sub=value ...]``: the Ray driver.
+(``--print-config``: print the resolved config with each setting's default and doc, start
+nothing: ``orchestrator/driver/show_config.py``.)
 
 Validates the config before anything starts, connects to Ray (or starts the emulated local
 cluster), wires the event intake and the metrics pipeline to the run controller, and exits with
@@ -55,13 +57,18 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m orchestrator.main",
         description="Fault-tolerant JAX training on a Ray cluster of TPU hosts (or emulated ones).",
-        epilog="Overrides: dotted keys, e.g. model.num_layers=4 mesh.ici.fsdp=2 run.total_steps=50")
+        epilog="Overrides: dotted keys, e.g. model.num_layers=4 mesh.ici.fsdp=2 run.total_steps=50."
+               " Every setting, its default and its doc: --print-config [--config FILE] "
+               "[overrides]. Example TPU configs: deploy/configs/.")
     p.add_argument("--config", help="YAML config file (defaults are used for what it omits)")
     p.add_argument("--log-format", choices=("auto", "console", "json"), default=None,
                    help="console: state lines and a live progress bar; json: JSON records and "
                         "progress lines (Cloud Logging, ray job logs); auto (default, or "
                         "logs.format): console when stdout is a TTY")
     p.add_argument("--log-level", default="info")
+    p.add_argument("--print-config", action="store_true",
+                   help="print the resolved config (every setting with its value, default and "
+                        "one-line doc) as YAML and exit 0, starting nothing")
     p.add_argument("overrides", nargs="*", help="key.sub=value settings")
     return p.parse_args(list(argv))
 
@@ -92,6 +99,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(explain(exc), file=sys.stderr)
         return EXIT_BAD_INPUT
+    if args.print_config:
+        from orchestrator.driver.show_config import render
+
+        print(render(cfg))
+        return EXIT_OK
     output = logs.choose_output(args.log_format or cfg.logs.format, tty=tty,
                                 verbose=cfg.logs.verbose)
     logs.configure(json_logs=output.json, level=args.log_level)
