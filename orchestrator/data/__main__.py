@@ -48,10 +48,16 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     pp.add_argument("--overwrite", action="store_true",
                     help="replace a dataset already prepared in --out")
     pp.add_argument("--no-progress", action="store_true", help="no progress bar")
-    pv = sub.add_parser("verify", help="check a prepared directory against its manifest")
-    pv.add_argument("dir")
-    pv.add_argument("--level", choices=("auto", "full", "quick"), default="full")
-    pv.add_argument("--tokenizer-sha256", default=None)
+    pv = sub.add_parser("verify", help="check a prepared directory against its manifest",
+                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    pv.add_argument("dir", help="a prepared directory (local or gs://) holding manifest.json")
+    pv.add_argument("--level", choices=("auto", "full", "quick"), default="full",
+                    help="full: every shard's size and sha256; quick: sizes and the hashes of "
+                         "each shard's first and last 64 KiB; auto: full up to 1 GiB of shards, "
+                         "quick above")
+    pv.add_argument("--tokenizer-sha256", default=None, metavar="HEX",
+                    help="also refuse data prepared with another tokenizer (the sha256 of the "
+                         "run's tokenizer.json)")
     return p.parse_args(list(argv))
 
 

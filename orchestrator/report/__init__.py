@@ -153,9 +153,14 @@ def build_report(run_dir: Path, *, clock: Callable[[], float] = time.time,
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m orchestrator.report",
-                                     description="Render a run's report (HTML + PNG).")
-    parser.add_argument("run_dir", type=Path)
-    parser.add_argument("--rolling-window-s", type=float, default=300.0)
+                                     description="Render a run's report (HTML + PNG).",
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("run_dir", type=Path,
+                        help="the run directory (run.run_dir); works on a running run too; "
+                             "writes RUN_DIR/report.html and report.png")
+    parser.add_argument("--rolling-window-s", type=float, default=300.0,
+                        help="seconds of the window the rolling goodput is taken over (the "
+                             "driver's metrics.rolling_window_s)")
     args = parser.parse_args(argv)
     try:
         files = build_report(args.run_dir, rolling_window_s=args.rolling_window_s)
