@@ -155,3 +155,12 @@ def test_cli_prepare_reads_extension_less_files_and_names_those_left_out(tmp_pat
         main(["prepare", "--help"])
     shown = " ".join(capsys.readouterr().out.split())
     assert "default: *.txt or without an extension" in shown and "(default: 128)" in shown
+
+
+def test_docs_do_not_call_the_supported_eval_split_unsupported():
+    """docs/data.md's "Not supported yet" no longer lists the eval split that prepare
+    --eval-records, open_heldout and eval.every provide."""
+    text = (ROOT / "docs" / "data.md").read_text()
+    unsupported = text.split("## Not supported yet", 1)[1]
+    assert "eval" not in unsupported.lower()
+    assert "--eval-records" in text and "open_heldout" in text
