@@ -7,7 +7,8 @@ cluster), wires the event intake and the metrics pipeline to the run controller,
 the run's outcome: 0 succeeded, 1 failed (reason logged and in summary.json), 2 bad input
 (config, cluster, checkpoint, a model that does not fit in memory) with a one-paragraph message
 naming the fix, 143 stopped by SIGTERM (the step it stopped at saved first:
-``orchestrator/driver/signals.py``), 130 Ctrl-C before the run started.
+``orchestrator/driver/signals.py``; the run's state is STOPPED), 130 Ctrl-C before the run
+started. An operator stop event ends the run STOPPED too, with exit 1 as before.
 """
 
 from __future__ import annotations
