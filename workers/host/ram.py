@@ -138,7 +138,7 @@ class RamTier:
         description (layout and data record, no bytes), then the bytes of only the sources
         holding a piece of this host's shards (``replica.needed_sources``), then
         ``restore_copies``."""
-        from workers.ram import replica
+        from workers.ram import buffers, replica
         from workers.ram import wire as ram_wire
 
         t0 = time.perf_counter()
@@ -164,7 +164,7 @@ class RamTier:
                 name, address = holders[src]
                 got, data = ram_wire.read_copy(
                     conn(address), incarnation=incarnation, step=step, source=src,
-                    max_data=int(described[src]["nbytes"]))
+                    max_data=int(described[src]["nbytes"]), into=buffers.new)
                 if got.get("source") != src or got.get("incarnation") != incarnation:
                     raise ValueError(f"asked for source {src} of incarnation {incarnation}, "
                                      f"got source {got.get('source')} of "

@@ -23,6 +23,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from workers.ram import buffers
+
 PACK_CHUNK = 32 * 1024 * 1024
 """The pack copies in pieces of at most this many bytes, spread over ``PACK_THREADS``."""
 PACK_THREADS = max(1, min(4, os.cpu_count() or 1))
@@ -90,7 +92,7 @@ class Packer:
         with self._lock:
             if self._free:
                 return self._free.pop()
-        return bytearray(self.nbytes)
+        return buffers.new(self.nbytes)  # pages mapped at once: the first pack is not slower
 
     def pack(self, state: Any) -> tuple[dict, bytearray]:
         """Copy the shards straight into one buffer (a released one when there is one): no
