@@ -162,7 +162,7 @@ class TensorBoardSink(RunListener):
         from tensorboardX.proto.summary_pb2 import Summary
 
         values = [tbs.scalar(tag, float(v)).value[0] for tag, v in (scalars or {}).items()]
-        values += [tbs.scalar(tag, float(v), display_name=tag, summary_description=about).value[0]
+        values += [described_scalar(tag, float(v), about)
                    for tag, (v, about) in (described or {}).items()]
         for tag, text in (texts or {}).items():
             value = tbs.text(tag, text).value[0]
@@ -198,6 +198,21 @@ class TensorBoardSink(RunListener):
                       fix="make RUN_DIR/tensorboard writable with free space and restart the "
                           "run, or set metrics.tensorboard=false; training goes on without it")
             return None
+
+
+def described_scalar(tag: str, value: float, about: str) -> Any:
+    """A scalar with a description, as TensorBoard's scalar plugin writes one (a float32 tensor,
+    metadata naming the ``scalars`` plugin): a described ``simple_value`` names no plugin, and
+    TensorBoard warns the tag "is oddly not associated with a plugin"."""
+    from tensorboardX.proto.summary_pb2 import Summary, SummaryMetadata
+    from tensorboardX.proto.tensor_pb2 import TensorProto
+    from tensorboardX.proto.tensor_shape_pb2 import TensorShapeProto
+    from tensorboardX.proto.types_pb2 import DT_FLOAT
+
+    meta = SummaryMetadata(plugin_data=SummaryMetadata.PluginData(plugin_name="scalars"),
+                           display_name=tag, summary_description=about)
+    tensor = TensorProto(dtype=DT_FLOAT, tensor_shape=TensorShapeProto(), float_val=[value])
+    return Summary.Value(tag=tag, metadata=meta, tensor=tensor)
 
 
 def transition_text(t: Transition) -> str:

@@ -93,6 +93,16 @@ def test_every_transition_is_a_text_entry_with_its_reason_and_lifecycle_scalars(
         t["hosts"] for t in timeline]
 
 
+def test_every_tag_with_metadata_names_its_plugin(tmp_path):
+    """TensorBoard warns that a tag "is oddly not associated with a plugin" when its first value
+    carries metadata naming none: lifecycle/state, described, is a scalar-plugin summary."""
+    feed_run(tmp_path / "tb", T0 + 160)
+    _, points = read_dir(tmp_path / "tb")
+    described = {p.tag: p.plugin for p in points if p.has_metadata}
+    assert described["lifecycle/state"] == "scalars"
+    assert all(described.values()), described
+
+
 def test_events_and_evals_are_written(tmp_path):
     """An event is a text entry; an eval record gives loss, perplexity and the task's metrics."""
     sink = TensorBoardSink(tmp_path / "tb", clock=lambda: T0)

@@ -19,6 +19,8 @@ class Point:
     wall_time: float
     value: float | str
     description: str = ""
+    has_metadata: bool = False
+    plugin: str = ""
 
 
 def records(path: Path) -> list[bytes]:
@@ -48,12 +50,16 @@ def read_dir(logdir: Path) -> tuple[list[str], list[Point]]:
             if ev.file_version:
                 versions.append(ev.file_version)
             for v in ev.summary.value:
-                if v.metadata.plugin_data.plugin_name == "text":
+                plugin = v.metadata.plugin_data.plugin_name
+                if plugin == "text":
                     value: float | str = v.tensor.string_val[0].decode()
+                elif plugin == "scalars":
+                    value = v.tensor.float_val[0]
                 else:
                     value = v.simple_value
                 points.append(Point(v.tag, ev.step, ev.wall_time, value,
-                                    v.metadata.summary_description))
+                                    v.metadata.summary_description,
+                                    v.HasField("metadata"), plugin))
     return versions, points
 
 
