@@ -23,8 +23,11 @@ What goes where (x-axis, wall time):
   restart cause for a re-form). Lifecycle tags are not on the training-step axis because many
   transitions share a step and a restore goes back to an earlier one: TensorBoard would keep
   only the last of them.
-- per event the driver forwards (unix milliseconds, strictly increasing): text
-  ``lifecycle/events``.
+- per event the driver forwards (the furthest training step reached when it came, so the axis
+  never goes back and TensorBoard hides none after a rollback): text ``lifecycle/events``, each
+  event headed by the step training was at. Events at one step share one entry, written again
+  with each (TensorBoard shows a step's last write), holding the step's last
+  ``EVENTS_PER_STEP``.
 - per eval (the training step): ``<split>/loss``, ``<split>/perplexity`` and the task's extra
   metrics as ``<split>/<name>``; ``perf/eval_time_s``, the seconds the eval took.
 """
@@ -58,6 +61,8 @@ STATES = ("PLANNING", "FORMING", "RESTORING", "COMPILING", "RUNNING", "HANDING_O
 """``lifecycle/state`` values: the position here (``orchestrator.lifecycle.RunState`` order);
 -1 for a state not listed."""
 _STATE_LEGEND = "state number: " + ", ".join(f"{i} {s}" for i, s in enumerate(STATES))
+EVENTS_PER_STEP = 20
+"""Events one ``lifecycle/events`` entry holds; earlier ones at that step are counted."""
 
 
 class TensorBoardSink(RunListener):
@@ -81,11 +86,16 @@ class TensorBoardSink(RunListener):
         self._timeline: list[Mapping[str, Any]] = []
         self._steps = StepLedger()
         self._goodput_at: float | None = None
-        self._event_x = 0
+        self._step = 0  # the training step now (a restore goes back)
+        self._furthest = 0  # the furthest step reached: the events' axis
+        self._step_events: list[str] = []  # the texts of the events at ``_furthest``
+        self._events_step = -1
+        self._events_dropped = 0
 
     # -- RunListener ----------------------------------------------------------------------
     def on_step(self, rec: StepRecord) -> None:
         self._steps.add(rec)
+        self._at_step(rec.step)
         values = {
             "train/loss": rec.loss, "train/grad_norm": rec.grad_norm,
             "train/learning_rate": rec.lr, "perf/step_time_s": rec.step_time_s,
@@ -101,6 +111,8 @@ class TensorBoardSink(RunListener):
         t = transition.to_json()
         self._timeline.append(t)
         self._goodput_at = None  # recompute at the next step
+        if isinstance(t.get("step"), int):
+            self._at_step(t["step"])
         state = str(t.get("state"))
         scalars = {"lifecycle/incarnation": t.get("incarnation"), "lifecycle/step": t.get("step"),
                    "lifecycle/slices": len(t.get("slices") or ()),
@@ -113,9 +125,17 @@ class TensorBoardSink(RunListener):
 
     def on_event(self, e: dict[str, Any]) -> None:
         wall = _wall(e.get("at") or e.get("received_at"), self._clock)
-        self._event_x = max(self._event_x + 1, int(wall * 1000))
-        text = "    " + json.dumps(e, sort_keys=True, default=str)[:4000]  # a code block
-        self._write(self._event_x, wall, texts={"lifecycle/events": text})
+        if self._events_step != self._furthest:
+            self._events_step, self._step_events, self._events_dropped = self._furthest, [], 0
+        self._step_events.append(event_text(e, self._step))
+        if len(self._step_events) > EVENTS_PER_STEP:
+            self._step_events.pop(0)
+            self._events_dropped += 1
+        text = "\n\n".join(self._step_events)
+        if self._events_dropped:
+            text = (f"({self._events_dropped} earlier event(s) at this step: see "
+                    f"events.jsonl)\n\n{text}")
+        self._write(self._furthest, wall, texts={"lifecycle/events": text})
 
     def on_eval(self, rec: EvalRecord) -> None:
         values = {f"{rec.split}/loss": rec.loss, f"{rec.split}/perplexity": rec.perplexity}
@@ -140,6 +160,10 @@ class TensorBoardSink(RunListener):
             writer.close()
 
     # -- internals ------------------------------------------------------------------------
+    def _at_step(self, step: int) -> None:
+        self._step = step
+        self._furthest = max(self._furthest, step)
+
     def _goodput(self) -> dict[str, float]:
         if not self._timeline:
             return {}
@@ -213,6 +237,12 @@ def described_scalar(tag: str, value: float, about: str) -> Any:
                            display_name=tag, summary_description=about)
     tensor = TensorProto(dtype=DT_FLOAT, tensor_shape=TensorShapeProto(), float_val=[value])
     return Summary.Value(tag=tag, metadata=meta, tensor=tensor)
+
+
+def event_text(e: Mapping[str, Any], step: int) -> str:
+    """The step training was at, then the event's JSON as a markdown code block."""
+    body = json.dumps(e, sort_keys=True, default=str)[:4000]
+    return f"**at training step {step}**\n\n    {body}"
 
 
 def transition_text(t: Transition) -> str:

@@ -13,10 +13,10 @@ from structlog.testing import capture_logs
 from orchestrator.metrics.config import MetricsConfig
 from orchestrator.metrics.pipeline import MetricsPipeline, build_sinks, identity_for
 from orchestrator.metrics.records import BadStepRecord, EvalRecord
-from orchestrator.metrics.tensorboard import STATES, TensorBoardSink
+from orchestrator.metrics.tensorboard import EVENTS_PER_STEP, STATES, TensorBoardSink
 from orchestrator.shared import configtools
 from tests.metrics.synthetic import T0, preempt_shrink_grow_run, step_record, tr, typed
-from tests.metrics.tfevents import read_dir, series, visible
+from tests.metrics.tfevents import event_jsons, read_dir, series, visible
 
 
 def f32(x: float) -> float:
@@ -24,15 +24,19 @@ def f32(x: float) -> float:
     return float(np.float32(x))
 
 
-def feed_run(logdir, now):
-    """The synthetic preempt/shrink/grow run through a pipeline, in wall-time order."""
+def feed_run(logdir, now, events=()):
+    """The synthetic preempt/shrink/grow run through a pipeline, in wall-time order, with
+    ``events`` (dicts with ``at``) between."""
     timeline, steps, _ = preempt_shrink_grow_run()
     sink = TensorBoardSink(logdir, clock=lambda: now, goodput_every_s=0.0)
     pipe = MetricsPipeline([sink])
     items = [(t["at"], 0, "t", t) for t in timeline] + [(r.wall_time, 1, "s", r) for r in steps]
+    items += [(e["at"], 2, "e", e) for e in events]
     for _, _, kind, item in sorted(items, key=lambda x: (x[0], x[1])):
         if kind == "t":
             pipe.on_transition(typed(item))
+        elif kind == "e":
+            pipe.on_event(item)
         else:
             pipe.on_step(item)
     pipe.close(timeout=30)
@@ -103,6 +107,42 @@ def test_every_tag_with_metadata_names_its_plugin(tmp_path):
     assert all(described.values()), described
 
 
+def test_events_are_on_the_training_step_axis_and_none_is_hidden(tmp_path):
+    """An event is written at the furthest training step reached (not at unix milliseconds),
+    headed by the step training was at; events at one step share an entry, so TensorBoard,
+    which shows a step's last write, hides none, and a rollback moves the axis back for none."""
+    at = {"before the first step": T0 + 5, "notice": T0 + 72, "drain": T0 + 72.1,
+          "re-done step 60": T0 + 120.2, "grown, step 90": T0 + 150.1}
+    feed_run(tmp_path / "tb", T0 + 160,
+             events=[{"at": t, "kind": name} for name, t in at.items()])
+    _, points = read_dir(tmp_path / "tb")
+    written = series(points, "lifecycle/events")
+    assert [p.step for p in written] == [0, 100, 100, 100, 100]
+    shown = visible(points, "lifecycle/events")
+    assert [p.step for p in shown] == [0, 100]
+    assert '"kind": "before the first step"' in shown[0].value
+    assert "**at training step 0**" in shown[0].value
+    last = shown[1].value
+    for name, step in [("notice", 100), ("drain", 100), ("re-done step 60", 60),
+                       ("grown, step 90", 90)]:
+        assert f"**at training step {step}**\n\n    " in last
+        assert f'"kind": "{name}"' in last
+    assert [e["kind"] for e in event_jsons(last)] == list(at)[1:]
+
+
+def test_an_event_storm_at_one_step_keeps_the_entry_bounded(tmp_path):
+    """More than EVENTS_PER_STEP events at one step: the entry holds the last ones and counts
+    the rest (events.jsonl has them all)."""
+    sink = TensorBoardSink(tmp_path / "tb", clock=lambda: T0)
+    for i in range(EVENTS_PER_STEP + 5):
+        sink.on_event({"at": T0 + i, "kind": f"k{i}"})
+    sink.close()
+    _, points = read_dir(tmp_path / "tb")
+    last = visible(points, "lifecycle/events")[-1].value
+    assert last.startswith("(5 earlier event(s) at this step: see events.jsonl)")
+    assert '"k4"' not in last and '"k5"' in last and f'"k{EVENTS_PER_STEP + 4}"' in last
+
+
 def test_events_and_evals_are_written(tmp_path):
     """An event is a text entry; an eval record gives loss, perplexity and the task's metrics."""
     sink = TensorBoardSink(tmp_path / "tb", clock=lambda: T0)
@@ -115,8 +155,9 @@ def test_events_and_evals_are_written(tmp_path):
     pipe.close(timeout=30)
     _, points = read_dir(tmp_path / "tb")
     events = visible(points, "lifecycle/events")
-    assert len(events) == 2 and events[0].step < events[1].step
+    assert len(events) == 1 and events[0].step == 0  # both before a step: one entry
     assert '"kind": "preemption_notice"' in events[0].value
+    assert '"kind": "maintenance"' in events[0].value
     assert [(p.step, p.value) for p in series(points, "eval/loss")] == [(100, 2.0)]
     assert series(points, "eval/perplexity")[0].value == f32(math.exp(2.0))
     assert series(points, "eval/accuracy")[0].value == 0.25

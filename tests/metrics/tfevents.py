@@ -4,6 +4,7 @@ tensorboardX's ``Event`` proto. ``visible`` applies TensorBoard's rule for a ste
 
 from __future__ import annotations
 
+import json
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,3 +76,9 @@ def visible(points: list[Point], tag: str) -> list[Point]:
         shown = [q for q in shown if q.step < p.step]
         shown.append(p)
     return shown
+
+
+def event_jsons(text: str) -> list[dict]:
+    """The events of one ``lifecycle/events`` entry: each is a code-block line (4 spaces) of
+    JSON under its ``**at training step N**`` heading."""
+    return [json.loads(line[4:]) for line in text.splitlines() if line.startswith("    ")]
