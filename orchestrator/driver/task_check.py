@@ -35,6 +35,10 @@ log = structlog.get_logger(__name__)
 
 MARKER = "TASK_CHECK "
 """The check's answer line (``workers/task/check.py``)."""
+NOTE_MARKER = "TASK_NOTE "
+NOTES_ENV = "TPU_ORCH_TASK_NOTES"
+"""The check's notes, one a line (``workers/task/state.py``: ``NOTE_MARKER``, ``NOTES_ENV``):
+what the orchestrator chose for the task, printed once by the driver."""
 MIN_TIMEOUT_S = 60.0
 
 
@@ -50,6 +54,8 @@ class TaskSummary:
     flops_per_step: float | None
     tokens_per_step: int
     metrics: tuple[str, ...]
+    notes: tuple[str, ...] = ()
+    """What the check chose for the task (e.g. parameters without axis names replicated)."""
     memory: dict | None = None
     """The memory estimate (``workers/task/check.py: _memory``); None from an older check."""
     bounds: MemoryBounds | None = None
@@ -61,6 +67,9 @@ def check_task(cfg: Any, run_dir: Path, *, timeout_s: float | None = None) -> Ta
     summary = run_check(cfg, timeout_s=timeout_s)
     log.info("task_checked", kind=summary.task["kind"], fingerprint=summary.fingerprint,
              n_params=summary.n_params, state_bytes=summary.state_bytes)
+    for note in summary.notes:
+        print(note, flush=True)
+        log.info("task_note", note=note)
     report_memory(summary)
     check_checkpoint(Path(run_dir) / "checkpoints", summary)
     return summary
@@ -132,13 +141,14 @@ def run_check(cfg: Any, *, timeout_s: float | None = None) -> TaskSummary:
                        n_params=out["n_params"], state_bytes=out["state_bytes"],
                        flops_per_step=out["flops_per_step"],
                        tokens_per_step=out["tokens_per_step"], metrics=tuple(out["metrics"]),
-                       memory=out.get("memory"), bounds=memory)
+                       notes=tuple(out.get("notes", ())), memory=out.get("memory"),
+                       bounds=memory)
 
 
 def ask(request: dict, *, bound: float, kind: str) -> dict:
     """The check's answer (``workers/task/check.py: answer``) from its subprocess: the seam
     tests replace to run the check in their own process."""
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", NOTES_ENV: "1"}
     env.pop("XLA_FLAGS", None)  # the driver's flags are not the hosts'; none are needed here
     try:
         done = subprocess.run([sys.executable, "-m", "workers.task.check"],
@@ -157,7 +167,10 @@ def ask(request: dict, *, bound: float, kind: str) -> dict:
                           f"{done.returncode}) without an answer: {' | '.join(tail)}",
                           "fix what the output names (a crash while importing the task "
                           "module or building the task)")
-    return json.loads(answer)
+    out = json.loads(answer)
+    notes = [line[len(NOTE_MARKER):] for line in done.stdout.splitlines()
+             if line.startswith(NOTE_MARKER)]
+    return {**out, "notes": list(dict.fromkeys(notes))}
 
 
 def check_checkpoint(ckpt: Path, summary: TaskSummary) -> None:

@@ -56,8 +56,6 @@ def test_builtin_lm_and_the_example_task_pass_with_their_fingerprints():
     ((f"task.kind={BAD}:good", "task.width=wide"), "task.width",
      ["not an integer"]),
     ((f"task.kind={BAD}:returns_dict",), "task.kind", ["returned dict, not a workers.task.Task"]),
-    ((f"task.kind={BAD}:no_shardings",), "task.kind",
-     ["without axis names", "['kernel']", "with_logical_partitioning"]),
     ((f"task.kind={BAD}:unknown_axis",), "task.kind", ["no rule maps", "'hidden'"]),
     ((f"task.kind={BAD}:indivisible", "task.width=7"), "mesh",
      ["do not divide", "(4, 7)"]),
@@ -100,10 +98,10 @@ def test_a_checkpoint_of_another_task_is_refused(tmp_path):
 def test_main_exits_2_on_a_bad_task_before_anything_starts(tmp_path):
     run_dir = tmp_path / "run"
     done = subprocess.run([sys.executable, "-m", "orchestrator.main", f"run.run_dir={run_dir}",
-                           f"task.kind={BAD}:no_shardings"], capture_output=True, text=True,
+                           f"task.kind={BAD}:unknown_axis"], capture_output=True, text=True,
                           timeout=120, check=False, cwd=Path(__file__).parents[2])
     assert done.returncode == 2, done.stderr[-2000:]
     text = " ".join(done.stderr.split())
-    assert "Configuration error" in text and "without axis names" in text, text[-2000:]
+    assert "Configuration error" in text and "no rule maps" in text, text[-2000:]
     assert not (run_dir / "run.json").exists() and not (run_dir / "checkpoints").exists()
     assert "emulated_cluster_started" not in done.stdout + done.stderr

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -108,10 +109,35 @@ def _lr(task: Task, state):
 # ---- shardings and batches ------------------------------------------------------------------
 
 def state_specs(task: Task, abstract_boxed: Any) -> Any:
-    """The state's mesh ``PartitionSpec``s (no mesh needed), after checking every parameter
-    carries one axis name per dimension and every name is known (``check_params``)."""
-    check_params(task, abstract_boxed["params"])
+    """The state's mesh ``PartitionSpec``s (no mesh needed), after checking every named
+    parameter carries one axis name per dimension and every name is known (``check_params``).
+    Parameters without names are replicated (``PartitionSpec()``), said in one note."""
+    unnamed = check_params(task, abstract_boxed["params"])
+    if unnamed:
+        _note(replicated_note(unnamed))
     return nn.logical_to_mesh(nn.get_partition_spec(abstract_boxed), task.all_rules())
+
+
+def replicated_note(unnamed: list[tuple[str, tuple[int, ...]]]) -> str:
+    """The one line saying what the orchestrator chose for parameters without axis names, and
+    how to choose otherwise."""
+    count = sum(math.prod(shape) for _, shape in unnamed)
+    listed = ", ".join(f"{where} {shape}" for where, shape in unnamed[:3])
+    return (f"{len(unnamed)} parameter array(s) ({count:,} values) have no axis names and are "
+            f"replicated on every device ({listed}{' ...' if len(unnamed) > 3 else ''}); to "
+            "shard them, name their axes (NNX: nnx.with_partitioning(init, ('embed', 'mlp')); "
+            "Linen: nn.with_logical_partitioning), docs/tasks.md \"Axis names\"")
+
+
+NOTES_ENV = "TPU_ORCH_TASK_NOTES"
+"""Set by the driver for its task check's subprocess: notes go to stdout after ``NOTE_MARKER``
+for the driver to print once (hosts, which resolve the same task, stay silent)."""
+NOTE_MARKER = "TASK_NOTE "
+
+
+def _note(line: str) -> None:
+    if os.environ.get(NOTES_ENV) == "1":
+        print(NOTE_MARKER + line, flush=True)
 
 
 def batch_specs(example: Any) -> Any:
@@ -135,8 +161,9 @@ def _zeros(shape: tuple, dtype: Any, _index: Any) -> np.ndarray:
     return np.zeros(shape, dtype)
 
 
-def check_params(task: Task, params: Any) -> None:
-    """Every array leaf boxed with as many axis names as dimensions, each name a rule's."""
+def check_params(task: Task, params: Any) -> list[tuple[str, tuple[int, ...]]]:
+    """Every boxed array leaf has as many axis names as dimensions, each name a rule's. Returns
+    the arrays (path, shape) without names: replicated, never refused (issue 53)."""
     known = {name for name, _ in task.all_rules()}
     bare, wrong, unknown = [], [], []
     leaves = jax.tree_util.tree_flatten_with_path(
@@ -145,7 +172,7 @@ def check_params(task: Task, params: Any) -> None:
         where = jax.tree_util.keystr(path)
         if not isinstance(leaf, nn.Partitioned):
             if getattr(leaf, "ndim", 0) >= 1:
-                bare.append(where)
+                bare.append((where, tuple(leaf.shape)))
             continue
         names = tuple(leaf.names)
         if len(names) != leaf.value.ndim:
@@ -154,13 +181,6 @@ def check_params(task: Task, params: Any) -> None:
     if not leaves:
         raise ConfigError("task.kind", "the task's init returned no parameters",
                           "return the model's parameters from Task.init")
-    if bare:
-        raise ConfigError("task.kind", f"parameters without axis names (no sharding): "
-                          f"{', '.join(bare[:4])}{' ...' if len(bare) > 4 else ''}",
-                          "box every parameter with its axis names (Linen: "
-                          "nn.with_logical_partitioning(init, ('embed', 'mlp')); NNX: "
-                          "nnx.with_partitioning(init, ('embed', 'mlp')) and "
-                          "workers.task.nnx.NnxModel); (None, None) replicates on purpose")
     if wrong:
         raise ConfigError("task.kind", f"axis names do not match the dimensions: "
                           f"{'; '.join(wrong[:3])}", "give one name (or None) per dimension")
@@ -169,6 +189,7 @@ def check_params(task: Task, params: Any) -> None:
                           f"{'; '.join(unknown[:4])}",
                           f"add them to Task.rules (known: {', '.join(sorted(known))}), or "
                           "use a mesh axis name (data, fsdp, tensor) or None")
+    return bare
 
 
 def check_divisible(abstract: Any, specs: Any, axis_sizes: Mapping[str, int],
