@@ -1,5 +1,5 @@
-"""Pure layout choices for the report's figure (issue 32 item 7): a time unit that fits the run,
-and event labels that never overlap on the state strip."""
+"""Pure layout choices for the report's figure (issue 32 item 7, issue 53 item 7): a time unit
+that fits the run, and numbered marks whose labels never overlap on the state strip."""
 
 from __future__ import annotations
 
@@ -21,32 +21,41 @@ def time_unit(span_s: float) -> tuple[float, str]:
 
 
 @dataclass(frozen=True)
-class LabelLayout:
-    """``rows[i]``: the row label i goes in, or None when it was left out; ``skipped`` counts
-    those (the figure says how many, the events table has them all)."""
+class MarkGroup:
+    """Marks ``first``..``last`` (1-based numbers, as the legend lists them) under one label
+    that starts at ``left``: marks too close to be told apart share a label (``3-7``)."""
 
-    rows: list[int | None]
-    lefts: list[float]
-    skipped: int
+    first: int
+    last: int
+    left: float
+
+    @property
+    def text(self) -> str:
+        return str(self.first) if self.first == self.last else f"{self.first}-{self.last}"
 
 
-def layout_labels(xs: Sequence[float], widths: Sequence[float], *, rows: int = 4,
-                  gap: float = 0.0, lo: float = float("-inf"),
-                  hi: float = float("inf")) -> LabelLayout:
-    """Stack labels (anchored at ``xs[i]``, ``widths[i]`` wide, same units) into ``rows`` rows
-    so that no two in a row overlap: each goes in the lowest row whose last label ends (plus
-    ``gap``) before it starts, else it is skipped. A label that would run past ``hi`` is moved
-    left to end there (``lefts``); none starts before ``lo``. Taken left to right."""
-    if len(xs) != len(widths):
-        raise ValueError("xs and widths differ in length")
-    ends = [float("-inf")] * max(1, rows)
-    out: list[int | None] = [None] * len(xs)
-    lefts = [max(lo, min(x, hi - w)) for x, w in zip(xs, widths, strict=True)]
-    skipped = 0
-    for i in sorted(range(len(xs)), key=lambda k: (lefts[k], k)):
-        row = next((r for r, end in enumerate(ends) if end + gap <= lefts[i]), None)
-        if row is None:
-            skipped += 1
-            continue
-        out[i], ends[row] = row, lefts[i] + widths[i]
-    return LabelLayout(rows=out, lefts=lefts, skipped=skipped)
+def group_marks(xs: Sequence[float], *, char_width: float, gap: float = 0.0,
+                lo: float = float("-inf"), hi: float = float("inf")) -> list[MarkGroup]:
+    """Number the marks at ``xs`` (ascending) 1, 2, ... and label them in one row that never
+    overlaps: a mark that starts before the previous label ends (plus ``gap``) joins it, so
+    every mark is labelled and none is left out. A label is ``char_width`` a character wide;
+    none starts before ``lo`` or ends past ``hi`` (the last may merge into the one before)."""
+    groups: list[MarkGroup] = []
+
+    def end(g: MarkGroup) -> float:
+        return g.left + len(g.text) * char_width
+
+    for number, x in enumerate(xs, start=1):
+        if groups and x < end(groups[-1]) + gap:
+            groups[-1] = MarkGroup(groups[-1].first, number, groups[-1].left)
+        else:
+            groups.append(MarkGroup(number, number, max(lo, x)))
+    while groups:
+        last = groups[-1]
+        left = min(last.left, hi - len(last.text) * char_width)
+        if len(groups) == 1 or left >= end(groups[-2]) + gap:
+            groups[-1] = MarkGroup(last.first, last.last, max(lo, left))
+            break
+        prev = groups.pop(-2)
+        groups[-1] = MarkGroup(prev.first, last.last, prev.left)
+    return groups

@@ -15,7 +15,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
-from orchestrator.metrics.axes import layout_labels, time_unit
+from orchestrator.metrics.axes import group_marks, time_unit
 from orchestrator.metrics.goodput import CAUSES, lost_step_records
 from orchestrator.metrics.rundir import RunData, event_label, event_time
 
@@ -98,7 +98,10 @@ def _legacy_restart_cause(row: Mapping[str, Any]) -> str | None:
     return label[:64]
 
 
-LABEL_PT, LABEL_ROWS = 6, 4  # event labels: font size (points), rows stacked above the strip
+MARK_PT = 8  # the marks' numbers on the state strip (points)
+LEGEND_PT, LEGEND_COLS = 7, 2  # the marks' legend under the figure: font size, columns
+CHAR_EM = 0.62  # a character's width in ems: above the font's average, so estimates err wide
+STATE_TOP = 1.7  # the state strip's y range: the band fills 0-1, the marks' numbers sit above
 
 
 def _mark(ax: Any, ms: list[Marker], t0: float, unit: float) -> None:
@@ -106,32 +109,93 @@ def _mark(ax: Any, ms: list[Marker], t0: float, unit: float) -> None:
         ax.axvline((m.t - t0) / unit, color=m.color, lw=0.8, ls="--", alpha=0.7)
 
 
-def _label_events(fig: Figure, ax: Any, ms: list[Marker], t0: float, unit: float) -> None:
-    """Event labels above the state strip, stacked so none overlaps another; those that fit in
-    no row are left out and counted (their dashed lines stay; the events table lists all)."""
+def _points_per_unit(fig: Figure, ax: Any) -> float:
+    """Data units per point along ``ax``'s x axis (after its limits are set)."""
     lo, hi = ax.get_xlim()
-    per_pt = (hi - lo) / max(1.0, ax.get_position().width * fig.get_figwidth() * 72)
-    texts = [m.label[:40] for m in ms]
-    # 0.62 em a character overestimates the font's average width: estimates err to spacing
-    widths = [(len(t) * 0.62 * LABEL_PT + 2) * per_pt for t in texts]
-    lay = layout_labels([(m.t - t0) / unit for m in ms], widths, rows=LABEL_ROWS,
-                        gap=2 * per_pt, lo=lo, hi=hi)
-    for m, text, row, left in zip(ms, texts, lay.rows, lay.lefts, strict=True):
-        if row is not None:
-            ax.annotate(text, (left, 1.0), xytext=(2, 2 + 8 * row), textcoords="offset points",
-                        fontsize=LABEL_PT, color=m.color, annotation_clip=False)
-    if lay.skipped:
-        ax.set_xlabel(f"{ax.get_xlabel()} ({lay.skipped} event label(s) too close to show; "
-                      "all are under 'Marked on the timeline')")
+    return (hi - lo) / max(1.0, ax.get_position().width * fig.get_figwidth() * 72)
+
+
+def _number_marks(fig: Figure, ax: Any, ms: list[Marker], t0: float, unit: float) -> None:
+    """Each mark's number (as the legend lists it) inside the state strip, above the band;
+    marks too close to tell apart share one label (``3-7``): every mark is labelled, none
+    overlaps another, and the legend says what each is."""
+    per_pt = _points_per_unit(fig, ax)
+    lo, hi = ax.get_xlim()
+    pad = 1.5  # points of white box each side, so no dashed line crosses a number
+    groups = group_marks([(m.t - t0) / unit for m in ms], char_width=CHAR_EM * MARK_PT * per_pt,
+                         gap=(3 + 2 * pad) * per_pt, lo=lo + (pad + 1) * per_pt,
+                         hi=hi - (pad + 1) * per_pt)
+    for g in groups:
+        ax.text(g.left, 1.35, g.text, fontsize=MARK_PT, va="center", ha="left",
+                color=ms[g.first - 1].color, fontweight="bold",
+                bbox={"boxstyle": f"square,pad={pad / MARK_PT:.3f}", "facecolor": "white",
+                      "edgecolor": "none"})
+
+
+def _legend_lines(ms: list[Marker], t0: float, unit: float, unit_name: str,
+                  chars: int) -> list[str]:
+    """``12  34.5 s  drain (spot_preemption)``, cut to ``chars`` characters."""
+    short = {"seconds": "s", "minutes": "min", "hours": "h"}[unit_name]
+    out = []
+    for n, m in enumerate(ms, start=1):
+        line = f"{n:>2}  {(m.t - t0) / unit:,.1f} {short}  {m.label}"
+        out.append(line if len(line) <= chars else line[:chars - 1] + "\u2026")
+    return out
+
+
+def _legend(fig: Figure, ax: Any, ms: list[Marker], t0: float, unit: float,
+            unit_name: str) -> None:
+    """The marks' legend: number, time and what, in columns that fit the panel."""
+    ax.axis("off")
+    if not ms:
+        ax.text(0.0, 0.5, "nothing marked on the timeline", fontsize=LEGEND_PT, va="center")
+        return
+    col_pt = ax.get_position().width * fig.get_figwidth() * 72 / LEGEND_COLS
+    chars = int(col_pt / (CHAR_EM * LEGEND_PT)) - 2
+    lines = _legend_lines(ms, t0, unit, unit_name, chars)
+    rows = -(-len(lines) // LEGEND_COLS)
+    ax.set_title("marked on the timeline (the numbers on the state strip)", fontsize=8,
+                 loc="left")
+    for k, line in enumerate(lines):
+        col, row = divmod(k, rows)
+        ax.text(col / LEGEND_COLS, 1 - (row + 0.5) / rows, line, fontsize=LEGEND_PT,
+                va="center", ha="left", family="monospace", color=ms[k].color)
+
+
+def _legend_height(n: int) -> float:
+    """Inches the legend needs for ``n`` marks (a row of 7 pt text is ~0.15 in)."""
+    return 0.35 + 0.15 * max(1, -(-n // LEGEND_COLS))
+
+
+def _badput_bars(fig: Figure, ax: Any, g: Any) -> None:
+    causes = [c for c in CAUSES if g.badput_s.get(c, 0.0) > 0]
+    values = [g.productive_s, *(g.badput_s[c] for c in causes)]
+    ax.barh(["productive", *causes], values, color=["#31a354", *["#de2d26"] * len(causes)])
+    texts = []
+    for y, v in enumerate(values):
+        pct = 100 * v / g.wall_s if g.wall_s > 0 else 0.0
+        texts.append(ax.text(v, y, f" {v:,.1f} s ({pct:.1f}%)", va="center", fontsize=8))
+    # room right of the longest bar for its number, so every number is inside the panel
+    width_pt = ax.get_position().width * fig.get_figwidth() * 72
+    room = max(len(t.get_text()) for t in texts) * CHAR_EM * 8 / max(1.0, width_pt)
+    ax.set_xlim(0, max([*values, 1e-9]) / max(0.2, 1 - room - 0.02))
+    ax.set_xlabel("seconds")
+    ax.set_title(f"goodput {g.goodput * 100:.1f}% of {g.wall_s:,.0f} s wall time; "
+                 "badput by cause", fontsize=10)
+    ax.invert_yaxis()
 
 
 def build_figure(data: RunData) -> Figure:
+    """Panels over wall time (loss, MFU, step time, goodput, the state strip with numbered
+    marks), badput, and the marks' legend."""
     g = data.goodput
     t0 = g.start if g.wall_s > 0 else (data.steps[0].wall_time if data.steps else data.now)
     ms = markers(data)
-    fig, axes = plt.subplots(6, 1, figsize=(12, 17), dpi=80,
-                             gridspec_kw={"height_ratios": [3, 2, 2, 2, 1.6, 2.4]})
-    ax_loss, ax_mfu, ax_time, ax_good, ax_state, ax_bad = axes
+    legend_h = _legend_height(len(ms))
+    fig, axes = plt.subplots(7, 1, figsize=(12, 17 + legend_h), dpi=80,
+                             gridspec_kw={"height_ratios": [3, 2, 2, 2, 1.6, 2.4,
+                                                            legend_h / 0.75]})
+    ax_loss, ax_mfu, ax_time, ax_good, ax_state, ax_bad, ax_legend = axes
     unit, unit_name = time_unit(max([g.end - t0, *(r.wall_time - t0 for r in data.steps), 0.0]))
     xs = [(r.wall_time - t0) / unit for r in data.steps]
     incs = sorted({r.incarnation for r in data.steps})
@@ -152,7 +216,8 @@ def build_figure(data: RunData) -> Figure:
                       f"{'finished' if data.finished else 'still running'}")
     if incs:
         ax_loss.legend(loc="upper right", fontsize=8, title="incarnation")
-    ax_mfu.set_ylabel(f"MFU % ({peak})")
+    ax_mfu.set_ylabel("MFU %")
+    ax_mfu.set_title(f"MFU, peak FLOP/s: {peak}", fontsize=9, loc="left")
     ax_time.set_ylabel("step time (ms)")
     ax_good.plot([(s.t - t0) / unit for s in g.series], [s.cumulative * 100 for s in g.series],
                  label="cumulative", color="#31a354")
@@ -162,23 +227,7 @@ def build_figure(data: RunData) -> Figure:
     ax_good.set_ylabel("goodput %")
     ax_good.legend(loc="lower right", fontsize=8)
 
-    seen: set[str] = set()
-    for iv in g.intervals:
-        if iv.duration_s <= 0:
-            continue
-        color = STATE_COLORS.get(iv.state, "#636363")
-        ax_state.broken_barh([((iv.start - t0) / unit, iv.duration_s / unit)], (0, 1),
-                             color=color, label=iv.state if iv.state not in seen else None)
-        seen.add(iv.state)
-    ax_state.set_yticks([])
-    ax_state.set_ylabel("state")
-    ax_slices = ax_state.twinx()
-    if g.intervals:
-        ax_slices.step([(iv.start - t0) / unit for iv in g.intervals] + [(g.end - t0) / unit],
-                       [len(iv.slices) for iv in g.intervals] + [len(g.intervals[-1].slices)],
-                       where="post", color="black", lw=1.2)
-    ax_slices.set_ylabel("slices")
-    ax_state.legend(loc="upper center", bbox_to_anchor=(0.5, -0.45), ncol=6, fontsize=7)
+    _state_strip(ax_state, g, t0, unit)
     for ax in (ax_loss, ax_mfu, ax_time, ax_good, ax_state):
         _mark(ax, ms, t0, unit)
         ax.grid(alpha=0.3)
@@ -187,21 +236,38 @@ def build_figure(data: RunData) -> Figure:
     hi = max([(g.end - t0) / unit, *xs, 1e-3])
     for ax in (ax_loss, ax_mfu, ax_time, ax_good, ax_state):
         ax.set_xlim(lo, hi)
-    _label_events(fig, ax_state, ms, t0, unit)
-
-    causes = [c for c in CAUSES if g.badput_s.get(c, 0.0) > 0]
-    values = [g.badput_s[c] for c in causes]
-    ax_bad.barh(["productive", *causes], [g.productive_s, *values],
-                color=["#31a354", *["#de2d26"] * len(causes)])
-    for y, v in enumerate([g.productive_s, *values]):
-        pct = 100 * v / g.wall_s if g.wall_s > 0 else 0.0
-        ax_bad.text(v, y, f" {v:,.1f} s ({pct:.1f}%)", va="center", fontsize=8)
-    ax_bad.set_xlabel("seconds")
-    ax_bad.set_title(f"goodput {g.goodput * 100:.1f}% of {g.wall_s:,.0f} s wall time; "
-                     "badput by cause")
-    ax_bad.invert_yaxis()
+    # sized on the axes' widths before the layout, which only widens them: estimates err wide
+    _number_marks(fig, ax_state, ms, t0, unit)
+    _badput_bars(fig, ax_bad, g)
+    _legend(fig, ax_legend, ms, t0, unit, unit_name)
     fig.tight_layout()
     return fig
+
+
+def _state_strip(ax: Any, g: Any, t0: float, unit: float) -> None:
+    """The lifecycle as coloured bands (0-1) with the slice count; the top is left for the
+    marks' numbers."""
+    seen: set[str] = set()
+    for iv in g.intervals:
+        if iv.duration_s <= 0:
+            continue
+        color = STATE_COLORS.get(iv.state, "#636363")
+        ax.broken_barh([((iv.start - t0) / unit, iv.duration_s / unit)], (0, 1),
+                       color=color, label=iv.state if iv.state not in seen else None)
+        seen.add(iv.state)
+    ax.set_ylim(0, STATE_TOP)
+    ax.set_yticks([])
+    ax.set_ylabel("state")
+    ax_slices = ax.twinx()
+    top = max([len(iv.slices) for iv in g.intervals] or [1])
+    if g.intervals:
+        ax_slices.step([(iv.start - t0) / unit for iv in g.intervals] + [(g.end - t0) / unit],
+                       [len(iv.slices) for iv in g.intervals] + [len(g.intervals[-1].slices)],
+                       where="post", color="black", lw=1.2)
+    ax_slices.set_ylim(0, top * STATE_TOP)
+    ax_slices.set_yticks(range(top + 1))
+    ax_slices.set_ylabel("slices")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.45), ncol=7, fontsize=7)
 
 
 def figure_png(data: RunData) -> bytes:

@@ -100,7 +100,7 @@ def render_html(data: RunData, png: bytes) -> str:
                    for r in data.timeline]
     events = [(f"{(event_time(e) or t0) - t0:,.1f}", event_label(e), e.get("reason", ""))
               for e in data.events[-200:]]
-    marks = [(f"{m.t - t0:,.1f}", m.label) for m in markers(data)]
+    marks = [(n, f"{m.t - t0:,.1f}", m.label) for n, m in enumerate(markers(data), start=1)]
     img = base64.b64encode(png).decode("ascii")
     title = html.escape(str(data.run_info.get("run_id") or data.run_dir.name))
     return f"""<!doctype html><html><head><meta charset="utf-8">
@@ -113,7 +113,8 @@ productive time (RUNNING minus re-done steps and blocking saves) / wall time
 {_table(("", ""), _summary_rows(data))}
 <h2>Over time</h2>
 <p class="muted">Loss, MFU, step time and goodput; the state band shows the lifecycle with the
-slice count; dashed lines mark drains, re-forms, waits, shrink/grow and handled events.</p>
+slice count; dashed lines mark drains, re-forms, waits, shrink/grow and handled events, each
+numbered on the state strip and listed under the figure and below.</p>
 <img alt="run report figure" src="data:image/png;base64,{img}">
 <h2>Badput by cause</h2>
 {_table(("cause", "seconds", "share of wall time"), badput_rows)}
@@ -123,7 +124,9 @@ slice count; dashed lines mark drains, re-forms, waits, shrink/grow and handled 
 <h2>Per slice</h2>
 {_table(("slice", "productive s", "goodput", "absent s"), slice_rows)}
 <h2>Marked on the timeline</h2>
-{_table(("t (s)", "what"), marks)}
+<p class="muted">The numbers are those on the figure's state strip (marks too close to tell
+apart share one label, e.g. 3-7).</p>
+{_table(("#", "t (s)", "what"), marks)}
 <h2>State transitions</h2>
 {_table(("t (s)", "transition", "reason", "incarnation", "slices", "hosts", "step"), transitions)}
 <h2>Events (last 200)</h2>

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import html
 import json
 import re
 import subprocess
@@ -133,3 +134,15 @@ def test_a_slice_swap_is_marked_as_a_replacement(tmp_path):
     (run_dir / "timeline.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     labels = [m.label for m in markers(load_run(run_dir, now=T0 + 10))]
     assert labels == ["re-form (spot_preemption)", "replaced a by b"]
+
+
+def test_the_marks_table_numbers_every_mark_as_the_figure_does(tmp_path):
+    """The HTML lists each mark under the number the state strip shows for it."""
+    run_dir = tmp_path / "run"
+    now = write_run(run_dir, partial_tail=False)
+    page = build_report(run_dir, clock=lambda: now).html.read_text()
+    labels = [m.label for m in markers(load_run(run_dir, now=now))]
+    assert "<th>#</th><th>t (s)</th><th>what</th>" in page
+    for n, label in enumerate(labels, start=1):
+        assert re.search(rf"<tr><td>{n}</td><td>[0-9.,]+</td><td>{re.escape(html.escape(label))}"
+                         r"</td></tr>", page), (n, label)
