@@ -42,6 +42,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"exported step {out['step']} ({out['tier']} tier, {out['source']}) to "
           f"{Path(args.to).absolute()}: {len(out['arrays'])} arrays, {out['parameters']:,} "
           f"parameters, {out['digest']}")
+    if out.get("tokenizer"):
+        print(f"tokenizer {out['tokenizer']['name']!r} copied as {out['tokenizer']['file']}")
+    elif out.get("tokenizer_missing"):
+        print(f"tokenizer not exported: {out['tokenizer_missing']}")
     return 0
 
 

@@ -1,6 +1,12 @@
-"""Write an export: ``model.npz``, ``model.safetensors``, ``config.yaml`` and ``export.json``,
-made in a temporary directory beside ``--to`` and renamed into place only when all are written, so
-a failed export leaves nothing at ``--to``.
+"""Write an export: ``model.npz``, ``model.safetensors``, ``config.yaml``, ``export.json`` and
+the data's tokenizer (when the task's data was prepared with one), made in a temporary directory
+beside ``--to`` and renamed into place only when all are written, so a failed export leaves
+nothing at ``--to``.
+
+``config.yaml`` describes the exported model: ``task`` (its kind and its settings as the run ran
+them, defaults filled in), the ``train`` section and ``run.seed``/``run.total_steps`` its
+factory was called with, and for the built-in ``lm`` the same settings as ``model`` (where tools
+before tasks looked). ``orchestrator.export.rebuild`` builds the model from it again.
 """
 
 from __future__ import annotations
@@ -24,8 +30,12 @@ NPZ = "model.npz"
 SAFETENSORS = "model.safetensors"
 CONFIG = "config.yaml"
 MANIFEST = "export.json"
-CONFIG_SECTIONS = ("model", "task")
-"""The sections of the run's config.yaml an export carries: what builds the model again."""
+RUN_KEYS = ("seed", "total_steps")
+"""What the exported config keeps of ``run``: the task factory's ``TaskContext`` besides
+``train``."""
+CONFIG_HEADER = ("# The exported model: task.kind built with task.settings (as the run ran them),\n"
+                 "# called with this train section and run.seed/run.total_steps. Rebuild it:\n"
+                 "# orchestrator.export.rebuild(EXPORT_DIR) -> (the task, its parameters)\n")
 META_KEYS = ("model", "task", "model_fingerprint", "task_fingerprint", "config_digest", "plan")
 """What ``export.json`` keeps of an Orbax step's own run metadata (``<step>/meta/metadata``)."""
 
@@ -41,13 +51,14 @@ def export_run(run_dir: str | Path, to: str | Path, *, step: int | None = None,
     arrays, meta = read(source, run_dir, with_opt_state=with_opt_state)
     _check_dtypes(arrays)
     sections, config_from = _sections(config, meta)
+    tokenizer, tokenizer_info = _tokenizer(sections.get("task"))
     manifest = {
         "step": source.step, "tier": source.tier, "source": str(source.path),
         "run_dir": str(run_dir), "with_opt_state": with_opt_state,
         "arrays": {k: {"shape": list(a.shape), "dtype": a.dtype.name} for k, a in arrays.items()},
         "parameters": int(sum(a.size for k, a in arrays.items() if k.startswith(PARAMS + "/"))),
         "bytes": int(sum(a.nbytes for a in arrays.values())),
-        "digest": digest(arrays), "config_from": config_from,
+        "digest": digest(arrays), "config_from": config_from, **tokenizer_info,
         "checkpoint_meta": {k: meta[k] for k in META_KEYS if k in meta},
         "exported_at": time.time(),
     }
@@ -58,6 +69,10 @@ def export_run(run_dir: str | Path, to: str | Path, *, step: int | None = None,
         raise _write_failed(to, exc) from None
     try:
         manifest["files"] = _write_files(tmp, arrays, sections, manifest)
+        if tokenizer is not None:
+            name = manifest["tokenizer"]["file"]
+            (tmp / name).write_bytes(tokenizer)
+            manifest["files"][name] = "sha256:" + hashlib.sha256(tokenizer).hexdigest()
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
         os.rename(tmp, to)  # to is absent or an empty directory (checked above)
     except BaseException as exc:
@@ -90,7 +105,7 @@ def _write_files(tmp: Path, arrays: dict[str, Any], sections: dict, manifest: di
               str(tmp / SAFETENSORS),
               metadata={"step": str(manifest["step"]), "tier": manifest["tier"],
                         "digest": manifest["digest"], "source": manifest["source"]})
-    (tmp / CONFIG).write_text(yaml.safe_dump(sections, sort_keys=False))
+    (tmp / CONFIG).write_text(CONFIG_HEADER + yaml.safe_dump(sections, sort_keys=False))
     return {name: "sha256:" + _file_sha256(tmp / name) for name in (NPZ, SAFETENSORS, CONFIG)}
 
 
@@ -125,15 +140,85 @@ def _run_config(run_dir: Path) -> dict | None:
 
 
 def _sections(config: dict | None, meta: dict) -> tuple[dict, str]:
-    """The config an export carries, and where it came from. The step's own metadata wins for a
-    section it records differently from config.yaml (a config.yaml rewritten by a later start
-    with another model would not describe these arrays)."""
-    sections = {k: config[k] for k in CONFIG_SECTIONS if config and config.get(k) is not None}
-    source = "config.yaml" if config is not None else "none"
-    for key in CONFIG_SECTIONS:
-        if isinstance(meta.get(key), dict) and meta[key] != sections.get(key):
-            sections[key], source = meta[key], "checkpoint"
-    return sections, source
+    """The config an export carries (module docstring), and where its task came from. The step's
+    own metadata wins over config.yaml (a config.yaml rewritten by a later start with another
+    model would not describe these arrays); a custom task gets no ``model`` section (the
+    built-in lm's defaults there described another model, issue 53)."""
+    from orchestrator.shared.layout import task_of
+
+    task, source = task_of(meta), "checkpoint"
+    if task is None and config is not None:
+        task, source = _task_of_config(config), "config.yaml"
+    sections: dict = {}
+    if task is not None:
+        sections["task"] = {"kind": task["kind"], "settings": task.get("settings") or {}}
+        if task["kind"] == "lm":
+            sections["model"] = sections["task"]["settings"]
+    if config and isinstance(config.get("train"), dict):
+        sections["train"] = config["train"]
+    if config and isinstance(config.get("run"), dict):
+        sections["run"] = {k: config["run"][k] for k in RUN_KEYS if k in config["run"]}
+    return sections, source if task is not None else "none"
+
+
+def _task_of_config(config: dict) -> dict | None:
+    """``{"kind", "settings"}`` of a run's config.yaml: the lm task's settings are its
+    ``model`` section, another task's its ``task.settings`` (or inline keys)."""
+    task = config.get("task") if isinstance(config.get("task"), dict) else {}
+    kind = task.get("kind", "lm")
+    if kind == "lm":
+        model = config.get("model")
+        return {"kind": "lm", "settings": model if isinstance(model, dict) else
+                task.get("settings") or {}}
+    settings = dict(task.get("settings") or {})
+    settings.update({k: v for k, v in task.items() if k not in ("kind", "settings")})
+    return {"kind": kind, "settings": settings}
+
+
+def _tokenizer(task: dict | None) -> tuple[bytes | None, dict]:
+    """The tokenizer file the task's prepared data names (its manifest's ``tokenizer``), to copy
+    beside the weights: (its bytes, what ``export.json`` says). A tokenizer that cannot be read
+    now (the data moved, or changed since it was prepared) is said, never an export's failure."""
+    dirs = _data_dirs(task.get("settings") if task else None, "task")
+    if not dirs:
+        return None, {"tokenizer": None}
+    from orchestrator.data import fs as fslib
+    from orchestrator.data import manifest as datamanifest
+    from orchestrator.shared.errors import OrchestratorError
+
+    setting, data_dir = dirs[0]
+    try:
+        m = datamanifest.load(data_dir, setting=setting)
+        fs, path = fslib.filesystem(fslib.join(data_dir, m.tokenizer.file), setting=setting)
+        data = fs.cat_file(path)
+    except (OrchestratorError, OSError) as exc:
+        return None, {"tokenizer": None, "tokenizer_missing":
+                      f"{setting}={data_dir}: {getattr(exc, 'message', None) or exc}"}
+    if hashlib.sha256(data).hexdigest() != m.tokenizer.sha256:
+        return None, {"tokenizer": None, "tokenizer_missing":
+                      f"{setting}={data_dir}: {m.tokenizer.file} differs from the one its "
+                      "manifest names (changed since prepare)"}
+    info = {"file": _safe_name(m.tokenizer.file), "name": m.tokenizer.name,
+            "sha256": m.tokenizer.sha256, "vocab_size": m.tokenizer.vocab_size,
+            "eos_id": m.tokenizer.eos_id, "from": path}
+    return data, {"tokenizer": info}
+
+
+def _data_dirs(settings: Any, prefix: str) -> list[tuple[str, str]]:
+    """``(setting, dir)`` of every prepared-data setting (a mapping with a ``dir``, the shape of
+    ``DataSettings``) in the task's settings, depth first."""
+    if not isinstance(settings, dict):
+        return []
+    if isinstance(settings.get("dir"), str) and settings["dir"]:
+        return [(f"{prefix}.dir", settings["dir"])]
+    return [found for key, value in settings.items()
+            for found in _data_dirs(value, f"{prefix}.{key}")]
+
+
+def _safe_name(name: str) -> str:
+    """The file's own name, kept off the export's fixed names."""
+    base = Path(name.replace("\\", "/")).name or "tokenizer.json"
+    return base if base not in (NPZ, SAFETENSORS, CONFIG, MANIFEST) else "tokenizer-" + base
 
 
 def _check_dtypes(arrays: Mapping[str, Any]) -> None:

@@ -9,6 +9,9 @@ a crash leaves them: Orbax step 5 never committed, RAM-tier step 6 without ``COM
 ``config.yaml`` is written as the driver writes it. ``F.npz`` holds what each step's state was
 (``<step>:<path>``, parameters and optimizer state, gathered to the host) for the tests to compare
 the export with.
+
+``--task-run OVERRIDE ...`` instead: a run of the task the overrides name (``task.kind=...``),
+one step trained and saved to Orbax, nothing else (the exported config's tests).
 """
 
 from __future__ import annotations
@@ -25,32 +28,33 @@ SAVED, COPIED, UNCOMMITTED, INCOMPLETE = (1, 2, 3), 4, 5, 6
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--run-dir", required=True)
-    p.add_argument("--want", required=True)
+    p.add_argument("--want")
+    p.add_argument("--task-run", nargs="+", metavar="OVERRIDE")
     args = p.parse_args(argv)
     os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
     os.environ["JAX_PLATFORMS"] = "cpu"
-    make(Path(args.run_dir), Path(args.want))
+    if args.task_run:
+        make_task_run(Path(args.run_dir), args.task_run)
+    else:
+        make(Path(args.run_dir), Path(args.want))
     return 0
 
 
-def make(run_dir: Path, want: Path) -> None:
-    import jax
-    import numpy as np
+def _trainer(run_dir: Path, overrides: list[str]):
+    """A Trainer of the config ``overrides`` give, on one host of 2 CPU devices, with the run's
+    ``config.yaml`` written as the driver writes it."""
     import yaml
-    from jax.experimental import multihost_utils
 
     from orchestrator.config import load_config
-    from orchestrator.raygroup.ram_holders import run_secret
     from orchestrator.shared import configtools
     from orchestrator.shared.hosts import HostRef
     from orchestrator.shared.hostspec import HostSpec
     from orchestrator.shared.plan import MeshPlan
-    from workers.ram import auth as ram_auth
-    from workers.ram import copy_store, replica
     from workers.training.trainer import Trainer
 
     cfg = load_config(None, [f"run.run_dir={run_dir}", "run.total_steps=20", "compile.cache=off",
-                             "cluster.emulate.hosts_per_slice=1", "checkpoint.keep=5"])
+                             "cluster.emulate.hosts_per_slice=1", "checkpoint.keep=5",
+                             *overrides])
     shape = cfg.validate_for(slices=1, hosts_per_slice=1, devices_per_host=2)
     host = HostRef(index=0, slice_name="local", worker_id=0, node_id="local", node_ip="127.0.0.1",
                    instance="local", devices=2)
@@ -59,8 +63,30 @@ def make(run_dir: Path, want: Path) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(configtools.to_dict(cfg),
                                                         sort_keys=False))
+    return cfg, Trainer(HostSpec.for_host(cfg, plan, host,
+                                          checkpoint_dir=str(run_dir / "checkpoints")))
+
+
+def make_task_run(run_dir: Path, overrides: list[str]) -> None:
+    _, tr = _trainer(run_dir, overrides)
+    tr.init_state(tr.spec.seed)
+    tr.compile()
+    tr.train_step()
+    tr.save(wait=True)
+    tr.close()
+
+
+def make(run_dir: Path, want: Path) -> None:
+    import jax
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    from orchestrator.raygroup.ram_holders import run_secret
+    from workers.ram import auth as ram_auth
+    from workers.ram import copy_store, replica
+
+    cfg, tr = _trainer(run_dir, [])
     ckpt = run_dir / "checkpoints"
-    tr = Trainer(HostSpec.for_host(cfg, plan, host, checkpoint_dir=str(ckpt)))
     tr.init_state(cfg.run.seed)
     tr.compile()
     arrays: dict[str, np.ndarray] = {}

@@ -14,14 +14,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 import yaml
 from safetensors.numpy import load_file
 
+from orchestrator.export import rebuild
 from orchestrator.export.__main__ import main
 from orchestrator.export.write import digest
 from tests.export.make_run import COPIED, INCOMPLETE, UNCOMMITTED
+from tests.input.conftest import SEQ_LEN, VOCAB, make_dataset
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -35,6 +38,29 @@ def made(tmp_path_factory) -> tuple[Path, dict[str, np.ndarray]]:
     assert proc.returncode == 0, proc.stderr[-4000:]
     with np.load(base / "want.npz") as want:
         return base / "run", {k: want[k] for k in want.files}
+
+
+@pytest.fixture(scope="module")
+def text_run(tmp_path_factory) -> tuple[Path, Path]:
+    """A run of examples/text_lm (a user's task: its sizes are task.* settings, the model
+    section stays at the built-in lm's defaults) on prepared data, step 1 saved."""
+    base = tmp_path_factory.mktemp("export-task-run")
+    data = Path(make_dataset(base, "bin"))
+    proc = subprocess.run([sys.executable, "-m", "tests.export.make_run", "--run-dir",
+                           str(base / "run"), "--task-run",
+                           "task.kind=examples.text_lm.task:make_task", f"task.data.dir={data}",
+                           f"task.vocab_size={VOCAB}", f"task.seq_len={SEQ_LEN}",
+                           "task.d_model=32", "task.d_ff=64", "train.global_batch=4"],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return base / "run", data
+
+
+def shapes(tree) -> dict[str, tuple]:
+    from workers.ram.replica import leaf_name
+
+    return {leaf_name(("params", *path)): leaf.shape
+            for path, leaf in jax.tree_util.tree_leaves_with_path(tree)}
 
 
 def export(*args: str) -> subprocess.CompletedProcess:
@@ -87,8 +113,12 @@ def test_default_exports_the_newest_step_of_any_tier_bit_identically(made, tmp_p
                                                  ).hexdigest(), name
     run_cfg = yaml.safe_load((run / "config.yaml").read_text())
     assert yaml.safe_load((tmp_path / "out" / "config.yaml").read_text()) == {
-        k: run_cfg[k] for k in ("model", "task") if k in run_cfg}
+        "task": {"kind": "lm", "settings": run_cfg["model"]}, "model": run_cfg["model"],
+        "train": run_cfg["train"], "run": {"seed": 0, "total_steps": 20}}
     assert manifest["config_from"] == "config.yaml"  # a RAM-tier copy carries no run metadata
+    assert manifest["tokenizer"] is None  # the lm's synthetic data has none
+    _, rebuilt = rebuild(tmp_path / "out")
+    assert shapes(rebuilt) == {k: v.shape for k, v in params.items()}
     assert f"exported step {COPIED} (copy tier" in proc.stdout
 
 
@@ -201,3 +231,50 @@ def test_a_ram_tier_copy_needs_this_runs_secret(made, tmp_path, refused):
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "fails its authentication" in proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_a_user_tasks_export_describes_its_model_rebuilds_it_and_carries_the_tokenizer(
+        text_run, tmp_path):
+    """Issue 53: the exported config.yaml has no `model` section of the built-in lm's defaults
+    (vocab 128, d_model 64); it names the task and its settings as they ran, the model built
+    from it has the exported shapes, and the data's tokenizer lies beside the weights."""
+    run, data = text_run
+    proc = export(str(run), "--to", str(tmp_path / "out"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = tmp_path / "out"
+    config = yaml.safe_load((out / "config.yaml").read_text())
+    assert "model" not in config, config
+    assert config["task"]["kind"] == "examples.text_lm.task:make_task"
+    settings = config["task"]["settings"]
+    assert (settings["vocab_size"], settings["d_model"], settings["seq_len"]) == (VOCAB, 32,
+                                                                                SEQ_LEN)
+    assert settings["num_layers"] == 2  # a default filled in: the settings as they ran
+    assert config["train"]["global_batch"] == 4 and config["run"]["seed"] == 0
+
+    manifest, from_npz, _ = read_export(out)
+    assert manifest["config_from"] == "checkpoint"
+    task, params = rebuild(out)
+    assert task.ref.kind == "examples.text_lm.task:make_task"
+    assert shapes(params) == {k: v.shape for k, v in from_npz.items()}
+    assert from_npz["params/embed/embedding"].shape == (VOCAB, 32)
+    loss, _ = task.task.loss(params, np.zeros((2, SEQ_LEN), np.int32))
+    assert np.isfinite(float(loss))
+
+    tok = manifest["tokenizer"]
+    assert tok["file"] == "tokenizer.json" and tok["vocab_size"] <= VOCAB
+    assert (out / "tokenizer.json").read_bytes() == (data / "tokenizer.json").read_bytes()
+    assert manifest["files"]["tokenizer.json"] == "sha256:" + tok["sha256"]
+    assert "tokenizer" in proc.stdout and "copied as tokenizer.json" in proc.stdout
+
+
+def test_a_rebuild_that_does_not_fit_the_weights_is_refused(text_run, tmp_path):
+    run, _ = text_run
+    assert export(str(run), "--to", str(tmp_path / "out")).returncode == 0
+    path = tmp_path / "out" / "config.yaml"
+    path.write_text(path.read_text().replace("d_model: 32", "d_model: 16"))
+    from orchestrator.export import ExportError
+
+    with pytest.raises(ExportError, match="does not fit the exported weights") as info:
+        rebuild(tmp_path / "out")
+    assert "params/block0/down/kernel: exported (64, 32) float32, built (64, 16)" in str(
+        info.value)
