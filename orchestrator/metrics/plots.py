@@ -167,6 +167,43 @@ def _legend_height(n: int) -> float:
     return 0.35 + 0.15 * max(1, -(-n // LEGEND_COLS))
 
 
+def _loss_by_step(ax: Any, data: RunData, lost: set[int]) -> None:
+    """Loss (and eval loss) against the training step: a restore goes back, so the steps
+    re-done after a rollback are drawn again, the lost ones in grey."""
+    if lost:
+        pts = [r for r in data.steps if id(r) in lost]
+        ax.scatter([r.step for r in pts], [r.loss for r in pts], s=8, color="#bdbdbd",
+                   zorder=3, label="lost (re-done)")
+    for inc in sorted({r.incarnation for r in data.steps}):
+        pts = [r for r in data.steps if r.incarnation == inc]
+        ax.plot([r.step for r in pts], [r.loss for r in pts], lw=1, label=f"inc {inc}")
+    for split, recs in _eval_splits(data).items():
+        ax.plot([r.step for r in recs], [r.loss for r in recs], marker="o", ms=4, lw=1.2,
+                color="black", ls=":", label=f"{split} loss")
+    ax.set_xlabel("training step")
+    ax.set_ylabel("loss")
+    ax.set_title("loss by training step", fontsize=10)
+    ax.grid(alpha=0.3)
+    if data.steps or data.evals:
+        ax.legend(loc="best", fontsize=8)
+
+
+def _eval_splits(data: RunData) -> dict[str, list[Any]]:
+    out: dict[str, list[Any]] = {}
+    for rec in data.evals:
+        out.setdefault(rec.split, []).append(rec)
+    return out
+
+
+def _eval_on_time(ax: Any, data: RunData, t0: float, unit: float) -> None:
+    """Eval loss at its wall time on the loss panel (records without one are by step only)."""
+    for split, recs in _eval_splits(data).items():
+        timed = [r for r in recs if r.wall_time > 0]
+        if timed:
+            ax.plot([(r.wall_time - t0) / unit for r in timed], [r.loss for r in timed],
+                    marker="o", ms=4, lw=1.2, color="black", ls=":", label=f"{split} loss")
+
+
 def _badput_bars(fig: Figure, ax: Any, g: Any) -> None:
     causes = [c for c in CAUSES if g.badput_s.get(c, 0.0) > 0]
     values = [g.productive_s, *(g.badput_s[c] for c in causes)]
@@ -186,16 +223,16 @@ def _badput_bars(fig: Figure, ax: Any, g: Any) -> None:
 
 
 def build_figure(data: RunData) -> Figure:
-    """Panels over wall time (loss, MFU, step time, goodput, the state strip with numbered
-    marks), badput, and the marks' legend."""
+    """Panels over wall time (loss and eval loss, MFU, step time, goodput, the state strip
+    with numbered marks), loss by training step, badput, and the marks' legend."""
     g = data.goodput
     t0 = g.start if g.wall_s > 0 else (data.steps[0].wall_time if data.steps else data.now)
     ms = markers(data)
     legend_h = _legend_height(len(ms))
-    fig, axes = plt.subplots(7, 1, figsize=(12, 17 + legend_h), dpi=80,
-                             gridspec_kw={"height_ratios": [3, 2, 2, 2, 1.6, 2.4,
+    fig, axes = plt.subplots(8, 1, figsize=(12, 19.6 + legend_h), dpi=80,
+                             gridspec_kw={"height_ratios": [3, 2, 2, 2, 1.6, 2.6, 2.4,
                                                             legend_h / 0.75]})
-    ax_loss, ax_mfu, ax_time, ax_good, ax_state, ax_bad, ax_legend = axes
+    ax_loss, ax_mfu, ax_time, ax_good, ax_state, ax_by_step, ax_bad, ax_legend = axes
     unit, unit_name = time_unit(max([g.end - t0, *(r.wall_time - t0 for r in data.steps), 0.0]))
     xs = [(r.wall_time - t0) / unit for r in data.steps]
     incs = sorted({r.incarnation for r in data.steps})
@@ -209,13 +246,14 @@ def build_figure(data: RunData) -> Figure:
         ax_loss.plot([x for x, _ in pts], [r.loss for _, r in pts], lw=1, label=f"inc {inc}")
         ax_mfu.plot([x for x, _ in pts], [r.mfu * 100 for _, r in pts], lw=1)
         ax_time.plot([x for x, _ in pts], [r.step_time_s * 1e3 for _, r in pts], lw=1)
+    _eval_on_time(ax_loss, data, t0, unit)
     peak = data.steps[-1].peak_source if data.steps else "n/a"
     ax_loss.set_ylabel("loss")
     ax_loss.set_title(f"{data.run_info.get('run_id') or data.run_dir.name}: "
                       f"{data.total_steps} step records, "
                       f"{'finished' if data.finished else 'still running'}")
-    if incs:
-        ax_loss.legend(loc="upper right", fontsize=8, title="incarnation")
+    if incs or data.evals:
+        ax_loss.legend(loc="upper right", fontsize=8)
     ax_mfu.set_ylabel("MFU %")
     ax_mfu.set_title(f"MFU, peak FLOP/s: {peak}", fontsize=9, loc="left")
     ax_time.set_ylabel("step time (ms)")
@@ -236,6 +274,7 @@ def build_figure(data: RunData) -> Figure:
     hi = max([(g.end - t0) / unit, *xs, 1e-3])
     for ax in (ax_loss, ax_mfu, ax_time, ax_good, ax_state):
         ax.set_xlim(lo, hi)
+    _loss_by_step(ax_by_step, data, lost)
     # sized on the axes' widths before the layout, which only widens them: estimates err wide
     _number_marks(fig, ax_state, ms, t0, unit)
     _badput_bars(fig, ax_bad, g)

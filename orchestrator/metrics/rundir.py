@@ -15,7 +15,7 @@ from typing import Any
 
 from orchestrator.metrics.goodput import TERMINAL_STATES, GoodputReport, compute_goodput
 from orchestrator.metrics.ledger import StepLedger
-from orchestrator.metrics.records import BadStepRecord, StepRecord
+from orchestrator.metrics.records import BadStepRecord, EvalRecord, StepRecord
 from orchestrator.shared.files import read_jsonl
 
 
@@ -73,6 +73,7 @@ class Thinned:
 class RunData:
     run_dir: Path
     steps: list[StepRecord]
+    evals: list[EvalRecord]
     total_steps: int
     timeline: list[dict[str, Any]]
     events: list[dict[str, Any]]
@@ -91,9 +92,11 @@ def load_run(run_dir: Path, *, now: float, max_points: int = 5000,
     skipped = Skipped()
     ledger = StepLedger()
     thin = Thinned(max_points)
+    evals: list[EvalRecord] = []
     total = 0
     for row in iter_jsonl(run_dir / "metrics.jsonl", skipped):
         if row.get("kind") == "eval":  # an eval record (EvalRecord.to_dict), not a step's
+            _add_eval(evals, row, skipped, max_points)
             continue
         try:
             rec = StepRecord.from_dict(row)
@@ -110,10 +113,29 @@ def load_run(run_dir: Path, *, now: float, max_points: int = 5000,
     finished = bool(timeline) and timeline[-1]["state"] in TERMINAL_STATES
     goodput = compute_goodput(timeline, ledger.items(), now=now,
                               rolling_window_s=rolling_window_s)
-    return RunData(run_dir=run_dir, steps=thin.result(), total_steps=total, timeline=timeline,
+    return RunData(run_dir=run_dir, steps=thin.result(), evals=evals, total_steps=total,
+                   timeline=timeline,
                    events=events, run_info=_read_json(run_dir / "run.json"),
                    summary=_read_json(run_dir / "summary.json"), goodput=goodput, now=now,
                    finished=finished, skipped=dict(skipped.counts))
+
+
+def _add_eval(evals: list[EvalRecord], row: dict[str, Any], skipped: Skipped,
+              limit: int) -> None:
+    """An eval line (``EvalRecord.to_dict``) kept for the report (the newest ``limit``); a
+    malformed one is counted as skipped."""
+    try:
+        evals.append(EvalRecord(
+            step=int(row["step"]), loss=float(row["loss"]),
+            wall_time=float(row.get("wall_time") or 0.0), tokens=int(row.get("tokens") or 0),
+            split=str(row.get("split") or "eval"),
+            metrics={str(k): float(v) for k, v in (row.get("metrics") or {}).items()},
+            seconds=float(row.get("seconds") or 0.0)))
+    except (KeyError, TypeError, ValueError, AttributeError, BadStepRecord):
+        skipped.add("metrics.jsonl")
+        return
+    if len(evals) > limit:
+        del evals[0]
 
 
 def event_time(row: dict[str, Any]) -> float | None:

@@ -69,10 +69,32 @@ def _summary_rows(data: RunData) -> list[tuple[str, str]]:
         ("lost (re-done) steps", f"{g.lost_steps:,}"),
         ("incarnations", str(len({int(r.get('incarnation', 0)) for r in data.timeline}))),
     ]
+    rows += _eval_summary(data)
     if data.skipped:
         rows.append(("skipped lines", ", ".join(f"{k}: {v}" for k, v in data.skipped.items())
                      + " (partial or corrupt)"))
     return rows
+
+
+def _eval_summary(data: RunData) -> list[tuple[str, str]]:
+    """The newest eval of each split, or how to get one."""
+    if not data.evals:
+        return [("eval", "no eval records (eval.every > 0 evaluates the held-out split)")]
+    newest = {r.split: r for r in data.evals}
+    return [(f"{split} loss (last eval)", f"{r.loss:.4f} at step {r.step:,}, perplexity "
+             f"{r.perplexity:.4g}") for split, r in sorted(newest.items())]
+
+
+def _eval_section(data: RunData) -> str:
+    """Every eval (the newest 200): step, split, loss, perplexity and the task's metrics."""
+    if not data.evals:
+        return ('<p class="muted">No eval records in metrics.jsonl: set eval.every to '
+                "evaluate the task's held-out split (docs/tasks.md).</p>")
+    names = sorted({k for r in data.evals for k in r.metrics})
+    rows = [(f"{r.step:,}", r.split, f"{r.loss:.4f}", f"{r.perplexity:.4g}", f"{r.tokens:,}",
+             f"{r.seconds:.2f}", *(f"{r.metrics[k]:.4g}" if k in r.metrics else "" for k in names))
+            for r in data.evals[-200:]]
+    return _table(("step", "split", "loss", "perplexity", "tokens", "seconds", *names), rows)
 
 
 CSS = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1100px;color:#222}
@@ -112,10 +134,14 @@ productive time (RUNNING minus re-done steps and blocking saves) / wall time
 (docs/metrics.md).</p>
 {_table(("", ""), _summary_rows(data))}
 <h2>Over time</h2>
-<p class="muted">Loss, MFU, step time and goodput; the state band shows the lifecycle with the
-slice count; dashed lines mark drains, re-forms, waits, shrink/grow and handled events, each
-numbered on the state strip and listed under the figure and below.</p>
+<p class="muted">Loss (and eval loss), MFU, step time and goodput over wall time; the state
+band shows the lifecycle with the slice count; dashed lines mark drains, re-forms, waits,
+shrink/grow and handled events, each numbered on the state strip and listed under the figure
+and below. A panel draws loss and eval loss by training step: steps re-done after a rollback
+are drawn again, the lost ones in grey.</p>
 <img alt="run report figure" src="data:image/png;base64,{img}">
+<h2>Eval</h2>
+{_eval_section(data)}
 <h2>Badput by cause</h2>
 {_table(("cause", "seconds", "share of wall time"), badput_rows)}
 <h2>Badput in ml-goodput-measurement's buckets</h2>

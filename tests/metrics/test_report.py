@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.metrics.plots import markers
+from orchestrator.metrics.records import EvalRecord
 from orchestrator.metrics.rundir import load_run
 from orchestrator.report import build_report
 from orchestrator.shared.errors import OrchestratorError
@@ -146,3 +147,24 @@ def test_the_marks_table_numbers_every_mark_as_the_figure_does(tmp_path):
     for n, label in enumerate(labels, start=1):
         assert re.search(rf"<tr><td>{n}</td><td>[0-9.,]+</td><td>{re.escape(html.escape(label))}"
                          r"</td></tr>", page), (n, label)
+
+
+def test_the_report_shows_the_eval_curve_and_table(tmp_path):
+    """A run with eval records: the summary names the newest eval loss, an Eval table lists
+    each eval with the task's metrics; a run without says how to get one."""
+    run_dir = tmp_path / "run"
+    now = write_run(run_dir, partial_tail=False)
+    with open(run_dir / "metrics.jsonl", "a") as fh:
+        for step, loss in ((50, 4.5), (100, 4.0)):
+            rec = EvalRecord(step=step, loss=loss, wall_time=T0 + 20 + step / 2, tokens=2048,
+                             seconds=0.5, metrics={"accuracy": step / 200})
+            fh.write(json.dumps(rec.to_dict()) + "\n")
+    page = build_report(run_dir, clock=lambda: now).html.read_text()
+    assert "<td>eval loss (last eval)</td><td>4.0000 at step 100, perplexity 54.6</td>" in page
+    assert "<h2>Eval</h2>" in page and "<th>accuracy</th>" in page
+    assert "<tr><td>50</td><td>eval</td><td>4.5000</td><td>90.02</td><td>2,048</td>" in page
+    assert "<td>0.5</td></tr>" in page  # the accuracy at step 100
+    empty = tmp_path / "plain"
+    now = write_run(empty, partial_tail=False)
+    page = build_report(empty, clock=lambda: now).html.read_text()
+    assert "no eval records (eval.every &gt; 0 evaluates the held-out split)" in page

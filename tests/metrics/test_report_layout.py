@@ -1,5 +1,6 @@
-"""The report's time axis fits the run, every mark is numbered with no label colliding, and every
-label is inside its panel (issue 32 item 7, issue 53 item 7)."""
+"""The report's time axis fits the run, every mark is numbered with no label colliding, every
+label is inside its panel, and loss and eval loss are drawn by training step too (issue 32
+item 7, issue 53 item 7)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 
 from orchestrator.metrics.axes import group_marks, time_unit
 from orchestrator.metrics.plots import build_figure, markers
+from orchestrator.metrics.records import EvalRecord
 from orchestrator.metrics.rundir import load_run
 from tests.metrics.synthetic import T0, step_record, transition
 
@@ -54,8 +56,10 @@ def test_a_last_mark_pulled_inside_onto_its_neighbour_joins_it():
     assert _ends(groups, 1.0)[0] <= 27.0
 
 
-def _short_run(run_dir: Path, *, events: int, peak_source: str = "configured") -> float:
-    """A 27 s run with ``events`` handled events 0.1 s apart at t=12 s. Returns 'now'."""
+def _short_run(run_dir: Path, *, events: int, peak_source: str = "configured",
+               evals: bool = False) -> float:
+    """A 27 s run with ``events`` handled events 0.1 s apart at t=12 s (with ``evals``, an
+    eval every 10 steps). Returns 'now'."""
     run_dir.mkdir(parents=True)
     tl = [transition(0, "PLANNING", None, T0), transition(1, "FORMING", "PLANNING", T0 + 1,
                                                            slices=["s0"]),
@@ -65,6 +69,9 @@ def _short_run(run_dir: Path, *, events: int, peak_source: str = "configured") -
     steps = [dataclasses.replace(step_record(k, T0 + 5 + 0.5 * k, inc=0, slices=1),
                                  peak_source=peak_source) for k in range(1, 41)]
     lines = [r.to_dict() for r in steps]
+    if evals:
+        lines += [EvalRecord(step=k, loss=4.0 - k / 20, wall_time=T0 + 5.2 + 0.5 * k,
+                             tokens=256).to_dict() for k in (10, 20, 30, 40)]
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     rows = [{"seq": i, "at": T0 + 12 + 0.1 * i, "received_at": T0 + 12 + 0.1 * i,
              "decision": "accepted", "reason": "", "via": "inbox",
@@ -89,7 +96,7 @@ def test_the_figure_of_a_27_s_run_numbers_every_mark_and_no_label_collides(tmp_p
     ms = markers(data)
     fig = build_figure(data)
     try:
-        ax_state, ax_legend = fig.axes[4], fig.axes[6]
+        ax_state, ax_legend = fig.axes[4], fig.axes[7]
         assert ax_state.get_xlabel() == "seconds since the run started"
         assert ax_state.get_xlim()[1] == pytest.approx(27.0, abs=0.5)
         renderer = fig.canvas.get_renderer()
@@ -134,3 +141,28 @@ def test_every_label_is_inside_its_panel(tmp_path):
         assert any("measured:cpu-matmul" in ax.get_title(loc="left") for ax in fig.axes)
     finally:
         plt.close(fig)
+
+
+def _line(ax, label):
+    lines = [ln for ln in ax.get_lines() if ln.get_label() == label]
+    assert len(lines) == 1, [ln.get_label() for ln in ax.get_lines()]
+    return lines[0]
+
+
+def test_loss_and_eval_loss_are_drawn_by_wall_time_and_by_training_step(tmp_path):
+    """The eval loss is on the loss panel at its wall time; a panel by training step holds the
+    train loss at every step and the eval loss at the steps it was taken."""
+    now = _short_run(tmp_path / "run", events=0, evals=True)
+    fig = build_figure(load_run(tmp_path / "run", now=now))
+    try:
+        ax_loss, ax_by_step = fig.axes[0], fig.axes[5]
+        timed = _line(ax_loss, "eval loss")
+        assert list(timed.get_xdata()) == pytest.approx([10.2, 15.2, 20.2, 25.2])
+        assert ax_by_step.get_xlabel() == "training step"
+        assert list(_line(ax_by_step, "inc 0").get_xdata()) == list(range(1, 41))
+        by_step = _line(ax_by_step, "eval loss")
+        assert list(by_step.get_xdata()) == [10, 20, 30, 40]
+        assert list(by_step.get_ydata()) == pytest.approx([3.5, 3.0, 2.5, 2.0])
+    finally:
+        plt.close(fig)
+
