@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from bench import machine
-from bench.orchestrated import RunDir, run_main
+from bench.orchestrated import RunDir, read_jsonl, run_main
 from bench.sidebyside import interleave, write_result
 
 MIB = 1024**2
@@ -162,6 +162,15 @@ def movements(rd: RunDir, rec: dict) -> dict:
             out.setdefault("restore", {"s": round(float(r["restore_s"]), 3),
                                        "GBps": _rate(int(r["nbytes"]), float(r["restore_s"])),
                                        "tier": r.get("tier")})
+    for line in read_jsonl(rd.path / "driver.log.jsonl"):
+        if line.get("message") == "ram_restore_parts":  # the slowest host's parts
+            hosts = line.get("hosts") or []
+            if hosts and "restore" in out:
+                out["restore"]["parts_s"] = max(hosts, key=lambda h: sum(
+                    v for k, v in h.items() if k != "nbytes" and isinstance(v, int | float)))
+    saved = (rec.get("phases_s") or {}).get("CHECKPOINTING")
+    if saved and copy_bytes and rec.get("kind") != "unannounced":
+        out["drain_copy"] = {"s": saved, "GBps": _rate(copy_bytes, saved)}
     for phase, secs in (rec.get("phases_s") or {}).items():
         out.setdefault("phases", {})[phase] = secs
     return out

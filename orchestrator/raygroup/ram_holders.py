@@ -301,6 +301,8 @@ class RamTier:
                         hosts=refused)
             return f"{choice.tier} step {choice.step} refused ({'; '.join(refused)[:500]})"
         assert choice.step is not None
+        log.info("ram_restore_parts", step=choice.step, tier=choice.tier,
+                 hosts=[{"nbytes": o.get("nbytes"), **(o.get("parts_s") or {})} for o in outs])
         return Restored(restored_step=choice.step, step=choice.step,
                         restore_s=max(float(o["restore_s"]) for o in outs), tier=choice.tier,
                         tier_reason=choice.reason,

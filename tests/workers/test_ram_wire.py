@@ -92,6 +92,47 @@ def test_a_restore_reads_a_copy_over_the_wire_described_first_then_whole():
         assert bytes(body) == data and got["mac"] == desc["mac"]
 
 
+def test_a_restore_reads_only_the_pieces_it_needs_vouched_for_by_the_holder():
+    """A restoring host asks for some pieces of a copy (those its shards overlap): the holder
+    checks the whole copy's MAC, sends those pieces back to back under a MAC of its own over
+    the copy's description, the indices and their bytes; the reader verifies it like a copy's.
+    Indices out of order or range, and a damaged copy, send nothing."""
+    from tests.workers.ram_testing import damage
+    from workers.ram import auth as ram_auth
+    from workers.ram import replica
+
+    h = holder()
+    address = h.serve(TOKEN, host="127.0.0.1")
+    data = bytes(range(256)) * 64
+    layout = {"leaves": [[[4096], "<f4"], [[8], "<f4"]],
+              "pieces": [[0, [[0, 2048]], "<f4", [2048], 0, 8192],
+                         [1, [[0, 8]], "<f4", [8], 8192, 32],
+                         [0, [[2048, 4096]], "<f4", [2048], 8224, 8160]]}
+    sent = copy_header(7, data, layout=layout)
+    key = ram_auth.Keys.from_token(TOKEN).copy
+    with ram_wire.connect(address, TOKEN, writer="node-a", timeout_s=5) as sock:
+        ram_wire.send_frame(sock, sent, data)
+        assert ram_wire.read_ack(sock)
+    with ram_wire.connect(address, TOKEN, writer="restore-7", timeout_s=5) as sock:
+        got, body = ram_wire.read_copy(sock, incarnation=1, step=7, source=0,
+                                       max_data=len(data), pieces=[1, 2])
+        assert bytes(body) == data[8192:]
+        assert got["pieces"] == [1, 2] and got["nbytes"] == len(body)
+        assert ram_auth.copy_intact(key, {**got, "data": body})
+        assert not ram_auth.copy_intact(key, {**got, "data": body, "pieces": [0, 2]})
+        assert not ram_auth.copy_intact(key, {**got, "data": body, "pieces": None})
+        cut = replica.only_pieces(layout, got["pieces"])
+        assert [p[4] for p in cut["pieces"]] == [0, 32]
+        for bad in ([2, 1], [1, 1], [3], [], ["1"]):
+            with pytest.raises(KeyError, match="ascending indices"):
+                ram_wire.read_copy(sock, incarnation=1, step=7, source=0, max_data=len(data),
+                                   pieces=bad)
+        assert damage(h, step=7, source=0)
+        with pytest.raises(KeyError, match="fails its authentication"):
+            ram_wire.read_copy(sock, incarnation=1, step=7, source=0, max_data=len(data),
+                               pieces=[1])
+
+
 def test_a_holder_receives_a_writers_next_copy_into_its_evicted_buffer():
     """With keep=2 the third copy evicts the first: the fourth is received into the first's
     buffer (pages already touched), never into one a restore was handed."""

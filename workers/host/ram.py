@@ -157,26 +157,36 @@ class RamTier:
                     conn(address), incarnation=incarnation, step=step, source=src, max_data=0,
                     describe=True)
             tr = self._trainer("restore_from_ram")
-            need = replica.needed_sources({s: d["layout"] for s, d in described.items()},
-                                          tr.abstract_state)
+            need = replica.needed_pieces({s: d["layout"] for s, d in described.items()},
+                                         tr.abstract_state)
             copies = {}
-            for src in need:
+            t_fetch = time.perf_counter()
+            for src, pieces in need.items():
                 name, address = holders[src]
+                every = len(pieces) == len(described[src]["layout"].get("pieces", []))
                 got, data = ram_wire.read_copy(
                     conn(address), incarnation=incarnation, step=step, source=src,
-                    max_data=int(described[src]["nbytes"]), into=buffers.new)
-                if got.get("source") != src or got.get("incarnation") != incarnation:
-                    raise ValueError(f"asked for source {src} of incarnation {incarnation}, "
-                                     f"got source {got.get('source')} of "
-                                     f"{got.get('incarnation')}")
+                    max_data=int(described[src]["nbytes"]), into=buffers.new,
+                    pieces=None if every else pieces)
+                if (got.get("source"), got.get("incarnation"), got.get("pieces")) != (
+                        src, incarnation, None if every else pieces):
+                    raise ValueError(f"asked for source {src} of incarnation {incarnation}"
+                                     f"{'' if every else f' (pieces {pieces})'}, got source "
+                                     f"{got.get('source')} of {got.get('incarnation')}")
                 copies[f"source {src} from {name}"] = {**got, "data": data}
         except Exception as exc:
             return _refused(step, exc, t0)
         finally:
             for sock in socks.values():
                 sock.close()
-        return self.restore_copies(step, copies, token, started=t0,
-                                   layouts={s: d["layout"] for s, d in described.items()})
+        fetched = time.perf_counter()
+        out = self.restore_copies(step, copies, token, started=t0,
+                                  layouts={s: d["layout"] for s, d in described.items()})
+        if out.get("ok"):  # where the time went: the wire, then the MAC and the placing
+            out["parts_s"] = {"describe": round(t_fetch - t0, 4),
+                              "fetch": round(fetched - t_fetch, 4),
+                              **out.get("parts_s", {})}
+        return out
 
     def restore_copies(self, step: int, copies: dict[str, dict], token: str, *,
                        started: float | None = None, tier: str = "ram",
@@ -186,13 +196,20 @@ class RamTier:
         every source's layout (source -> layout) when ``copies`` are only the sources this host
         needs (the data position is every source's record)."""
         from workers.ram import auth as ram_auth
+        from workers.ram import replica
 
         t0 = time.perf_counter() if started is None else started
         tr = self._trainer("restore_from_ram")
         try:
             key = ram_auth.Keys.from_token(token).copy
+            t_verify = time.perf_counter()
             for name, got in copies.items():
                 ram_auth.verify_copy(key, got, step=step, name=name)
+            t_place = time.perf_counter()
+            # a read of some pieces: placed by the layout of those pieces, back to back
+            copies = {name: ({**got, "layout": replica.only_pieces(got["layout"], got["pieces"])}
+                             if got.get("pieces") is not None else got)
+                      for name, got in copies.items()}
             sources = [got["source"] for got in copies.values()]
             if len(set(sources)) != len(sources):
                 raise ValueError(f"the copies repeat a source ({sorted(sources)})")
@@ -203,9 +220,12 @@ class RamTier:
             raise  # the copies are fine, the data cannot resume from them: the run stops
         except Exception as exc:
             return _refused(step, exc, t0)
-        return {"ok": True, "step": tr.step, "restore_s": time.perf_counter() - t0,
+        t_end = time.perf_counter()
+        return {"ok": True, "step": tr.step, "restore_s": t_end - t0,
                 "nbytes": sum(len(got["data"]) for got in copies.values()),
-                "data": tr.data_resumed}
+                "data": tr.data_resumed,
+                "parts_s": {"verify": round(t_place - t_verify, 4),
+                            "place": round(t_end - t_place, 4)}}
 
     def restore_from_disk_copy(self, step: int, token: str,
                                checkpoint_dir: str | Path | None) -> dict:

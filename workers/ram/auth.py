@@ -93,8 +93,7 @@ _CHUNK = 16 * 1024 * 1024
 
 
 def copy_mac(key: bytes, *, incarnation: int, step: int, source: int, sources: int,
-             layout: Any, data: bytes | bytearray | memoryview, nonce: bytes | None = None
-             ) -> str:
+             layout: Any, data: Any, nonce: bytes | None = None) -> str:
     """The MAC of a copy, over its description, then its bytes (read in place): AES-256-GMAC
     under ``key`` with a random 96-bit ``nonce`` per copy, written ``g1:<nonce><tag>`` (hex).
     GMAC, not HMAC-SHA256, because every copy is MACed by its sender and checked by its
@@ -110,9 +109,10 @@ def copy_mac(key: bytes, *, incarnation: int, step: int, source: int, sources: i
         raise ValueError(f"a copy MAC's nonce is {NONCE_BYTES} bytes")
     mac = Cipher(algorithms.AES(key), modes.GCM(nonce)).encryptor()
     mac.authenticate_additional_data(struct.pack("!Q", len(meta)) + meta)
-    view = memoryview(data).cast("B")
-    for i in range(0, len(view), _CHUNK):
-        mac.authenticate_additional_data(view[i:i + _CHUNK])
+    for part in data if isinstance(data, list | tuple) else (data,):  # a buffer, or its parts
+        view = memoryview(part).cast("B")
+        for i in range(0, len(view), _CHUNK):
+            mac.authenticate_additional_data(view[i:i + _CHUNK])
     mac.finalize()
     return GMAC + nonce.hex() + mac.tag.hex()
 
@@ -137,14 +137,29 @@ def valid_mac_text(mac: Any) -> bool:
     return len(body) == want and all(c in "0123456789abcdef" for c in body)
 
 
+def pieces_mac(key: bytes, copy: dict, pieces: list[int], parts: list) -> str:
+    """A holder's MAC over some pieces of a copy it verified whole (``copy``: its fields;
+    ``parts``: the pieces' bytes in order): its description and the piece indices, then those
+    bytes, so a restore reads only the pieces its shards need and still uses nothing
+    unauthenticated. Under the copy key, which only the run's processes hold."""
+    return copy_mac(key, incarnation=copy["incarnation"], step=copy["step"],
+                    source=copy["source"], sources=copy["sources"],
+                    layout={"layout": copy["layout"], "pieces": pieces}, data=parts)
+
+
 def copy_intact(key: bytes, got: dict) -> bool:
     """Whether ``got`` (``RamHolder.get`` / ``copy_store.read``) carries its own valid MAC."""
     mac = got.get("mac")
     if not valid_mac_text(mac):
         return False
     try:
+        layout = got["layout"]
+        if got.get("pieces") is not None:  # a holder's read of some pieces (``pieces_mac``)
+            if not mac.startswith(GMAC):
+                return False
+            layout = {"layout": layout, "pieces": got["pieces"]}
         fields = dict(incarnation=got["incarnation"], step=got["step"], source=got["source"],
-                      sources=got["sources"], layout=got["layout"], data=got["data"])
+                      sources=got["sources"], layout=layout, data=got["data"])
         want = (copy_mac(key, nonce=bytes.fromhex(mac[len(GMAC):][:2 * NONCE_BYTES]), **fields)
                 if mac.startswith(GMAC) else _hmac_copy_mac(key, **fields))
     except (KeyError, TypeError, ValueError):

@@ -20,6 +20,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from workers.host.niceness import LOWEST, idle_this_thread, lower_this_thread
 from workers.ram import auth as ram_auth
@@ -237,7 +238,29 @@ class _Store:
                 c.lent = True
         description = {k: v for k, v in c.as_dict().items() if k != "data"}
         description["nbytes"] = len(c.data)
-        return description, (b"" if request.get("describe") else c.data)
+        if request.get("describe"):
+            return description, b""
+        if request.get("pieces") is None:
+            return description, c.data
+        return self._pieces(c, description, request["pieces"])
+
+    def _pieces(self, c: _Copy, description: dict, wanted: Any) -> tuple[dict, list]:
+        """Some pieces of copy ``c`` (indices into its layout's, ascending), vouched for by
+        ``pieces_mac`` once the whole copy's own MAC is checked here: a restore reads the
+        pieces its shards need, not every byte of every source."""
+        pieces = c.layout.get("pieces") if isinstance(c.layout, dict) else None
+        if (not isinstance(wanted, list) or not wanted or not isinstance(pieces, list)
+                or any(type(i) is not int for i in wanted)
+                or wanted != sorted(set(wanted)) or not 0 <= wanted[0] <= wanted[-1] < len(pieces)):
+            raise ValueError("the read's pieces are not ascending indices of the copy's pieces")
+        fields = c.as_dict()
+        if not ram_auth.copy_intact(self.copy_key, fields):
+            raise ValueError("the copy fails its authentication: no pieces of it are sent")
+        view = memoryview(c.data)
+        parts = [view[int(pieces[i][4]):int(pieces[i][4]) + int(pieces[i][5])] for i in wanted]
+        description.update(pieces=wanted, nbytes=sum(p.nbytes for p in parts),
+                           mac=ram_auth.pieces_mac(self.copy_key, fields, wanted, parts))
+        return description, parts
 
     def drop_older(self, incarnation: int) -> int:
         """``RamHolder.drop_older``: copies of older incarnations out (a queued durable save

@@ -169,16 +169,34 @@ def needed_sources(layouts: dict[int, dict], abstract_state: Any) -> list[int]:
     """The sources (of ``layouts``: source -> its copy's layout) holding a piece of any shard
     this process places of ``abstract_state``: a host fetches only those (on the mesh the copies
     were made on, its own source alone), not every host's copy."""
+    return sorted(needed_pieces(layouts, abstract_state))
+
+
+def needed_pieces(layouts: dict[int, dict], abstract_state: Any) -> dict[int, list[int]]:
+    """Per source that has any, the pieces of its copy (indices into its layout's, ascending)
+    overlapping a shard this process places: a replicated array is packed by one source, so
+    every host needs a few small pieces of every other's copy, and reads just those."""
     targets = jax.tree_util.tree_leaves(abstract_state)
     wanted = [_my_indices(t) for t in targets]
-    out = []
+    out: dict[int, list[int]] = {}
     for src, layout in sorted(layouts.items()):
-        for i, index, _dtype, _shape, _offset, _nbytes in layout.get("pieces", []):
-            if 0 <= i < len(wanted) and any(_overlap(index, mine) is not None
-                                                for mine in wanted[i]):
-                out.append(src)
-                break
+        mine = [k for k, (i, index, *_rest) in enumerate(layout.get("pieces", []))
+                if 0 <= i < len(wanted) and any(_overlap(index, box) is not None
+                                                 for box in wanted[i])]
+        if mine:
+            out[src] = mine
     return out
+
+
+def only_pieces(layout: dict, pieces: list[int]) -> dict:
+    """``layout`` of a copy cut down to ``pieces`` (ascending indices into its pieces), their
+    offsets those of the pieces' bytes read back to back (``wire.read_copy(pieces=...)``)."""
+    kept, offset = [], 0
+    for k in pieces:
+        i, index, dtype, shape, _offset, nbytes = layout["pieces"][k]
+        kept.append([i, index, dtype, shape, offset, nbytes])
+        offset += nbytes
+    return {**layout, "pieces": kept}
 
 
 def place(copies: Sequence[tuple[dict, bytes | bytearray]], abstract_state: Any) -> Any:

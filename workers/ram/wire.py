@@ -25,6 +25,7 @@ import socket
 import struct
 import time
 from collections.abc import Callable
+from typing import Any
 
 from workers.ram import auth as ram_auth
 
@@ -40,7 +41,8 @@ HELLO_MAX_HEADER = 1024
 
 READ = "read"
 """A frame whose header has this key asks the holder for a copy (a restore) instead of
-bringing one: ``{"read": {"incarnation", "step", "source"}, "describe": bool}``."""
+bringing one: ``{"read": {"incarnation", "step", "source"}, "describe": bool}``, and
+``"pieces": [index, ...]`` for only some of its pieces."""
 
 
 class WireError(ConnectionError):
@@ -56,11 +58,15 @@ class CopyRefused(WireError):
     help)."""
 
 
-def send_frame(sock: socket.socket, header: dict | bytes, data: bytes | bytearray = b"") -> None:
+def send_frame(sock: socket.socket, header: dict | bytes, data: Any = b"") -> None:
+    """One frame: ``header`` then ``data`` (a buffer, or a list of buffers sent in order as
+    one body: pieces of a copy, with no concatenating copy)."""
     body = header if isinstance(header, bytes) else json.dumps(header).encode()
-    sock.sendall(_HEAD.pack(MAGIC, len(body), len(data)) + body)
-    if data:
-        sock.sendall(data)
+    parts = data if isinstance(data, list | tuple) else [data]
+    sock.sendall(_HEAD.pack(MAGIC, len(body), sum(memoryview(p).nbytes for p in parts)) + body)
+    for part in parts:
+        if memoryview(part).nbytes:
+            sock.sendall(part)
 
 
 def recv_frame(sock: socket.socket, *, max_header: int = MAX_HEADER, max_data: int,
@@ -149,12 +155,13 @@ def read_ack(sock: socket.socket) -> bool:
 
 
 def read_copy(sock: socket.socket, *, incarnation: int, step: int, source: int,
-              max_data: int, describe: bool = False,
+              max_data: int, describe: bool = False, pieces: list[int] | None = None,
               into: Callable[[int], bytearray] | None = None) -> tuple[dict, bytearray]:
     """Ask a holder (a connection made by ``connect``) for one copy: (its description with the
-    MAC, its bytes; no bytes when ``describe``). ``KeyError`` when the holder has none."""
+    MAC, its bytes; no bytes when ``describe``; ``pieces``: only those of its layout's pieces,
+    in order, under the holder's ``pieces_mac``). ``KeyError`` when the holder has none."""
     send_frame(sock, {READ: {"incarnation": incarnation, "step": step, "source": source},
-                      "describe": describe})
+                      "describe": describe, **({"pieces": pieces} if pieces is not None else {})})
     header, data = recv_frame(sock, max_data=max_data, into=into)
     if "error" in header:
         raise KeyError(f"the holder has no such copy: {header['error']}")
