@@ -167,7 +167,7 @@ class Driver:
         print(protection.line(chosen), flush=True)
         ram = RamTier.for_run(self.cfg, self.run_dir)  # None: checkpoint.ram is off
         self._prepare_run_dir()
-        self.metrics = self._build_metrics()
+        self.metrics = self._build_metrics(task)
         self.intake = self._build_intake()
         self._emulate_cloud()
         wiring = from_config(self.cfg)  # the policies and the chaos plug-in
@@ -294,13 +294,16 @@ class Driver:
                     "cluster.emulate.slices")
         return plan
 
-    def _build_metrics(self) -> Any:
+    def _build_metrics(self, task: Any) -> Any:
+        from orchestrator.metrics.console import throughput_unit
         from orchestrator.metrics.pipeline import MetricsPipeline, build_sinks, identity_for
 
         m = self.cfg.metrics
         identity = identity_for(m, run_name=self.cfg.run.name)
         live = self.cfg.run.total_steps if self.output.live else None
-        sinks = build_sinks(m, run_dir=self.run_dir, identity=identity, live_total=live)
+        unit = throughput_unit(task.tokens_per_step, self.cfg.train.global_batch)
+        sinks = build_sinks(m, run_dir=self.run_dir, identity=identity, live_total=live,
+                            unit=unit)
         return MetricsPipeline(sinks, queue_size=m.queue_size)
 
     def _build_intake(self) -> Any:

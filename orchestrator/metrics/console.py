@@ -17,11 +17,22 @@ if TYPE_CHECKING:
     from orchestrator.lifecycle import Transition
     from orchestrator.metrics.live import LiveProgress
 
-def format_progress(rec: StepRecord, *, goodput: float | None) -> str:
-    """One line a human can scan: step, loss, step time, tokens/s, MFU (with its peak source)."""
+TOKENS, EXAMPLES = "tokens", "examples"
+RATE_LABEL = {TOKENS: "tok/s", EXAMPLES: "examples/s"}
+
+
+def throughput_unit(tokens_per_step: int, global_batch: int) -> str:
+    """What a step's ``tokens`` count: a task that sets no ``tokens_per_example`` (1 a row: a
+    classifier, a regression) counts examples, and is shown as examples/s, not tok/s."""
+    return EXAMPLES if tokens_per_step == global_batch else TOKENS
+
+
+def format_progress(rec: StepRecord, *, goodput: float | None, unit: str = TOKENS) -> str:
+    """One line a human can scan: step, loss, step time, throughput (tok/s, or examples/s for a
+    task without tokens), MFU (with its peak source)."""
     good = "n/a" if goodput is None else f"{goodput * 100:5.1f}%"
     return (f"step {rec.step:>7d} | loss {rec.loss:8.4f} | step {rec.step_time_s * 1e3:8.1f} ms | "
-            f"{rec.tokens_per_second:10.0f} tok/s | MFU {rec.mfu * 100:6.2f}% "
+            f"{rec.tokens_per_second:10.0f} {RATE_LABEL[unit]} | MFU {rec.mfu * 100:6.2f}% "
             f"(peak {rec.peak_flops_per_device:.3g} FLOP/s/dev, {rec.peak_source}) | "
             f"goodput {good} | inc {rec.incarnation} slices {rec.slices}")
 
@@ -37,8 +48,9 @@ class ConsoleSink(RunListener):
 
     def __init__(self, *, every: int = 10, stream: TextIO | None = None,
                  clock: Callable[[], float] = time.time, goodput_every_s: float = 2.0,
-                 live: LiveProgress | None = None) -> None:
+                 live: LiveProgress | None = None, unit: str = TOKENS) -> None:
         self._every = max(1, every)
+        self._unit = unit  # what a step's tokens count: tokens, or examples (throughput_unit)
         self._stream = stream or sys.stdout
         self._clock = clock
         self._timeline: list[Mapping[str, Any]] = []
@@ -65,12 +77,14 @@ class ConsoleSink(RunListener):
         if self._live is not None:
             self._live.update(step=rec.step, loss=rec.loss, mfu=rec.mfu, goodput=self._goodput())
         elif rec.step % self._every == 0:
-            print(format_progress(rec, goodput=self._goodput()), file=self._stream, flush=True)
+            print(format_progress(rec, goodput=self._goodput(), unit=self._unit),
+                  file=self._stream, flush=True)
 
     def on_eval(self, rec: EvalRecord) -> None:
         extra = "".join(f" | {k} {v:.4g}" for k, v in sorted(rec.metrics.items()))
         self._print(f"{rec.split} at step {rec.step:>5d} | loss {rec.loss:8.4f} | perplexity "
-                    f"{rec.perplexity:10.4g}{extra} | {rec.tokens} tokens in {rec.seconds:.2f} s")
+                    f"{rec.perplexity:10.4g}{extra} | {rec.tokens} {self._unit} in "
+                    f"{rec.seconds:.2f} s")
 
     def close(self) -> None:
         if self._live is not None:

@@ -177,10 +177,12 @@ def build_sinks(cfg: MetricsConfig, *, run_dir: Path, identity: ResourceIdentity
                 clock: Callable[[], float] = time.time,
                 client_factory: Callable[[str | None], Any] | None = None,
                 live_total: int | None = None,
-                recorder_factory: Callable[[str, str], Any] | None = None) -> list[RunListener]:
+                recorder_factory: Callable[[str, str], Any] | None = None,
+                unit: str = "tokens") -> list[RunListener]:
     """The sinks the config turns on. ``client_factory`` is the Cloud Monitoring seam and
     ``recorder_factory`` the goodput recorder's; ``live_total`` (the run's steps) turns the
-    console's progress lines into a live bar."""
+    console's progress lines into a live bar; ``unit`` is what the console calls a step's
+    tokens (``console.throughput_unit``: tokens, or examples)."""
     from orchestrator.metrics.console import ConsoleSink
     from orchestrator.metrics.jsonl import JsonlSink
     from orchestrator.metrics.raymetrics import RayMetricsSink
@@ -192,7 +194,8 @@ def build_sinks(cfg: MetricsConfig, *, run_dir: Path, identity: ResourceIdentity
             from orchestrator.metrics.live import LiveProgress
 
             live = LiveProgress(live_total)
-        sinks.append(ConsoleSink(every=cfg.console_every_steps, clock=clock, live=live))
+        sinks.append(ConsoleSink(every=cfg.console_every_steps, clock=clock, live=live,
+                                 unit=unit))
     if cfg.jsonl:
         sinks.append(JsonlSink(Path(run_dir) / "metrics.jsonl"))
     if cfg.ray_metrics:

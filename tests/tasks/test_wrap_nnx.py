@@ -74,9 +74,12 @@ def test_the_example_trains_a_step_on_a_cpu_mesh_without_ray(tmp_path):
 
 
 def test_the_drivers_check_passes_the_example_saying_its_layers_are_replicated():
+    """The driver prints the replication line, and counts the classifier's rows as examples."""
     from orchestrator.config import load_config
     from orchestrator.driver.task_check import run_check
+    from orchestrator.metrics.console import throughput_unit
 
     summary = run_check(load_config(str(ROOT / "examples" / "wrap_nnx" / "config.yaml")))
     assert summary.n_params == 16 * 64 + 64 + 64 * 4 + 4
     assert len(summary.notes) == 1 and "replicated on every device" in summary.notes[0]
+    assert throughput_unit(summary.tokens_per_step, 32) == "examples"  # the console: examples/s
