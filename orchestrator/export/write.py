@@ -191,9 +191,11 @@ def _tokenizer(task: dict | None) -> tuple[bytes | None, dict]:
         m = datamanifest.load(data_dir, setting=setting)
         fs, path = fslib.filesystem(fslib.join(data_dir, m.tokenizer.file), setting=setting)
         data = fs.cat_file(path)
-    except (OrchestratorError, OSError) as exc:
+    except OrchestratorError as exc:
+        return None, {"tokenizer": None, "tokenizer_missing": exc.message}
+    except Exception as exc:  # a filesystem's own error (a bucket without its client, ...)
         return None, {"tokenizer": None, "tokenizer_missing":
-                      f"{setting}={data_dir}: {getattr(exc, 'message', None) or exc}"}
+                      f"{setting}={data_dir}: {type(exc).__name__}: {exc}"}
     if hashlib.sha256(data).hexdigest() != m.tokenizer.sha256:
         return None, {"tokenizer": None, "tokenizer_missing":
                       f"{setting}={data_dir}: {m.tokenizer.file} differs from the one its "

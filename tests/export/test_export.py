@@ -278,3 +278,14 @@ def test_a_rebuild_that_does_not_fit_the_weights_is_refused(text_run, tmp_path):
         rebuild(tmp_path / "out")
     assert "params/block0/down/kernel: exported (64, 32) float32, built (64, 16)" in str(
         info.value)
+
+
+def test_a_tokenizer_that_cannot_be_read_now_is_said_and_fails_nothing(tmp_path):
+    """The data moved since the run: export.json says why the tokenizer is not there."""
+    from orchestrator.export.write import _tokenizer
+
+    data, info = _tokenizer({"kind": "a.b:c", "settings": {"data": {"dir": str(tmp_path)}}})
+    assert data is None and info["tokenizer"] is None
+    assert "task.data.dir" in info["tokenizer_missing"] and "manifest.json" in \
+        info["tokenizer_missing"]
+    assert _tokenizer({"kind": "a.b:c", "settings": {"hidden": 3}}) == (None, {"tokenizer": None})
