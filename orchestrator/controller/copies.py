@@ -31,6 +31,7 @@ def copy_every(run: Run, save_every: int) -> int | None:
     measured = len(led.pack_costs) >= MIN_COPIES
     choice = policy.choose(IntervalObservation(
         step_s=led.median_step_s(), copy_s=led.median_pack_s(MIN_COPIES) if measured else None,
+        deliver_s=led.median_deliver_s(MIN_COPIES) if measured else None,
         current=current,
         failures=sum(not r.announced for r in led.restarts),
         observed_s=run.now() - run.started_at))

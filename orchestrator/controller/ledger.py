@@ -83,8 +83,12 @@ class RecoveryLedger:
     """Seconds steps waited for their RAM-tier copy (a durable save written from RAM costs the
     step only this, so it is not a save cost)."""
     pack_costs: list[float] = field(default_factory=list)
-    """Of those, the periodic copies' alone (a drain's copy waits for delivery too): what
-    ``checkpoint.ram.every: auto`` weighs against the step time."""
+    """Of those, the periodic copies' packs alone (less the wait for the previous copy's
+    delivery; a drain's copy waits for delivery too): what ``checkpoint.ram.every: auto``
+    weighs against the step time."""
+    deliver_costs: list[float] = field(default_factory=list)
+    """Seconds a periodic copy took from its pack to its delivery, where a step measured it
+    (the next copy waited for it: the wait plus the steps between them)."""
     packed_in: int | None = None
     """The incarnation whose periodic copies are being counted."""
     packs_seen: int = 0
@@ -160,11 +164,16 @@ class RecoveryLedger:
                         self.packed_in, self.packs_seen = self.incarnation, 0
                     self.packs_seen += 1
                     if self.packs_seen > PACK_WARMUP:
-                        self.pack_costs.append(float(rec["ram_copy_s"]))
+                        wait = float(rec.get("ram_wait_s") or 0.0)
+                        self.pack_costs.append(max(0.0, float(rec["ram_copy_s"]) - wait))
+                        if wait > 0.001 and rec.get("step_time_s"):
+                            self.deliver_costs.append(
+                                wait + (self.copy_every or 1) * float(rec["step_time_s"]))
             if rec.get("checkpoint_blocking_s") and not rec.get("saved_from_ram"):
                 self.save_costs.append(float(rec["checkpoint_blocking_s"]))
         del self.copy_costs[:-_KEEP_STEP_TIMES]
         del self.pack_costs[:-_KEEP_STEP_TIMES]
+        del self.deliver_costs[:-_KEEP_STEP_TIMES]
         del self.step_times[:-_KEEP_STEP_TIMES]
 
     def median_step_s(self, last: int = 20) -> float | None:
@@ -177,6 +186,10 @@ class RecoveryLedger:
 
     def median_pack_s(self, last: int = 20) -> float | None:
         recent = self.pack_costs[-last:]
+        return statistics.median(recent) if recent else None
+
+    def median_deliver_s(self, last: int = 20) -> float | None:
+        recent = self.deliver_costs[-last:]
         return statistics.median(recent) if recent else None
 
     def median_save_s(self, last: int = 5) -> float | None:

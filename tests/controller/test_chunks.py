@@ -136,3 +136,23 @@ def test_ram_every_auto_weighs_copies_after_a_groups_start_and_the_newest_five()
     led.absorb(len(recs) + 1, None, ({"step": len(recs) + 1, "loss": 1.0, "step_time_s": 1.0,
                                       "ram_copy_s": 3.0},))
     assert led.pack_costs == steady
+
+
+def test_ram_every_auto_weighs_the_pack_apart_from_the_wait_for_the_previous_copy():
+    """A step's copy seconds are its pack plus its wait for the copy before it to be delivered
+    (``ram_wait_s``): the ledger keeps the pack as the copy's cost and the delivery time (the
+    wait plus the steps between the copies) apart, so a wait seen while copying every step does
+    not price every interval."""
+    from orchestrator.controller.ledger import PACK_WARMUP, RecoveryLedger
+
+    led = RecoveryLedger()
+    led.incarnation = 1
+    recs = tuple({"step": i + 1, "loss": 1.0, "step_time_s": 2.85, "ram_copy_s": 0.55,
+                  "ram_wait_s": 0.35} for i in range(PACK_WARMUP + 5))
+    led.absorb(len(recs), None, recs)
+    assert led.median_pack_s(5) == pytest.approx(0.2)
+    assert led.median_deliver_s(5) == pytest.approx(0.35 + 2.85)
+    led.copy_every = 4  # at a longer interval the copies wait for nothing: no new delivery
+    led.absorb(len(recs) + 1, None, ({"step": len(recs) + 1, "loss": 1.0, "step_time_s": 2.85,
+                                      "ram_copy_s": 0.2, "ram_wait_s": 0.0},))
+    assert led.median_deliver_s(5) == pytest.approx(3.2) and len(led.deliver_costs) == 5

@@ -32,6 +32,23 @@ def test_a_large_model_copies_every_k_steps_within_the_budget(copy_s, every):
         assert f"every {every // 2} would cost" in got.reason
 
 
+def test_the_wait_for_the_previous_copy_counts_only_where_an_interval_leaves_it():
+    """1 GiB per host here: a pack of 0.2 s in a 2.85 s step, and a copy delivered 3.2 s after
+    its pack. Every step, each copy would also wait 0.35 s for the one before; every 4 steps
+    none waits, and 0.2 s / 4 steps is within the budget. Priced as one blocking figure (the
+    wait measured every step folded into the pack), the same copies asked for every 16."""
+    got = RamIntervalPolicy().choose(IntervalObservation(step_s=2.85, copy_s=0.2, current=1,
+                                                         deliver_s=3.2))
+    assert got.every == 4 and got.overhead == pytest.approx(0.2 / (4 * 2.85))
+    assert "waits for the one before it until 3200 ms" in got.reason
+    assert "every 2 would cost" in got.reason
+    folded = RamIntervalPolicy().choose(obs(2.85, 0.2 + 0.35))
+    assert folded.every == 16
+    slow = RamIntervalPolicy().choose(IntervalObservation(step_s=1.0, copy_s=0.01, current=1,
+                                                          deliver_s=3.5))
+    assert slow.every == 4  # every 2 waits 1.5 s of 2; every 4 none
+
+
 def test_lowering_waits_for_a_margin_so_noise_does_not_flap():
     p = RamIntervalPolicy()
     # at every=2 the measured cost fits every=1 only just (1.9 %): kept

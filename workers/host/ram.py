@@ -92,6 +92,10 @@ class RamTier:
         return r.after_step(step, trainer.state, persist=self._persist if persist else None,
                             data=trainer.data_record)
 
+    def last_wait_s(self) -> float:
+        """Of the last copy's blocking seconds, the wait for the previous one's delivery."""
+        return self._replicator.last_wait_s if self._replicator is not None else 0.0
+
     def can_persist(self) -> bool:
         """Whether a save step is saved durably from the copies (not by Orbax) now."""
         r = self._replicator
@@ -121,10 +125,13 @@ class RamTier:
             why = "RAM tier not attached" if r is None else (r.stats.disabled or "no holder left")
             return {"ok": False, "step": tr.step, "reason": why,
                     "seconds": time.perf_counter() - t0}
-        r.after_step(tr.step, tr.state, force=True,
+        # sent from the shards as they are (no pack): nothing steps until it is delivered
+        r.after_step(tr.step, tr.state, force=True, direct=True,
                      persist=self._persist if persist and self._persist is not None else None,
                      data=tr.data_record)
         delivered = r.settle()
+        if not delivered:  # its views must not be sent once the state moves on
+            r.drop_direct()
         ok = delivered and bool(r.holders)
         why = ("" if ok else "the copy was not delivered in time" if not delivered
                else "every holder failed to take the copy")

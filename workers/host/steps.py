@@ -48,6 +48,8 @@ class Copies(Protocol):
 
     def can_persist(self) -> bool: ...
 
+    def last_wait_s(self) -> float: ...
+
     def newest_durable(self, orbax_step: int | None) -> int | None: ...
 
 
@@ -117,6 +119,8 @@ class StepLoop:
                                     "grad_norm": out.grad_norm, "step_time_s": out.step_time_s,
                                     "lr": out.lr, "checkpoint_blocking_s": saved_s,
                                     "ram_copy_s": ram_s, "saved": saved,
+                                    "ram_wait_s": round(self._copies.last_wait_s(), 6)
+                                    if ram_s else 0.0,
                                     "saved_from_ram": saved and ram_s > 0,
                                     "metrics": out.extra, "wall_time": wall})
                     if ev is not None:

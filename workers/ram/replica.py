@@ -98,6 +98,20 @@ class Packer:
         """Copy the shards straight into one buffer (a released one when there is one): no
         pytree walk per shard and no second concatenating copy (the step waits for this
         part)."""
+        data = self._buffer()
+        out = np.frombuffer(data, dtype=np.uint8)
+        moves = []
+        for (_i, _k, offset, nbytes), piece in zip(self._take, self.views(state), strict=True):
+            for a in range(0, nbytes, PACK_CHUNK):
+                moves.append((out[offset + a:offset + min(nbytes, a + PACK_CHUNK)],
+                              piece[a:a + PACK_CHUNK]))
+        _copy_all(moves)
+        return self.layout, data
+
+    def views(self, state: Any) -> list[np.ndarray]:
+        """The copy's pieces as they lie in the shards (bytes, in layout order; no copy on a
+        CPU device): what ``pack`` copies, or, while the state stays as it is until they are
+        sent (a drain's copy: no step runs until it is delivered), what is sent as it is."""
         leaves = jax.tree_util.tree_leaves(state)
         if len(leaves) != self._count:
             raise ReplicaMismatch(f"the state has {len(leaves)} arrays, packed {self._count}")
@@ -105,20 +119,15 @@ class Packer:
             if leaf.sharding is not sharding and leaf.sharding != sharding:  # same object: cheap
                 raise ReplicaMismatch(f"array {i} is sharded {leaf.sharding}, the Packer was made "
                                       f"for {sharding}: make a new Packer for a new mesh")
-        data = self._buffer()
-        out = np.frombuffer(data, dtype=np.uint8)
-        moves = []
-        for i, k, offset, nbytes in self._take:
+        out = []
+        for i, k, _offset, nbytes in self._take:
             # the same order as addressable_shards; one device's buffer, C-contiguous
             piece = np.asarray(leaves[i].addressable_data(k)).reshape(-1).view(np.uint8)
             if piece.size != nbytes:
                 raise ReplicaMismatch(f"array {i} shard {k} is {piece.size} bytes, the layout "
                                       f"says {nbytes}: the sharding changed since the Packer")
-            for a in range(0, nbytes, PACK_CHUNK):
-                moves.append((out[offset + a:offset + min(nbytes, a + PACK_CHUNK)],
-                              piece[a:a + PACK_CHUNK]))
-        _copy_all(moves)
-        return self.layout, data
+            out.append(piece)
+        return out
 
 
 def _copy_all(moves: list[tuple[np.ndarray, np.ndarray]]) -> None:

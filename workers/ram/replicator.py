@@ -25,6 +25,7 @@ return without privilege), logged once.
 from __future__ import annotations
 
 import logging
+import mmap
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -78,6 +79,11 @@ class _Copy:
     persist: dict | None
 
 
+def _nbytes(data: Any) -> int:
+    """Bytes of a copy's body: one buffer, or the shards' views sent as they are."""
+    return sum(memoryview(p).nbytes for p in data) if isinstance(data, list) else len(data)
+
+
 class Replicator:
     """``holders``: (name, (address, port)) of this host's own-node holder and its peer's (or
     its peer's only)."""
@@ -103,6 +109,9 @@ class Replicator:
         """The driver's number, or (None: ``auto`` undecided there) this host's own."""
         self.deliver_timeout_s = deliver_timeout_s
         self.stats = ReplicaStats()
+        self.last_wait_s = 0.0
+        """Of the last copy's blocking seconds, those spent waiting for the one before it to
+        be delivered (the rest is the pack): the interval policy weighs them apart."""
         self._cv = threading.Condition()
         self._queue: list[_Copy] = []
         self._busy = False
@@ -111,7 +120,8 @@ class Replicator:
         self._lag_logged = False
 
     def after_step(self, step: int, state: Any, *, persist: dict | None = None,
-                   force: bool = False, data: Callable[[], dict] | None = None) -> float:
+                   force: bool = False, data: Callable[[], dict] | None = None,
+                   direct: bool = False) -> float:
         """Pack ``state`` (now at ``step``) if due, forced, or ``persist`` asks for it (then
         the first live holder, this node's, also saves it durably: ``RamHolder.put``) and queue
         it for the sender; returns the seconds this step was blocked (the pack). ``data``
@@ -123,7 +133,7 @@ class Replicator:
         t0 = time.perf_counter()
         try:
             return self._queue_copy(step, state, persist, t0,
-                                    data() if data is not None else None)
+                                    data() if data is not None else None, direct=direct)
         except Exception as exc:  # the tier is an optimisation: never fail the step for it
             self.stats.disabled = f"copy failed: {type(exc).__name__}: {str(exc)[:300]}"
             log.error("RAM tier off on this host: %s", self.stats.disabled)
@@ -133,7 +143,7 @@ class Replicator:
         return copy_due(step, every=self.every)
 
     def _queue_copy(self, step: int, state: Any, persist: dict | None, t0: float,
-                    data: dict | None = None) -> float:
+                    data: dict | None = None, *, direct: bool = False) -> float:
         if self._packer is None:
             self._packer = replica.Packer(state)
         nbytes = self._packer.nbytes
@@ -150,6 +160,7 @@ class Replicator:
         t_wait = time.perf_counter()
         settled = self.settle(LAG_WAIT_S)  # the promise: <= 1 step lost
         waited = time.perf_counter() - t_wait
+        self.last_wait_s = waited
         if not settled and not self._lag_logged:
             self._lag_logged = True
             log.warning("RAM copy before step %d still in flight after %.0fs: it may be "
@@ -157,7 +168,10 @@ class Replicator:
         if settled and waited > IDLE_LAG_S and self.stats.sender == "idle":
             self._start_sender(idle=False, why=f"step {step} waited {waited:.3f}s for the "
                                "previous copy")
-        layout, body = self._packer.pack(state)
+        if direct:  # sent from the shards themselves: the caller settles before any step
+            layout, body = self._packer.layout, self._packer.views(state)
+        else:
+            layout, body = self._packer.pack(state)
         if data is not None:
             layout = {**layout, "data": data}
         copy = _Copy(step=step, layout=layout, data=body, persist=persist)
@@ -190,6 +204,17 @@ class Replicator:
                     return False
                 self._cv.wait(timeout=left)
         return True
+
+    def drop_direct(self) -> int:
+        """Forget queued copies sent from the shards' own views (``after_step(direct=True)``)
+        that were not delivered in time: once the state moves on they would send its new
+        bytes under the old step. The number dropped."""
+        with self._cv:
+            keep = [c for c in self._queue if not isinstance(c.data, list)]
+            dropped = len(self._queue) - len(keep)
+            self._queue = keep
+            self._cv.notify_all()
+        return dropped
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Deliver what is queued (bounded), then stop the sender and close the sockets: the
@@ -249,8 +274,8 @@ class Replicator:
         """The copy's bytes are in every holder's socket (or dropped): the packer may reuse the
         buffer."""
         packer = self._packer
-        if packer is not None and isinstance(copy.data, bytearray):
-            packer.release(copy.data)
+        if packer is not None and isinstance(copy.data, bytearray | mmap.mmap):
+            packer.release(copy.data)  # not the shards' own views (a direct copy)
 
     def _send(self, copy: _Copy) -> None:
         """Stream the copy to every holder, then read every acknowledgement. A connection the
@@ -280,7 +305,7 @@ class Replicator:
             except OSError as exc:
                 self._again_or_drop(name, address, frame, data, reused, exc)
         self.stats.sent += 1
-        self.stats.sent_bytes += len(data) * len(sent)
+        self.stats.sent_bytes += _nbytes(data) * len(sent)
 
     def _push_all(self, todo: list[tuple[str, tuple[str, int], dict, bool]],
                   data: bytes | bytearray) -> list[tuple[Any, OSError | None]]:
