@@ -58,6 +58,10 @@ DRIVER_MAY_IMPORT: dict[str, str] = {
                               "(raygroup.ram_holders), read by the export",
     "workers.ram.replica": "the export's offline reader of a RAM copy (leaf names, assembly)",
     "workers.ram.auth": "the export verifying a RAM copy's MAC before reading it",
+    "workers.task.contract": "the export's rebuild of the exported model from its config "
+                             "(orchestrator.export.rebuild: the task's context)",
+    "workers.task.resolve": "the export's rebuild of the exported model from its config "
+                            "(orchestrator.export.rebuild: the task's factory)",
 }
 
 PRIVATE: dict[str, str] = {
