@@ -259,8 +259,9 @@ class LogsConfig:
     """auto: a TTY on stdout gets state lines and a live progress bar, anything else (``ray job
     logs``, Cloud Logging) JSON records and progress lines; ``--log-format`` overrides it."""
     verbose: bool | None = None
-    """Forward the Ray workers' own output (Gloo, JAX, prints) to the driver. None: only when
-    stdout is not a TTY (as ``ray job logs`` always had it)."""
+    """Print the Ray workers' own lines (Gloo, XLA, JAX, prints) on the driver's terminal too.
+    Unset or false: they are kept in RUN_DIR/workers.log only (a host's warnings reach the
+    terminal and driver.log.jsonl either way)."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -34,6 +34,7 @@ from orchestrator.driver.lock import RunDirBusy, RunDirLock
 from orchestrator.driver.ray_job import job_config, submission_id
 from orchestrator.driver.signals import EXIT_SIGINT, EXIT_SIGTERM, StopSignals
 from orchestrator.driver.task_check import check_task
+from orchestrator.driver.worker_output import WORKERS_LOG, WorkerOutput
 from orchestrator.shared import configtools
 from orchestrator.shared.errors import (
     CheckpointError,
@@ -134,6 +135,8 @@ class Driver:
         # what it prints; not given (tests, tools): what a driver off a TTY always printed
         self.output = output or logs.choose_output(cfg.logs.format, tty=False,
                                                    verbose=cfg.logs.verbose)
+        # the workers' lines: RUN_DIR/workers.log, their warnings to the log, the terminal
+        self.worker_output = WorkerOutput(echo=self.output.worker_logs)
         self.signals = signals or StopSignals()
         self.argv = argv
         self.run_dir = Path(cfg.run.run_dir).absolute()
@@ -184,6 +187,9 @@ class Driver:
         finally:
             groups.close()  # warm processes kept between groups
         self.metrics.flush(timeout=5.0)  # the console's last state line before the summary
+        self.worker_output.quiet()  # the summary is the last thing printed
+        if note := self.worker_output.note():
+            print(note, flush=True)
         print(summary.as_text(self.run_dir), flush=True)
         if ram is not None and (line := ram.finish(succeeded=summary.state == "SUCCEEDED")):
             print(line, flush=True)
@@ -220,6 +226,7 @@ class Driver:
         }
         atomic_write_json(meta_path, meta, indent=2)
         logs.attach_run_dir(self.run_dir)  # every log record, also those the terminal hid
+        self.worker_output.attach(self.run_dir / WORKERS_LOG)  # and every line of the workers
         # write + rename: a link planted at the name is replaced, never written through
         atomic_write_text(self.run_dir / "config.yaml",
                           yaml.safe_dump(configtools.to_dict(self.cfg), sort_keys=False))
@@ -234,18 +241,17 @@ class Driver:
         c = self.cfg.cluster
         check_cluster_mode(c.mode, c.address, os.environ)  # issue 16: misuse -> exit 2
         address = c.address or os.environ.get("RAY_ADDRESS")
+        init = _ray_init(self.worker_output, verbose=self.output.worker_logs)
         if c.mode == "emulate" or (c.mode == "auto" and not address):
             em = c.emulate
             t0 = time.perf_counter()
             addr = self._start_emulated(EmulatedCluster, em)
-            connect_ray(addr, timeout_s=c.connect_timeout_s,
-                        init=_ray_init(self.output.worker_logs))
+            connect_ray(addr, timeout_s=c.connect_timeout_s, init=init)
             log.info("emulated_cluster_started", slices=em.slices, spare=em.spare_slices,
                      hosts_per_slice=em.hosts_per_slice, devices_per_host=em.devices_per_host,
                      seconds=round(time.perf_counter() - t0, 2))
         else:
-            connect_ray(address, timeout_s=c.connect_timeout_s,
-                        init=_ray_init(self.output.worker_logs))
+            connect_ray(address, timeout_s=c.connect_timeout_s, init=init)
         self._ray_started = ray.is_initialized()
 
     def _start_emulated(self, cluster_cls: Any, em: Any, attempts: int = 2) -> str:
@@ -378,9 +384,13 @@ class Driver:
         if self._ray_started:
             import ray
 
+            from orchestrator.raygroup import ray_private
+
             ray.shutdown()
+            ray_private.unroute_worker_output()
         if self.emulated is not None:
             self.emulated.shutdown()
+        self.worker_output.close()  # after Ray: its last lines are kept
         self.lock.release()  # last: nothing of this driver writes the run dir any more
 
 
@@ -398,17 +408,21 @@ class _Answers(RunListener):
         return self.driver._goodput()
 
 
-def _ray_init(worker_logs: bool) -> Any:
-    """``ray.init`` for ``connect_ray``: without worker logs (a terminal, no ``logs.verbose``) the
-    workers' output (Gloo, JAX) and Ray's notes stay in Ray's session logs, off the terminal."""
+def _ray_init(route: WorkerOutput, *, verbose: bool) -> Any:
+    """``ray.init`` for ``connect_ray``: the workers' lines always reach the driver (their
+    warnings must), but through ``route`` (RUN_DIR/workers.log; on the terminal only with
+    ``logs.verbose``), never Ray's own printer; Ray's driver-side notes only when verbose."""
     import logging
 
     import ray
 
+    from orchestrator.raygroup import ray_private
+
     def init(**kw: Any) -> Any:
-        kw.update(log_to_driver=worker_logs,
-                  logging_level=logging.INFO if worker_logs else logging.ERROR)
-        return ray.init(**kw)
+        kw.update(log_to_driver=True, logging_level=logging.INFO if verbose else logging.ERROR)
+        out = ray.init(**kw)
+        ray_private.route_worker_output(route)
+        return out
 
     return init
 

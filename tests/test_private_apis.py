@@ -85,6 +85,29 @@ def test_ray_wrappers_restore_what_they_change(monkeypatch):
     assert os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0"
 
 
+def test_ray_worker_output_shape_used():
+    """``ray.init(log_to_driver=True)`` registers its printer of the workers' lines under
+    ``RAY_PRINTER`` on the dispatcher ``route_worker_output`` swaps it on (by name)."""
+    dispatcher = _resolve(ray_private, "ray._private.ray_logging",
+                          "global_worker_stdstream_dispatcher")
+    for method in ("add_handler", "remove_handler", "emit"):
+        assert callable(getattr(dispatcher, method, None)), (
+            f"{ray_private.__name__}: the dispatcher has no {method} any more")
+    worker = inspect.getsource(importlib.import_module("ray._private.worker"))
+    assert ("global_worker_stdstream_dispatcher.add_handler(" in worker
+            and f'"{ray_private.RAY_PRINTER}"' in worker), (
+        f"{ray_private.__name__}: Ray no longer names its printer {ray_private.RAY_PRINTER!r}; "
+        "route_worker_output would leave it printing beside ours")
+    seen = []
+    ray_private.route_worker_output(seen.append)
+    try:
+        dispatcher.emit({"lines": ["x"]})
+    finally:
+        ray_private.unroute_worker_output()
+    dispatcher.emit({"lines": ["y"]})
+    assert seen == [{"lines": ["x"]}]
+
+
 def test_jax_client_shape_used():
     """The runtime's client is read from ``global_state.client`` (None before initialize), and
     its key-value calls take the parameters ``compile_share.RuntimeWord`` passes."""

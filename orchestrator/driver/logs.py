@@ -26,7 +26,8 @@ _EARLY_MAX = 2000  # records kept before the run directory is known
 @dataclass(frozen=True)
 class Output:
     """What the driver prints where: ``json`` records on stderr (else human lines, warnings and
-    up only), a ``live`` progress display, and the workers' own output (``worker_logs``)."""
+    up only), a ``live`` progress display, and the workers' own lines (``worker_logs``: Gloo,
+    XLA, prints; always in RUN_DIR/workers.log, their warnings always in the driver's log)."""
 
     json: bool
     live: bool
@@ -34,14 +35,15 @@ class Output:
 
 
 def choose_output(fmt: str | None, *, tty: bool, verbose: bool | None = None) -> Output:
-    """auto: a TTY on stdout decides. Off a TTY (``ray job logs``, Cloud Logging) the output is
-    what it always was: JSON records, progress lines, worker output forwarded."""
+    """auto: a TTY on stdout decides. Off a TTY (``ray job logs``, Cloud Logging): JSON records
+    and progress lines. The workers' own lines only with ``verbose`` (issue 53 item 4: piped,
+    they buried the run's output in Gloo's chatter, colour codes and all)."""
     fmt = fmt or "auto"
     if fmt not in ("auto", "json", "console"):
         raise ValueError(f"log format {fmt!r}: use auto, json or console")
     as_json = fmt == "json" or (fmt == "auto" and not tty)
     return Output(json=as_json, live=tty and not as_json,
-                  worker_logs=(not tty) if verbose is None else verbose)
+                  worker_logs=bool(verbose))
 
 
 def _severity(_, method_name: str, event_dict: dict) -> dict:
@@ -89,10 +91,9 @@ class _Tee:
             self._early.clear()
 
     def msg(self, line: str, human: str | None) -> None:
-        if self.json_stream:
-            print(line, file=sys.stderr, flush=True)  # sys.stderr now: rich may redirect it
-        elif human is not None:
-            print(human, file=sys.stderr, flush=True)
+        shown = line if self.json_stream else human
+        if shown is not None:  # sys.stderr now: rich may redirect it
+            _write_line(sys.stderr, shown)
         with self._lock:
             if self._file is None:
                 if len(self._early) < _EARLY_MAX:
@@ -108,6 +109,13 @@ class _Tee:
         return self
 
     debug = info = warning = warn = error = critical = exception = fatal = msg
+
+
+def _write_line(stream: IO[str], text: str) -> None:
+    """One write per line: records logged from Ray's log thread and the main thread at once
+    never garble each other (``print`` writes the text and its newline apart)."""
+    stream.write(text + "\n")
+    stream.flush()
 
 
 _tee: _Tee | None = None

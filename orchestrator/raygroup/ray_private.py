@@ -1,6 +1,6 @@
 """Every use of Ray's private modules (``ray._private``) by the driver, in this one module.
 
-Ray offers no public API for these three needs; a private module may change in any release, so
+Ray offers no public API for these four needs; a private module may change in any release, so
 ``pyproject.toml`` pins ray to the minor series tested here (``TESTED``), ``USES`` lists each
 symbol relied on, and ``tests/test_private_apis.py`` checks they still exist with the shape used
 (its failure names this module and what moved). Nothing else in orchestrator/, workers/ or
@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 TESTED = "ray 2.60.x"
 USES: tuple[tuple[str, str], ...] = (
     ("ray._private.state", "state.get_draining_nodes"),
     ("ray._private.utils", "set_sigterm_handler"),
     ("ray._private.ray_constants", "ENABLE_RAY_CLUSTER"),
+    ("ray._private.ray_logging", "global_worker_stdstream_dispatcher"),
 )
 """(module, attribute path) of every private symbol used below."""
 
@@ -52,3 +53,28 @@ def disable_multi_node() -> None:
 
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     ray_constants.ENABLE_RAY_CLUSTER = False
+
+
+RAY_PRINTER = "ray_print_logs"
+"""The name ``ray.init(log_to_driver=True)`` gives its handler of the workers' lines."""
+WORKER_OUTPUT = "orchestrator_worker_output"
+
+
+def route_worker_output(handler: Callable[[dict], None]) -> None:
+    """The workers' lines (Ray's batches: ``lines``, ``pid``, ``ip``, ``actor_name``,
+    ``is_err``) go to ``handler`` instead of Ray's printer, which writes them with colour codes
+    and dedup notices onto the driver's own stdout and stderr. Needs
+    ``ray.init(log_to_driver=True)`` first; ``unroute_worker_output`` undoes it."""
+    from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
+
+    dispatcher.remove_handler(RAY_PRINTER)
+    dispatcher.remove_handler(WORKER_OUTPUT)
+    dispatcher.add_handler(WORKER_OUTPUT, handler)
+
+
+def unroute_worker_output() -> None:
+    """The handler of ``route_worker_output`` is dropped (Ray's dispatcher outlives a
+    ``ray.shutdown``)."""
+    from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
+
+    dispatcher.remove_handler(WORKER_OUTPUT)

@@ -16,6 +16,7 @@ from orchestrator.autoresume.runs import HOLD_FILE
 from orchestrator.config import load_config
 from orchestrator.controller.forming import write_topology
 from orchestrator.driver.logs import LOG_FILE
+from orchestrator.driver.worker_output import WORKERS_LOG
 from orchestrator.events.explain import TOPOLOGY_FILE, load_topology
 from orchestrator.events.inbox import INBOX_DIR
 from orchestrator.events.intake import (
@@ -51,7 +52,7 @@ def test_every_run_directory_file_has_a_row():
     """The names the code reads and writes in RUN_DIR are all in the table."""
     names = {"config.yaml", "run.json", "checkpoints", "metrics.jsonl", "summary.json",
              TIMELINE_FILE, EVENTS_FILE, DEAD_LETTERS_FILE, DEDUPE_FILE, INBOX_DIR,
-             PUBSUB_INFO_FILE, TOPOLOGY_FILE, HOLD_FILE, LOG_FILE}
+             PUBSUB_INFO_FILE, TOPOLOGY_FILE, HOLD_FILE, LOG_FILE, WORKERS_LOG}
     assert names - set(run_dir_rows()) == set()
 
 

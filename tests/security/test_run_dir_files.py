@@ -120,6 +120,15 @@ def _driver_log(path: Path) -> None:
     tee.msg('{"message": "later"}', None)
 
 
+def _workers_log(path: Path) -> None:
+    from orchestrator.driver.worker_output import WorkerOutput
+
+    out = WorkerOutput(echo=False)
+    out({"lines": ["early"], "pid": 1})  # written at attach
+    out.attach(path)
+    out({"lines": ["later"], "pid": 1})
+
+
 def _metrics(path: Path) -> None:
     from orchestrator.metrics.jsonl import JsonlSink
     from tests.metrics.synthetic import step_record
@@ -153,7 +162,7 @@ def _trace(path: Path) -> None:
 
 APPENDERS = {
     "driver.log.jsonl": _driver_log, "metrics.jsonl": _metrics, "events.jsonl": _events,
-    "audit.jsonl": _audit, "samples-HOST-PID.jsonl": _trace,
+    "audit.jsonl": _audit, "samples-HOST-PID.jsonl": _trace, "workers.log": _workers_log,
 }
 """By the file each writes; a host's sample trace is named by its host and process, filled in
 when the test runs (a test id must be the same in every xdist worker)."""

@@ -14,6 +14,7 @@ from typing import Any
 
 from orchestrator.shared.host_env import HOST_INIT_SHARE, coordinator_bind, loopback_host
 from orchestrator.shared.plan import MEGASCALE_KEYS
+from orchestrator.shared.worker_log import install as mark_log_records
 from workers.host.gloo_loop import idle_after_join
 
 log = logging.getLogger(__name__)
@@ -25,11 +26,14 @@ RELEASE_BARRIER_S = 10
 def apply_env(env: Mapping[str, str], environ: MutableMapping[str, str] = os.environ) -> None:
     """Set this host's ``env`` (``device_env``) in the process before JAX starts a backend:
     the plan's multislice keys it does not set are removed, never kept from an older mesh or
-    the node (a stale ``MEGASCALE_NUM_SLICES`` makes libtpu wait for slices that are gone)."""
+    the node (a stale ``MEGASCALE_NUM_SLICES`` makes libtpu wait for slices that are gone).
+    The process's warnings are marked for the driver from here on (``mark_log_records``):
+    otherwise they are lost among Gloo's and XLA's lines, or never shown."""
     for key in MEGASCALE_KEYS:
         if key not in env:
             environ.pop(key, None)
     environ.update(env)
+    mark_log_records()
 
 
 def _clear_orbax_caches() -> None:
