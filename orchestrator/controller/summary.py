@@ -88,7 +88,8 @@ class RunSummary:
                          "the end (counted in lost steps)")
         for first, last in self.metrics_gaps:
             lines.append(f"  metrics gap: steps {first}-{last} were trained and checkpointed, "
-                         "but their records never reached metrics.jsonl (a driver died first)")
+                         "but their records never reached metrics.jsonl (a driver died first; "
+                         "their loss and step times cannot be recovered)")
         for i, r in enumerate(self.restores):
             if i == 0 and r.get("restored_step") is None:
                 continue  # the first start, from the seed
@@ -96,13 +97,24 @@ class RunSummary:
             lines.append(f"  restore: step {r.get('restored_step')} from the "
                          f"{r.get('tier', 'durable')} tier in {r.get('restore_s')} s, lost "
                          f"{r.get('lost_steps', 0)} step(s)" + (f"; {data}" if data else ""))
-        for r in self.recoveries:
-            lines.append(f"  recovery ({r.get('kind')}, {r.get('cause')}): "
-                         f"to first step {_fmt(r.get('to_first_step_s'), 's')}, lost "
-                         f"{r.get('lost_steps', 0)}, phases {r.get('phases_s')}"
-                         + (f", processes {r['processes']}" if r.get("processes") else ""))
+        lines.extend(recovery_line(r) for r in self.recoveries)
         lines.append(f"  run dir: {run_dir}")
         return "\n".join(lines)
+
+
+def recovery_line(r: dict) -> str:
+    """One recovery as printed: kind and cause, what it restored, its time and loss; a grow's
+    reason, a restarted driver's predecessor."""
+    restored = r.get("restored_step")
+    prev = r.get("previous_driver")
+    return (f"  recovery ({r.get('kind')}, {r.get('cause')}): "
+            + (f"{r['reason']}; " if r.get("reason") else "")
+            + (f"the earlier driver {'ended' if prev.get('ended') else 'died'} in "
+               f"{prev.get('state')} at step {prev.get('step')}; " if prev else "")
+            + (f"restored step {restored}, " if restored is not None else "")
+            + f"to first step {_fmt(r.get('to_first_step_s'), 's')}, lost "
+              f"{r.get('lost_steps', 0)}, phases {r.get('phases_s')}"
+            + (f", processes {r['processes']}" if r.get("processes") else ""))
 
 
 def _fmt(v: float | None, unit: str = "", *, pct: bool = False) -> str:
