@@ -83,16 +83,21 @@ class Recovery:
 
 
 def eval_summary(step: int, ev: dict) -> dict:
-    """What ``summary.json`` keeps of an eval (``last_eval``)."""
+    """What ``summary.json`` keeps of an eval (``last_eval``). ``unit``: what ``tokens``
+    counts, ``examples`` when it counts the rows (a task without ``tokens_per_example``: a
+    classifier, whose perplexity means nothing and is not printed)."""
     loss = float(ev["loss"])
     try:
         perplexity = math.exp(loss)
     except OverflowError:
         perplexity = math.inf
-    return {"step": step, "loss": loss, "perplexity": perplexity,
-            "tokens": int(ev.get("tokens", 0)), "batches": int(ev.get("batches", 0)),
+    tokens = int(ev.get("tokens", 0))
+    rows = ev.get("rows")
+    return {"step": step, "loss": loss, "perplexity": perplexity, "tokens": tokens,
+            "batches": int(ev.get("batches", 0)),
             "seconds": round(float(ev.get("seconds", 0.0)), 4),
-            "metrics": dict(ev.get("metrics") or {})}
+            "metrics": dict(ev.get("metrics") or {}),
+            "unit": "examples" if rows is not None and int(rows) == tokens else "tokens"}
 
 
 @dataclass

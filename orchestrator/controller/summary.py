@@ -57,7 +57,8 @@ class RunSummary:
     """[first, last] step ranges restored past with no record in metrics.jsonl."""
     last_eval: dict | None = None
     """The newest eval (``eval.every``): ``{step, loss, perplexity, tokens, batches, seconds,
-    metrics}``; None when no eval ran."""
+    metrics, unit}``; None when no eval ran. ``unit``: what ``tokens`` counts, ``examples`` for
+    a task without tokens (a classifier: its perplexity means nothing and is not printed)."""
     protection: dict = dataclasses.field(default_factory=dict)
     """The protection the defaults gave this run: the ``auto`` settings' choices and reasons
     (RAM tier on or off, standby slices) and each RAM copy interval chosen (``ram_every``)."""
@@ -80,9 +81,7 @@ class RunSummary:
             lines.append(f"  stopped by {self.stopped_by} (exit {self.exit_code}); last "
                          f"committed checkpoint: step {self.last_committed_step}")
         if self.last_eval:
-            e = self.last_eval
-            lines.append(f"  eval at step {e['step']}: loss {_fmt(e['loss'])}, perplexity "
-                         f"{_fmt(e['perplexity'])} ({e['tokens']} tokens, {e['seconds']} s)")
+            lines.append(eval_line(self.last_eval))
         if self.unsaved_steps:
             lines.append(f"  {self.unsaved_steps} step(s) past the last save were discarded at "
                          "the end (counted in lost steps)")
@@ -100,6 +99,14 @@ class RunSummary:
         lines.extend(recovery_line(r) for r in self.recoveries)
         lines.append(f"  run dir: {run_dir}")
         return "\n".join(lines)
+
+
+def eval_line(e: dict) -> str:
+    """The newest eval as printed: perplexity only for a task of tokens."""
+    unit = e.get("unit", "tokens")
+    ppl = f", perplexity {_fmt(e['perplexity'])}" if unit == "tokens" else ""
+    return (f"  eval at step {e['step']}: loss {_fmt(e['loss'])}{ppl} ({e['tokens']} {unit}, "
+            f"{e['seconds']} s)")
 
 
 def recovery_line(r: dict) -> str:
