@@ -14,7 +14,15 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.config import RunConfig
-from orchestrator.controller import draining, forming, planning, recovering, running, waiting
+from orchestrator.controller import (
+    draining,
+    forming,
+    growing,
+    planning,
+    recovering,
+    running,
+    waiting,
+)
 from orchestrator.controller.config import Policies
 from orchestrator.controller.context import Next, Placement, Run, log
 from orchestrator.controller.ledger import RecoveryLedger
@@ -36,7 +44,7 @@ HANDLERS: dict[RunState, Callable[[Run], Next]] = {
     S.COMPILING: forming.compiling,
     S.RUNNING: running.running,
     S.HANDING_OVER: running.running,  # the same loop; the drain waits for the warm-up
-    S.DRAINING: draining.draining,
+    S.DRAINING: growing.draining,  # draining.draining, a grow's reason said as such
     S.CHECKPOINTING: draining.checkpointing,
     S.RELEASING: recovering.releasing,
     S.WAITING_FOR_CAPACITY: waiting.waiting,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from orchestrator.controller import ahead, recovering
+from orchestrator.controller import ahead, recovering, resuming
 from orchestrator.controller.context import Next, Run, log
 from orchestrator.controller.seam import Formed, GroupFailed, GroupSpec, WarmStandby
 from orchestrator.lifecycle import Compiling, Restoring, RunState
@@ -55,6 +55,7 @@ def restoring(run: Run) -> Next:
         log.warning("checkpoint_skipped", **skipped)
     if run.ledger.recorded_upto is None:  # a driver's first restore: what an earlier one wrote
         run.ledger.recorded_upto = last_recorded_step(run)
+    resuming.note_resume(run, restored_step=out.restored_step)
     lost = run.ledger.restored(restored_step=out.restored_step, step=out.step,
                                restore_s=out.restore_s, skipped=out.skipped, tier=out.tier,
                                tier_reason=out.tier_reason, nbytes=out.nbytes, data=out.data)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from policies.causes import StopCause
@@ -23,12 +24,30 @@ and the first steps' allocations (a 256 MiB state here: 2.7, 0.77, 0.24, 0.22 s,
 0.03-0.05 s). They are left out of the interval's measure."""
 
 
+class RecoveryKind(StrEnum):
+    """What a recovery recovered from: every re-form the run went through is one, so the
+    summary's ``recoveries`` accounts for all of them (not only notices and failures)."""
+
+    ANNOUNCED = "announced"  # a notice: drained, saved, re-formed
+    UNANNOUNCED = "unannounced"  # a failure
+    GROW = "grow"  # capacity came back: a planned re-form on more slices, no deadline
+    DRIVER_RESTART = "driver_restart"  # a new driver resumed a run dir an earlier one left
+
+
+GROW_CAUSE = "capacity_returned"
+METRICS_GAP_WHY = (
+    "the hosts trained and checkpointed these steps after the driver that received their step "
+    "records had died; the records lived only in that driver's memory, so their loss and step "
+    "times cannot be recovered (the training itself is in the checkpoint)")
+
+
 @dataclass
 class Recovery:
-    """One recovery, from the notice (announced) or the failure (unannounced) to the first
-    productive step after it. Serialised into the summary's ``recoveries``."""
+    """One recovery, from the notice (announced), the failure (unannounced), the grow's drain
+    or the resumed driver's start (driver_restart) to the first productive step after it.
+    Serialised into the summary's ``recoveries``."""
 
-    kind: str  # "announced" | "unannounced"
+    kind: RecoveryKind
     cause: str
     started_at: float
     step: int
@@ -50,22 +69,35 @@ class Recovery:
     """Announced: how HANDING_OVER ended ("ready", or why not); None without one."""
     handover_s: float | None = None
     """Seconds the old group trained on while the replacement warmed (productive)."""
+    reason: str | None = None
+    """A grow: what it grew (``grow 1 -> 2 slices at step 40``)."""
+    previous_driver: dict | None = None
+    """A driver restart: the last timeline line the earlier driver wrote (state, step, at) and
+    whether it ``ended`` (a terminal state) or died in that state."""
+    metrics_gap: dict | None = None
+    """Steps restored past with no step record (``{"steps": [first, last], "why": ...}``)."""
 
     def to_json(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if v not in (None, [], {})}
+        out = {k: v for k, v in self.__dict__.items() if v not in (None, [], {})}
+        return {**out, "kind": RecoveryKind(self.kind).value}  # plain text in summary.json
 
 
 def eval_summary(step: int, ev: dict) -> dict:
-    """What ``summary.json`` keeps of an eval (``last_eval``)."""
+    """What ``summary.json`` keeps of an eval (``last_eval``). ``unit``: what ``tokens``
+    counts, ``examples`` when it counts the rows (a task without ``tokens_per_example``: a
+    classifier, whose perplexity means nothing and is not printed)."""
     loss = float(ev["loss"])
     try:
         perplexity = math.exp(loss)
     except OverflowError:
         perplexity = math.inf
-    return {"step": step, "loss": loss, "perplexity": perplexity,
-            "tokens": int(ev.get("tokens", 0)), "batches": int(ev.get("batches", 0)),
+    tokens = int(ev.get("tokens", 0))
+    rows = ev.get("rows")
+    return {"step": step, "loss": loss, "perplexity": perplexity, "tokens": tokens,
+            "batches": int(ev.get("batches", 0)),
             "seconds": round(float(ev.get("seconds", 0.0)), 4),
-            "metrics": dict(ev.get("metrics") or {})}
+            "metrics": dict(ev.get("metrics") or {}),
+            "unit": "examples" if rows is not None and int(rows) == tokens else "tokens"}
 
 
 @dataclass
@@ -212,9 +244,7 @@ class RecoveryLedger:
         self.lost_steps += lost
         self.step = step
         self.line_base = self.line_reached = step
-        if (restored_step is not None and self.recorded_upto is not None
-                and restored_step > self.recorded_upto):
-            self.metrics_gaps.append([(self.recorded_upto or 0) + 1, restored_step])
+        gap = self._metrics_gap(restored_step)
         self.recorded_upto = max(self.recorded_upto or 0, step)  # known from here on
         if tier != "ram":
             self.last_committed = restored_step
@@ -228,13 +258,51 @@ class RecoveryLedger:
             r.lost_steps += lost
             r.restored_step = restored_step
             r.skipped_checkpoints.extend(skipped)
+            if gap is not None:
+                r.metrics_gap = {"steps": gap, "why": METRICS_GAP_WHY}
         return lost
+
+    def _metrics_gap(self, restored_step: int | None) -> list[int] | None:
+        """The steps a restore passes over whose records never reached metrics.jsonl (a
+        driver that died while the hosts trained on), recorded in ``metrics_gaps``."""
+        if (restored_step is None or self.recorded_upto is None
+                or restored_step <= self.recorded_upto):
+            return None
+        gap = [self.recorded_upto + 1, restored_step]
+        self.metrics_gaps.append(gap)
+        return gap
 
     def open_announced(self, *, cause: StopCause, event_id: str, noticed_at: float,
                        now: float) -> Recovery:
-        self.open_recovery = Recovery(kind="announced", cause=cause.value, started_at=noticed_at,
-                                      step=self.step, event_id=event_id, boundary_at=now)
+        self.open_recovery = Recovery(kind=RecoveryKind.ANNOUNCED, cause=cause.value,
+                                      started_at=noticed_at, step=self.step, event_id=event_id,
+                                      boundary_at=now)
         return self.open_recovery
+
+    def open_grow(self, *, reason: str, event_id: str, now: float) -> Recovery:
+        """A grow back: from its drain to the first step on the larger mesh, so its cost
+        (save, re-form, restore, compile) is in ``recoveries`` like any other re-form's."""
+        self.open_recovery = Recovery(kind=RecoveryKind.GROW, cause=GROW_CAUSE, started_at=now,
+                                      step=self.step, event_id=event_id, boundary_at=now,
+                                      reason=reason)
+        return self.open_recovery
+
+    def open_resumed(self, *, cause: str, started_at: float, recorded_upto: int | None,
+                     previous: dict | None) -> Recovery:
+        """This driver resumes a run an earlier driver left (killed, stopped, resubmitted):
+        a recovery from this driver's start to its first step. The steps the earlier driver
+        recorded count as reached, so the restore's rollback past them counts as lost; a
+        failure already open (before the first restore) joins it as a further failure."""
+        if recorded_upto:
+            self.reached(recorded_upto)
+        r = Recovery(kind=RecoveryKind.DRIVER_RESTART, cause=cause, started_at=started_at,
+                     step=max(self.step, recorded_upto or 0), previous_driver=previous)
+        if self.open_recovery is not None:
+            old = self.open_recovery
+            r.further_failures = [{"cause": old.cause, "error": old.error, "at": old.started_at},
+                                  *old.further_failures]
+        self.open_recovery = r
+        return r
 
     def open_unannounced(self, *, cause: StopCause, error: str, now: float) -> Recovery:
         """A failure; a second one before the first productive step joins the open recovery."""
@@ -242,8 +310,8 @@ class RecoveryLedger:
             self.open_recovery.further_failures.append(
                 {"cause": cause.value, "error": error[:500], "at": now})
             return self.open_recovery
-        self.open_recovery = Recovery(kind="unannounced", cause=cause.value, started_at=now,
-                                      step=self.step, error=error[:500])
+        self.open_recovery = Recovery(kind=RecoveryKind.UNANNOUNCED, cause=cause.value,
+                                      started_at=now, step=self.step, error=error[:500])
         return self.open_recovery
 
     def formed(self, processes: dict[str, int]) -> None:

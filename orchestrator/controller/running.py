@@ -221,7 +221,9 @@ def _check_grow(run: Run) -> None:
 def _enter_drain(run: Run) -> Next:
     p = run.pending
     assert p is not None
-    if not p.regrow and not p.final:
+    if p.regrow:
+        run.ledger.open_grow(reason=p.reason, event_id=p.event_id, now=run.now())
+    elif not p.final:
         r = run.ledger.open_announced(cause=p.cause, event_id=p.event_id,
                                       noticed_at=p.noticed_at or run.now(), now=run.now())
         if p.handover_started is not None:

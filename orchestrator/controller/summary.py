@@ -57,7 +57,8 @@ class RunSummary:
     """[first, last] step ranges restored past with no record in metrics.jsonl."""
     last_eval: dict | None = None
     """The newest eval (``eval.every``): ``{step, loss, perplexity, tokens, batches, seconds,
-    metrics}``; None when no eval ran."""
+    metrics, unit}``; None when no eval ran. ``unit``: what ``tokens`` counts, ``examples`` for
+    a task without tokens (a classifier: its perplexity means nothing and is not printed)."""
     protection: dict = dataclasses.field(default_factory=dict)
     """The protection the defaults gave this run: the ``auto`` settings' choices and reasons
     (RAM tier on or off, standby slices) and each RAM copy interval chosen (``ram_every``)."""
@@ -80,15 +81,14 @@ class RunSummary:
             lines.append(f"  stopped by {self.stopped_by} (exit {self.exit_code}); last "
                          f"committed checkpoint: step {self.last_committed_step}")
         if self.last_eval:
-            e = self.last_eval
-            lines.append(f"  eval at step {e['step']}: loss {_fmt(e['loss'])}, perplexity "
-                         f"{_fmt(e['perplexity'])} ({e['tokens']} tokens, {e['seconds']} s)")
+            lines.append(eval_line(self.last_eval))
         if self.unsaved_steps:
             lines.append(f"  {self.unsaved_steps} step(s) past the last save were discarded at "
                          "the end (counted in lost steps)")
         for first, last in self.metrics_gaps:
             lines.append(f"  metrics gap: steps {first}-{last} were trained and checkpointed, "
-                         "but their records never reached metrics.jsonl (a driver died first)")
+                         "but their records never reached metrics.jsonl (a driver died first; "
+                         "their loss and step times cannot be recovered)")
         for i, r in enumerate(self.restores):
             if i == 0 and r.get("restored_step") is None:
                 continue  # the first start, from the seed
@@ -96,13 +96,32 @@ class RunSummary:
             lines.append(f"  restore: step {r.get('restored_step')} from the "
                          f"{r.get('tier', 'durable')} tier in {r.get('restore_s')} s, lost "
                          f"{r.get('lost_steps', 0)} step(s)" + (f"; {data}" if data else ""))
-        for r in self.recoveries:
-            lines.append(f"  recovery ({r.get('kind')}, {r.get('cause')}): "
-                         f"to first step {_fmt(r.get('to_first_step_s'), 's')}, lost "
-                         f"{r.get('lost_steps', 0)}, phases {r.get('phases_s')}"
-                         + (f", processes {r['processes']}" if r.get("processes") else ""))
+        lines.extend(recovery_line(r) for r in self.recoveries)
         lines.append(f"  run dir: {run_dir}")
         return "\n".join(lines)
+
+
+def eval_line(e: dict) -> str:
+    """The newest eval as printed: perplexity only for a task of tokens."""
+    unit = e.get("unit", "tokens")
+    ppl = f", perplexity {_fmt(e['perplexity'])}" if unit == "tokens" else ""
+    return (f"  eval at step {e['step']}: loss {_fmt(e['loss'])}{ppl} ({e['tokens']} {unit}, "
+            f"{e['seconds']} s)")
+
+
+def recovery_line(r: dict) -> str:
+    """One recovery as printed: kind and cause, what it restored, its time and loss; a grow's
+    reason, a restarted driver's predecessor."""
+    restored = r.get("restored_step")
+    prev = r.get("previous_driver")
+    return (f"  recovery ({r.get('kind')}, {r.get('cause')}): "
+            + (f"{r['reason']}; " if r.get("reason") else "")
+            + (f"the earlier driver {'ended' if prev.get('ended') else 'died'} in "
+               f"{prev.get('state')} at step {prev.get('step')}; " if prev else "")
+            + (f"restored step {restored}, " if restored is not None else "")
+            + f"to first step {_fmt(r.get('to_first_step_s'), 's')}, lost "
+              f"{r.get('lost_steps', 0)}, phases {r.get('phases_s')}"
+            + (f", processes {r['processes']}" if r.get("processes") else ""))
 
 
 def _fmt(v: float | None, unit: str = "", *, pct: bool = False) -> str:

@@ -81,10 +81,12 @@ class ConsoleSink(RunListener):
                   file=self._stream, flush=True)
 
     def on_eval(self, rec: EvalRecord) -> None:
+        """One line per eval; perplexity only for a task of tokens (exp of a classifier's or a
+        regression's loss means nothing)."""
         extra = "".join(f" | {k} {v:.4g}" for k, v in sorted(rec.metrics.items()))
-        self._print(f"{rec.split} at step {rec.step:>5d} | loss {rec.loss:8.4f} | perplexity "
-                    f"{rec.perplexity:10.4g}{extra} | {rec.tokens} {self._unit} in "
-                    f"{rec.seconds:.2f} s")
+        ppl = f" | perplexity {rec.perplexity:10.4g}" if self._unit == TOKENS else ""
+        self._print(f"{rec.split} at step {rec.step:>5d} | loss {rec.loss:8.4f}{ppl}{extra} | "
+                    f"{rec.tokens} {self._unit} in {rec.seconds:.2f} s")
 
     def close(self) -> None:
         if self._live is not None:

@@ -45,8 +45,13 @@ def test_the_cli_refuses_bad_input_with_exit_2(tmp_path, capsys):
     assert not (tmp_path / "result.json").exists()
 
 
-def test_the_cli_runs_and_prints_the_targets(tmp_path, capsys):
+def test_the_cli_runs_and_prints_the_result_not_the_projects_targets(tmp_path, capsys):
+    """A user sees the result; the project's targets for the simulator (five "not measured"
+    lines after a plain run) only with --targets, and always in targets.json (issue 53)."""
     assert main(["--out", str(tmp_path), "horizon_h=1", "topology.slices=2"]) == 0
     out = capsys.readouterr().out
-    assert "goodput" in out and "targets:" in out
+    assert "goodput" in out and "targets" not in out and "not measured" not in out
     assert (tmp_path / "result.json").exists() and (tmp_path / "run" / "timeline.jsonl").exists()
+    assert (tmp_path / "targets.json").exists()
+    assert main(["--out", str(tmp_path), "horizon_h=1", "topology.slices=2", "--targets"]) == 0
+    assert "targets:" in capsys.readouterr().out

@@ -333,4 +333,4 @@ def test_eval_records_reach_metrics_jsonl_the_console_and_the_summary(tmp_path):
     led.absorb(6, None, ({"step": 6, "loss": 1.0, "step_time_s": 0.1, "eval": host},))
     assert led.last_eval == {"step": 6, "loss": 2.0, "perplexity": math.exp(2.0),
                              "tokens": 240, "batches": 2, "seconds": 0.02,
-                             "metrics": {"within_0_1": 0.5}}
+                             "metrics": {"within_0_1": 0.5}, "unit": "tokens"}

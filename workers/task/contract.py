@@ -12,6 +12,7 @@ whole step), the optimizer and the data.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -79,8 +80,11 @@ class Task:
     """Instead of ``loss``, the whole step: ``step(state, batch) -> (state, metrics)``, with
     ``state`` the orchestrator's dict, batch ``(accum, micro, ...)``; it must return the
     state's tree with ``step`` advanced by one and ``metrics["loss"]``."""
-    schedule: Callable[[Any], Any] | None = None
-    """The LR schedule (an ``optax.Schedule``), reported as ``lr``; None reports 0."""
+    schedule: Callable[[Any], Any] | float | None = None
+    """The LR schedule (an ``optax.Schedule``), or a constant LR as a number, reported as
+    ``lr``. None: the optimizer's own ``learning_rate`` when it carries one in its state
+    (``optax.inject_hyperparams(optax.adam)(learning_rate=1e-3)``), else 0 (a plain
+    ``optax.adam(1e-3)`` keeps its rate where it cannot be read: give it here)."""
     rules: tuple[tuple[str, Any], ...] = DEFAULT_RULES
     """Logical axis name → mesh axis (or None, or a tuple of axes)."""
     flops_per_step: float | None = None
@@ -112,9 +116,10 @@ class Task:
         if self.loss is None and self.step is None:
             _bad("loss", "neither `loss` nor `step` is given",
                  "give Task(loss=...) (the orchestrator's step) or Task(step=...) (your own)")
-        for name in ("loss", "step", "schedule"):
+        for name in ("loss", "step"):
             if getattr(self, name) is not None:
                 _callable(name, getattr(self, name))
+        _check_schedule(self.schedule)
         if not (hasattr(self.optimizer, "init") and hasattr(self.optimizer, "update")):
             _bad("optimizer", f"{type(self.optimizer).__name__} is not an optax "
                  "GradientTransformation", "pass optax.adamw(...) or "
@@ -166,6 +171,17 @@ class Task:
     def all_rules(self) -> tuple[tuple[str, Any], ...]:
         """``rules`` plus each mesh axis naming itself (explicit shardings)."""
         return tuple(self.rules) + tuple((a, a) for a in MESH_AXES)
+
+
+def _check_schedule(value: Any) -> None:
+    """A schedule is a function of the step, or a constant rate (a finite number >= 0)."""
+    if value is None or callable(value):
+        return
+    if isinstance(value, int | float) and not isinstance(value, bool) and \
+            math.isfinite(value) and value >= 0:
+        return
+    _bad("schedule", f"{value!r} is neither callable nor a learning rate",
+         "pass an optax schedule (step -> rate), or the constant rate, e.g. Task(schedule=1e-3)")
 
 
 def _callable(name: str, value: Any) -> None:

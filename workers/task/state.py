@@ -101,9 +101,28 @@ def eval_step(task: Task, params, batch):
 
 
 def _lr(task: Task, state):
-    if task.schedule is None:
-        return jnp.zeros((), jnp.float32)
-    return task.schedule(state["step"])
+    """The learning rate reported as ``lr``: the task's schedule at this step, or the constant
+    it gives as ``schedule``, else the one its optimizer carries in its state
+    (``optax.inject_hyperparams``); 0 only when none of them says it (a plain
+    ``optax.adam(1e-3)`` keeps its rate in a closure the orchestrator cannot read)."""
+    if callable(task.schedule):
+        return task.schedule(state["step"])
+    if task.schedule is not None:
+        return jnp.asarray(task.schedule, jnp.float32)
+    injected = injected_lr(state["opt_state"])
+    return jnp.zeros((), jnp.float32) if injected is None else injected
+
+
+def injected_lr(opt_state: Any):
+    """``learning_rate`` of the first ``optax.inject_hyperparams`` state in ``opt_state`` (a
+    float32 scalar), None when the optimizer injects none."""
+    def has_hyperparams(node: Any) -> bool:
+        return isinstance(getattr(node, "hyperparams", None), Mapping)
+
+    for node in jax.tree.leaves(opt_state, is_leaf=has_hyperparams):
+        if has_hyperparams(node) and "learning_rate" in node.hyperparams:
+            return jnp.asarray(node.hyperparams["learning_rate"], jnp.float32)
+    return None
 
 
 # ---- shardings and batches ------------------------------------------------------------------
