@@ -8,6 +8,8 @@ for the events behind it (``Reactions.settle``) once it took effect."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from orchestrator.controller import recovering
 from orchestrator.controller.context import Next, Run, log
 from orchestrator.controller.seam import GroupFailed, RamCopies
@@ -35,6 +37,10 @@ def draining(run: Run) -> Next:
         expected_save_s=led.median_save_s() or DEFAULT_SAVE_S, expected_step_s=0.0,
         step=led.step, last_committed_step=led.last_committed,
         expected_copy_s=(led.median_copy_s() or DEFAULT_COPY_S) if has_ram else None))
+    if p.deadline is None:  # a drain nobody set a deadline for (a grow, an operator's): the
+        # policy was asked with an hour ahead, which its reason would read as time left
+        decision = dataclasses.replace(
+            decision, reason=f"no deadline: {decision.kind.value.replace('_', ' ')}")
     log.info("drain_decision", kind=decision.kind.value, reason=decision.reason, step=led.step,
              event_id=p.event_id)
     run.reactions.record(p.event or p.event_id, f"drain:{decision.kind.value}", outcome=False,

@@ -49,6 +49,20 @@ def test_a_grow_drain_says_it_is_planned_with_no_deadline(tmp_path, commit_after
     assert bool(saves) == (commit_after > 0)  # the timeline says why it saves
 
 
+def test_a_drain_without_a_deadline_never_logs_a_placeholder_as_time_left(tmp_path):
+    """The drain's own decision (the log's drain_decision and event_action) says there is no
+    deadline, not "3600.0s left", the hour the policy is asked with."""
+    from structlog.testing import capture_logs
+
+    with capture_logs() as logs:
+        _grow(tmp_path, commit_after=3)
+    said = [e["reason"] for e in logs
+            if e.get("event") in ("drain_decision", "event_action") and "reason" in e
+            and str(e.get("action", "drain:")).startswith("drain:")]
+    assert said, [e.get("event") for e in logs][:20]
+    assert all("s left" not in r and r.startswith("no deadline") for r in said), said
+
+
 def _metrics(run_dir, steps) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     with open(run_dir / "metrics.jsonl", "w") as fh:

@@ -20,6 +20,10 @@ class Settings:
     width: int = 8
     rows_dtype: str = "float32"
     rows_width: int = 4
+    narrow_after: int = 0
+    tree: bool = False
+    """Rows as {"x": the row, "y": two labels}: a tree whose one leaf may differ."""
+    """From this step on (0: never) rows are one column narrower: data that goes wrong late."""
 
 
 class Rows:
@@ -27,10 +31,13 @@ class Rows:
         self.s = s
 
     def example(self):
-        return jax.ShapeDtypeStruct((4,), jnp.float32)
+        x = jax.ShapeDtypeStruct((4,), jnp.float32)
+        return {"x": x, "y": jax.ShapeDtypeStruct((2,), jnp.int32)} if self.s.tree else x
 
     def rows(self, seed, step, rows):
-        return np.zeros((len(rows), self.s.rows_width), self.s.rows_dtype)
+        late = self.s.narrow_after and step >= self.s.narrow_after
+        x = np.zeros((len(rows), self.s.rows_width - (1 if late else 0)), self.s.rows_dtype)
+        return {"x": x, "y": np.zeros((len(rows), 2), np.int32)} if self.s.tree else x
 
 
 def _dense(s: Settings, names) -> nn.Dense:

@@ -58,7 +58,12 @@ def check(request: dict) -> dict:
                           "jax.ShapeDtypeStruct(shape_without_batch, dtype) per leaf")
     batch = st.abstract_batch(example, 1, train.global_batch)
     st.check_divisible(batch, st.batch_specs(example), sizes, "batch")
-    _check_rows(task.data, example, request["seed"], min(2, train.global_batch), np, jax)
+    n = min(2, train.global_batch)
+    _check_rows(task.data, example, request["seed"], n, np, jax)
+    last = max(0, int(request["total_steps"]) - 1)
+    if last:  # the run's last step too: data that changes shape or runs out late fails here
+        _check_rows(task.data, example, request["seed"], n, np, jax, step=last,
+                    rows=range(train.global_batch - n, train.global_batch))
     try:
         out_state, metrics = jax.eval_shape(functools.partial(st.train_step, task), abstract,
                                             batch)
@@ -201,22 +206,41 @@ def _check_eval(task: Any, request: dict, abstract: Any, sizes: dict, train: Any
 
 
 def _check_rows(data: Any, example: Any, seed: int, n: int, np: Any, jax: Any, *,
-                what: str = "data", step: int = 0) -> None:
+                what: str = "data", step: int = 0, rows: range | None = None) -> None:
+    """The task's ``rows`` at ``step`` (``rows``: which, default the first ``n``) against its
+    ``example()``: refused naming the first leaf that differs, not the whole tree."""
     from orchestrator.shared.errors import ConfigError
 
-    rows = data.rows(seed, step, range(n))
-    want = jax.tree.map(lambda e: ((n, *e.shape), np.dtype(e.dtype)), example)
+    which = range(n) if rows is None else rows
+    asked = f"rows(seed, {step}, range({which.start}, {which.stop}))" if which.start else \
+        f"rows(seed, {step}, range({which.stop}))"
+    got_rows = data.rows(seed, step, which)
+    want = jax.tree.map(lambda e: ((len(which), *e.shape), np.dtype(e.dtype)), example)
     try:
-        got = jax.tree.map(lambda r: (tuple(np.shape(r)), np.asarray(r).dtype), rows)
+        got = jax.tree.map(lambda r: (tuple(np.shape(r)), np.asarray(r).dtype), got_rows)
     except Exception as exc:
-        raise ConfigError("task.kind", f"the {what}'s rows(seed, {step}, range({n})) returned "
-                          f"{type(rows).__name__} ({exc})", "return numpy arrays") from exc
-    if jax.tree.structure(want, is_leaf=_pair) != jax.tree.structure(got, is_leaf=_pair) or \
-            jax.tree.leaves(want, is_leaf=_pair) != jax.tree.leaves(got, is_leaf=_pair):
-        raise ConfigError("task.kind", f"the {what}'s rows(seed, {step}, range({n})) give "
-                          f"(shape, dtype) {_plain(got)}, but its example() says {_plain(want)}",
-                          "make rows() return example()'s tree with a leading axis of "
-                          "len(rows), in its dtypes")
+        raise ConfigError("task.kind", f"the task's {what}: {asked} returned "
+                          f"{type(got_rows).__name__} ({exc})", "return numpy arrays") from exc
+    fix = "make rows() return example()'s tree with a leading axis of len(rows), in its dtypes"
+    if jax.tree.structure(want, is_leaf=_pair) != jax.tree.structure(got, is_leaf=_pair):
+        paths = {k: _paths(t, jax) for k, t in (("want", want), ("got", got))}
+        missing = sorted(set(paths["want"]) - set(paths["got"]))[:3]
+        extra = sorted(set(paths["got"]) - set(paths["want"]))[:3]
+        raise ConfigError("task.kind", f"the task's {what}: {asked} give another tree than its "
+                          f"example() (missing: {missing or 'none'}; not in example(): "
+                          f"{extra or 'none'})", fix)
+    for (path, w), (_, g) in zip(_paths(want, jax).items(), _paths(got, jax).items(),
+                                 strict=True):
+        if w != g:
+            raise ConfigError("task.kind", f"the task's {what}: {asked} give {path or 'the row'} "
+                              f"of shape {g[0]}, dtype {g[1]}, but its example() says shape "
+                              f"{w[0]}, dtype {w[1]}", fix)
+
+
+def _paths(tree: Any, jax: Any) -> dict[str, tuple]:
+    """Leaf path (as ``jax.tree_util.keystr`` writes it) -> its (shape, dtype) pair."""
+    flat = jax.tree_util.tree_flatten_with_path(tree, is_leaf=_pair)[0]
+    return {jax.tree_util.keystr(p): leaf for p, leaf in flat}
 
 
 def _check_step(state: Any, out_state: Any, metrics: Any, jax: Any) -> None:
@@ -257,10 +281,6 @@ def _traced(what: str, exc: Exception) -> Exception:
 
 def _pair(x: Any) -> bool:
     return isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], tuple)
-
-
-def _plain(tree: Any) -> str:
-    return str(tree).replace("dtype(", "").replace("')", "'")[:300]
 
 
 def answer(request: dict) -> dict:
