@@ -170,7 +170,7 @@ def movements(rd: RunDir, rec: dict) -> dict:
                 out["restore"]["parts_s"] = max(hosts, key=lambda h: sum(
                     v for k, v in h.items() if k != "nbytes" and isinstance(v, int | float)))
     saved = (rec.get("phases_s") or {}).get("CHECKPOINTING")
-    if saved and copy_bytes and rec.get("kind") != "unannounced":
+    if saved and copy_bytes and ram.get("enabled") and rec.get("kind") != "unannounced":
         out["drain_copy"] = {"s": saved, "GBps": _rate(copy_bytes, saved)}
     for phase, secs in (rec.get("phases_s") or {}).items():
         out.setdefault("phases", {})[phase] = secs
