@@ -68,7 +68,7 @@ HEAVY_FIRST_S = {
     "tests/faults/test_ram_tier.py": 118,
     "tests/e2e/test_train_your_own_model.py": 94,
     "tests/faults/test_elastic_and_node_loss.py": 91,
-    "tests/faults/test_state_sizes.py": 48,
+    "tests/faults/test_state_sizes.py": 59,
     "tests/production/test_try_locally.py": 88,
     "tests/autoresume (job server, emulator)": 70,
     "tests/workers/test_executables.py": 79,
@@ -81,6 +81,8 @@ HEAVY_FIRST_S = {
     "tests/security/test_run_dir_chain.py": 31,
     "tests/events/test_pubsub.py": 30,
     "tests/security/test_ram_holder_names.py": 16,
+    "tests/tasks/test_eval_run.py": 28,  # 2026-11-29, under two workers
+    "tests/driver/test_worker_output_run.py": 25,
 }
 
 

@@ -64,6 +64,10 @@ def test_a_host_marks_its_warnings_from_its_start():
     from workers.host.warm import apply_env
 
     root = logging.getLogger()
+    earlier = list(root.handlers)
+    for h in earlier:  # one an earlier test in this process installed (a host made in-process)
+        if isinstance(h, worker_log.RecordHandler):
+            root.removeHandler(h)
     before = list(root.handlers)
     try:
         apply_env({}, environ={})
@@ -74,6 +78,9 @@ def test_a_host_marks_its_warnings_from_its_start():
         for h in root.handlers[:]:
             if h not in before:
                 root.removeHandler(h)
+        for h in earlier:
+            if h not in root.handlers:
+                root.addHandler(h)
 
 
 def test_a_host_warning_becomes_one_driver_record_and_chatter_does_not():

@@ -58,12 +58,7 @@ def check(request: dict) -> dict:
                           "jax.ShapeDtypeStruct(shape_without_batch, dtype) per leaf")
     batch = st.abstract_batch(example, 1, train.global_batch)
     st.check_divisible(batch, st.batch_specs(example), sizes, "batch")
-    n = min(2, train.global_batch)
-    _check_rows(task.data, example, request["seed"], n, np, jax)
-    last = max(0, int(request["total_steps"]) - 1)
-    if last:  # the run's last step too: data that changes shape or runs out late fails here
-        _check_rows(task.data, example, request["seed"], n, np, jax, step=last,
-                    rows=range(train.global_batch - n, train.global_batch))
+    _check_rows(task.data, example, request["seed"], min(2, train.global_batch), np, jax)
     try:
         out_state, metrics = jax.eval_shape(functools.partial(st.train_step, task), abstract,
                                             batch)
