@@ -201,16 +201,14 @@ def _check_eval(task: Any, request: dict, abstract: Any, sizes: dict, train: Any
 
 
 def _check_rows(data: Any, example: Any, seed: int, n: int, np: Any, jax: Any, *,
-                what: str = "data", step: int = 0, rows: range | None = None) -> None:
-    """The task's ``rows`` at ``step`` (``rows``: which, default the first ``n``) against its
-    ``example()``: refused naming the first leaf that differs, not the whole tree."""
+                what: str = "data", step: int = 0) -> None:
+    """The task's first ``n`` rows at ``step`` against its ``example()``: refused naming the
+    first leaf that differs, not the whole tree."""
     from orchestrator.shared.errors import ConfigError
 
-    which = range(n) if rows is None else rows
-    asked = f"rows(seed, {step}, range({which.start}, {which.stop}))" if which.start else \
-        f"rows(seed, {step}, range({which.stop}))"
-    got_rows = data.rows(seed, step, which)
-    want = jax.tree.map(lambda e: ((len(which), *e.shape), np.dtype(e.dtype)), example)
+    asked = f"rows(seed, {step}, range({n}))"
+    got_rows = data.rows(seed, step, range(n))
+    want = jax.tree.map(lambda e: ((n, *e.shape), np.dtype(e.dtype)), example)
     try:
         got = jax.tree.map(lambda r: (tuple(np.shape(r)), np.asarray(r).dtype), got_rows)
     except Exception as exc:
