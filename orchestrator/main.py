@@ -42,6 +42,7 @@ from orchestrator.shared.errors import (
     ConfigError,
     DoesNotFit,
     OrchestratorError,
+    TaskCodeError,
     TopologyError,
 )
 from orchestrator.shared.files import UnsafeFile, atomic_write_json, atomic_write_text
@@ -77,7 +78,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 def explain(exc: OrchestratorError | UnsafeFile) -> str:
     """The one-paragraph message a user sees for bad input."""
-    kind = {ConfigError: "Configuration error", ClusterUnreachableError: "Ray cluster unreachable",
+    kind = {TaskCodeError: "Task code error", ConfigError: "Configuration error",
+            ClusterUnreachableError: "Ray cluster unreachable",
             CheckpointError: "Checkpoint problem", TopologyError: "Cluster too small",
             RunDirBusy: "Run directory in use", DoesNotFit: "Does not fit in memory",
             UnsafeFile: "Unsafe file in the run directory"}

@@ -28,7 +28,7 @@ import structlog
 
 from orchestrator.driver.memory_bound import MemoryBounds, bounds_for, memory_line
 from orchestrator.shared import configtools
-from orchestrator.shared.errors import CheckpointError, ConfigError, DoesNotFit
+from orchestrator.shared.errors import CheckpointError, ConfigError, DoesNotFit, TaskCodeError
 from orchestrator.shared.task import task_ref
 
 log = structlog.get_logger(__name__)
@@ -135,6 +135,8 @@ def run_check(cfg: Any, *, timeout_s: float | None = None) -> TaskSummary:
     bound = timeout_s or max(MIN_TIMEOUT_S, cfg.timeouts.compile_s)
     memory = bounds_for(cfg)
     out = ask(request_for(cfg, memory), bound=bound, kind=cfg.task.kind)
+    if not out["ok"] and out.get("part"):
+        raise TaskCodeError(out["part"], out["problem"], out["fix"])
     if not out["ok"]:
         raise ConfigError(out["setting"], out["problem"], out["fix"])
     return TaskSummary(fingerprint=out["fingerprint"], task=out["task"],

@@ -42,6 +42,20 @@ class ConfigError(OrchestratorError):
         super().__init__(f"Invalid config `{setting}`: {problem}", fix=fix)
 
 
+class TaskCodeError(ConfigError):
+    """The task's own code (its data, loss, step or eval) does something the contract refuses.
+
+    A ``ConfigError`` of ``task.kind`` (the setting that names the task) so callers that catch
+    config errors still do, but worded as what it is: the config is fine, the code it names is
+    not. ``part`` says which (``data``, ``eval data``, ``step``, ...)."""
+
+    def __init__(self, part: str, problem: str, fix: str) -> None:
+        super().__init__("task.kind", problem, fix)
+        self.part, self.problem = part, problem
+        self.message = f"The task's {part} is refused: {problem}"
+        self.args = (self.message, fix)
+
+
 class TopologyError(OrchestratorError):
     """The cluster cannot host the requested mesh (too few hosts, devices, slices)."""
 

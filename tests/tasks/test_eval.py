@@ -284,7 +284,7 @@ def test_the_task_check_refuses_an_eval_it_cannot_run(prepared):
     with pytest.raises(ConfigError) as err:  # held-out rows of another shape
         _check("task.kind=tests.tasks.bad_tasks:eval_rows_wrong", "eval.every=1",
                "run.total_steps=2")
-    assert "the task's eval data: rows(seed, 0, range(2))" in err.value.message
+    assert "The task's eval data is refused: rows(seed, 0, range(2))" in err.value.message
     assert "(2, 5)" in err.value.message and "(2, 4)" in err.value.message
 
 

@@ -18,7 +18,8 @@ import pytest
 
 from orchestrator.config import load_config
 from orchestrator.driver.task_check import TaskSummary, check_checkpoint, run_check
-from orchestrator.shared.errors import CheckpointError, ConfigError
+from orchestrator.main import explain
+from orchestrator.shared.errors import CheckpointError, ConfigError, TaskCodeError
 from orchestrator.shared.task import task_fingerprint
 
 BAD = "tests.tasks.bad_tasks"
@@ -62,11 +63,11 @@ def test_builtin_lm_and_the_example_task_pass_with_their_fingerprints():
     ((f"task.kind={BAD}:good", "task.rows_width=5"), "task.kind",
      ["rows(seed, 0, range(2))", "(2, 5)", "example() says"]),
     ((f"task.kind={BAD}:good", "task.rows_dtype=int32"), "task.kind",
-     ["int32", "float32", "the task's data"]),
+     ["int32", "float32", "The task's data is refused"]),
     ((f"task.kind={BAD}:good", "task.tree=true", "task.rows_width=5"), "task.kind",
      ["give ['x'] of shape (2, 5)", "example() says shape (2, 4)"]),
     ((f"task.kind={BAD}:loss_breaks",), "task.kind",
-     ["the task's loss fails when traced", "bad_tasks.py:", "TypeError"]),
+     ["The task's loss is refused: it fails when traced", "bad_tasks.py:", "TypeError"]),
 ])
 def test_a_bad_task_is_refused_naming_the_setting_and_the_fix(check_here, overrides, setting,
                                                               words):
@@ -76,6 +77,20 @@ def test_a_bad_task_is_refused_naming_the_setting_and_the_fix(check_here, overri
     assert exc.fix, text
     for w in words:
         assert w in text, (w, text)
+
+
+@pytest.mark.parametrize(("overrides", "part"), [
+    ((f"task.kind={BAD}:good", "task.rows_width=5"), "data"),
+    ((f"task.kind={BAD}:loss_breaks",), "loss"),
+])
+def test_a_fault_of_the_tasks_code_is_not_called_an_invalid_setting(check_here, overrides, part):
+    """The config names the task fine; its data or loss is what is wrong, and the message says
+    so (issue 53: a data error read "Invalid config `task.kind`")."""
+    exc = _refused(*overrides)
+    assert isinstance(exc, TaskCodeError) and exc.part == part
+    shown = explain(exc)
+    assert shown.startswith("Task code error: The task's"), shown
+    assert "Invalid config" not in shown, shown
 
 
 def test_a_checkpoint_of_another_task_is_refused(tmp_path):

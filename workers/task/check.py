@@ -29,7 +29,7 @@ def check(request: dict) -> dict:
     import jax
     import numpy as np
 
-    from orchestrator.shared.errors import ConfigError
+    from orchestrator.shared.errors import ConfigError, TaskCodeError
     from orchestrator.shared.sections import TrainConfig
     from orchestrator.shared.task import TaskRef
     from workers.task import state as st
@@ -53,7 +53,7 @@ def check(request: dict) -> dict:
     st.check_divisible(abstract, specs, sizes)
     example = task.data.example()
     if not all(isinstance(e, jax.ShapeDtypeStruct) for e in jax.tree.leaves(example)):
-        raise ConfigError("task.kind", f"the data's example() is {example!r}, not a pytree of "
+        raise TaskCodeError("data", f"its example() is {example!r}, not a pytree of "
                           "jax.ShapeDtypeStruct", "describe one row: "
                           "jax.ShapeDtypeStruct(shape_without_batch, dtype) per leaf")
     batch = st.abstract_batch(example, 1, train.global_batch)
@@ -145,7 +145,7 @@ def _check_eval(task: Any, request: dict, abstract: Any, sizes: dict, train: Any
     import jax
     import numpy as np
 
-    from orchestrator.shared.errors import ConfigError
+    from orchestrator.shared.errors import ConfigError, TaskCodeError
     from orchestrator.shared.task import METRIC_NAME
     from workers.task import state as st
 
@@ -160,7 +160,7 @@ def _check_eval(task: Any, request: dict, abstract: Any, sizes: dict, train: Any
                           "(Task.eval_data is None)", EVAL_FIX)
     example = data.example()
     if not all(isinstance(e, jax.ShapeDtypeStruct) for e in jax.tree.leaves(example)):
-        raise ConfigError("task.kind", f"the eval data's example() is {example!r}, not a pytree "
+        raise TaskCodeError("eval data", f"its example() is {example!r}, not a pytree "
                           "of jax.ShapeDtypeStruct", "describe one held-out row: "
                           "jax.ShapeDtypeStruct(shape_without_batch, dtype) per leaf")
     try:
@@ -193,7 +193,7 @@ def _check_eval(task: Any, request: dict, abstract: Any, sizes: dict, train: Any
     names = [k for k in metrics if k != "loss" and (k == "perplexity" or
                                                     not METRIC_NAME.match(str(k)))]
     if "loss" not in metrics or bad or names:
-        raise ConfigError("task.kind", f"the task's eval returns {sorted(metrics)}: it needs a "
+        raise TaskCodeError("eval", f"it returns {sorted(metrics)}: it needs a "
                           f"scalar 'loss' and scalars only (not scalar: {bad}), named with "
                           f"lower-case letters, digits and _, other than perplexity (bad: "
                           f"{names})", "return {'loss': mean_loss, 'name': mean, ...} from "
@@ -204,7 +204,7 @@ def _check_rows(data: Any, example: Any, seed: int, n: int, np: Any, jax: Any, *
                 what: str = "data", step: int = 0) -> None:
     """The task's first ``n`` rows at ``step`` against its ``example()``: refused naming the
     first leaf that differs, not the whole tree."""
-    from orchestrator.shared.errors import ConfigError
+    from orchestrator.shared.errors import TaskCodeError
 
     asked = f"rows(seed, {step}, range({n}))"
     got_rows = data.rows(seed, step, range(n))
@@ -212,20 +212,20 @@ def _check_rows(data: Any, example: Any, seed: int, n: int, np: Any, jax: Any, *
     try:
         got = jax.tree.map(lambda r: (tuple(np.shape(r)), np.asarray(r).dtype), got_rows)
     except Exception as exc:
-        raise ConfigError("task.kind", f"the task's {what}: {asked} returned "
+        raise TaskCodeError(what, f"{asked} returned "
                           f"{type(got_rows).__name__} ({exc})", "return numpy arrays") from exc
     fix = "make rows() return example()'s tree with a leading axis of len(rows), in its dtypes"
     if jax.tree.structure(want, is_leaf=_pair) != jax.tree.structure(got, is_leaf=_pair):
         paths = {k: _paths(t, jax) for k, t in (("want", want), ("got", got))}
         missing = sorted(set(paths["want"]) - set(paths["got"]))[:3]
         extra = sorted(set(paths["got"]) - set(paths["want"]))[:3]
-        raise ConfigError("task.kind", f"the task's {what}: {asked} give another tree than its "
+        raise TaskCodeError(what, f"{asked} give another tree than its "
                           f"example() (missing: {missing or 'none'}; not in example(): "
                           f"{extra or 'none'})", fix)
     for (path, w), (_, g) in zip(_paths(want, jax).items(), _paths(got, jax).items(),
                                  strict=True):
         if w != g:
-            raise ConfigError("task.kind", f"the task's {what}: {asked} give {path or 'the row'} "
+            raise TaskCodeError(what, f"{asked} give {path or 'the row'} "
                               f"of shape {g[0]}, dtype {g[1]}, but its example() says shape "
                               f"{w[0]}, dtype {w[1]}", fix)
 
@@ -237,7 +237,7 @@ def _paths(tree: Any, jax: Any) -> dict[str, tuple]:
 
 
 def _check_step(state: Any, out_state: Any, metrics: Any, jax: Any) -> None:
-    from orchestrator.shared.errors import ConfigError
+    from orchestrator.shared.errors import TaskCodeError
 
     def sig(tree: Any) -> list:
         return [(jax.tree_util.keystr(p), tuple(x.shape), str(x.dtype))
@@ -246,27 +246,27 @@ def _check_step(state: Any, out_state: Any, metrics: Any, jax: Any) -> None:
     if jax.tree.structure(state) != jax.tree.structure(out_state) or sig(state) != sig(out_state):
         diff = [f"{a} -> {b}" for a, b in zip(sig(state), sig(out_state), strict=False)
                 if a != b][:3]
-        raise ConfigError("task.kind", "the step returns a state of another tree, shape or "
+        raise TaskCodeError("step", "it returns a state of another tree, shape or "
                           f"dtype than it was given ({'; '.join(diff) or 'tree differs'})",
                           "return the state's tree unchanged in shapes and dtypes, with "
                           "step + 1")
     bad = [k for k, v in metrics.items() if getattr(v, "shape", None) != ()]
     if "loss" not in metrics or bad:
-        raise ConfigError("task.kind", f"the step's metrics {sorted(metrics)} need a scalar "
+        raise TaskCodeError("step", f"its metrics {sorted(metrics)} need a scalar "
                           f"'loss' and scalars only (not scalar: {bad})",
                           "return (loss, {name: scalar}) from loss, or metrics['loss'] from "
                           "step")
 
 
 def _traced(what: str, exc: Exception) -> Exception:
-    from orchestrator.shared.errors import ConfigError
+    from orchestrator.shared.errors import TaskCodeError
 
     where = ""
     frames = [f for f in traceback.extract_tb(exc.__traceback__)
               if "/site-packages/" not in f.filename and "/workers/task/" not in f.filename]
     if frames:
         where = f" at {frames[-1].filename}:{frames[-1].lineno}"
-    return ConfigError("task.kind", f"the task's {what} fails when traced with the run's "
+    return TaskCodeError(what, f"it fails when traced with the run's "
                        f"shapes{where}: {type(exc).__name__}: {str(exc)[:600]}",
                        f"fix the task's {what} (its inputs: the example()'s batch with a "
                        "leading (micro-batch) axis, the init's parameters)")
@@ -279,10 +279,13 @@ def _pair(x: Any) -> bool:
 def answer(request: dict) -> dict:
     """``check``'s answer, or the refusal it raised as ``{"ok": False, setting, problem, fix}``
     (what ``main`` prints after ``MARKER``)."""
-    from orchestrator.shared.errors import ConfigError
+    from orchestrator.shared.errors import ConfigError, TaskCodeError
 
     try:
         return check(request)
+    except TaskCodeError as exc:
+        return {"ok": False, "setting": exc.setting, "part": exc.part, "problem": exc.problem,
+                "fix": exc.fix}
     except ConfigError as exc:
         problem = exc.message.removeprefix(f"Invalid config `{exc.setting}`: ")
         return {"ok": False, "setting": exc.setting, "problem": problem, "fix": exc.fix}
