@@ -169,10 +169,25 @@ def ask(request: dict, *, bound: float, kind: str) -> dict:
                           f"{done.returncode}) without an answer: {' | '.join(tail)}",
                           "fix what the output names (a crash while importing the task "
                           "module or building the task)")
+    _report_warnings(done.stderr or "")
     out = json.loads(answer)
     notes = [line[len(NOTE_MARKER):] for line in done.stdout.splitlines()
              if line.startswith(NOTE_MARKER)]
     return {**out, "notes": list(dict.fromkeys(notes))}
+
+
+def _report_warnings(stderr: str) -> None:
+    """The task's own warnings while it was checked (its module's import, its factory, its
+    data): marked lines on the check's stderr, shown once each like a host's."""
+    from orchestrator.driver.worker_output import must_show, report
+    from orchestrator.shared.worker_log import parse
+
+    seen: set[tuple[str, str]] = set()
+    for record in filter(None, map(parse, stderr.splitlines())):
+        key = (str(record.get("logger")), record["message"])
+        if must_show(record) and key not in seen:
+            seen.add(key)
+            report(record, "task check")
 
 
 def check_checkpoint(ckpt: Path, summary: TaskSummary) -> None:

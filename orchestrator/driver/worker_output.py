@@ -68,6 +68,17 @@ def readable(record: Mapping[str, Any]) -> str:
     return f"{record.get('level')} {record.get('logger')}: {record['message']}{exc}"
 
 
+def report(record: Mapping[str, Any], source: str) -> None:
+    """A worker's record (``must_show``) as the driver's own: on the terminal and in
+    RUN_DIR/driver.log.jsonl. ``source`` names the process (a host, the task check)."""
+    error = logging.getLevelName(str(record.get("level"))) >= logging.ERROR
+    fields = {"text": record["message"], "origin": record.get("logger"), "host": source}
+    if record.get("exc"):
+        fields["exc"] = record["exc"]
+    (log.error if error else log.warning)(
+        "worker_error" if error else "worker_warning", **fields)
+
+
 def _stream(is_err: bool) -> IO[str]:
     """Looked up at each line: rich's live display redirects both while it runs."""
     return sys.stderr if is_err else sys.stdout
@@ -112,12 +123,7 @@ class WorkerOutput:
         if key in self._seen:
             return
         self._seen.add(key)
-        error = logging.getLevelName(str(record.get("level"))) >= logging.ERROR
-        fields = {"text": record["message"], "origin": record.get("logger"), "host": source}
-        if record.get("exc"):
-            fields["exc"] = record["exc"]
-        (log.error if error else log.warning)(
-            "worker_error" if error else "worker_warning", **fields)
+        report(record, source)
 
     def _print(self, is_err: bool, line: str) -> None:
         with self._lock:

@@ -9,6 +9,7 @@ codes, onto the terminal only with ``logs.verbose``, never after the summary.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
@@ -17,6 +18,7 @@ import pty
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 from structlog.testing import capture_logs
@@ -59,21 +61,19 @@ def test_a_host_records_its_warnings_as_marked_lines(capsys):
     assert worker_log.parse(CPP) is None and worker_log.parse(GLOO) is None
 
 
-def test_a_host_marks_its_warnings_from_its_start():
-    """``apply_env`` (the first thing a host actor runs, and a rejoin's) installs the handler."""
-    from workers.host.warm import apply_env
-
+@contextlib.contextmanager
+def handlers_added() -> Iterator[list]:
+    """The root logger's handlers added inside the block (one an earlier test in this process
+    installed is taken off first, and everything is put back after)."""
     root = logging.getLogger()
     earlier = list(root.handlers)
-    for h in earlier:  # one an earlier test in this process installed (a host made in-process)
+    for h in earlier:
         if isinstance(h, worker_log.RecordHandler):
             root.removeHandler(h)
-    before = list(root.handlers)
+    before, added = list(root.handlers), []
     try:
-        apply_env({}, environ={})
-        apply_env({}, environ={})
-        added = [h for h in root.handlers if h not in before]
-        assert [type(h) for h in added] == [worker_log.RecordHandler]
+        yield added
+        added.extend(h for h in root.handlers if h not in before)
     finally:
         for h in root.handlers[:]:
             if h not in before:
@@ -81,6 +81,26 @@ def test_a_host_marks_its_warnings_from_its_start():
         for h in earlier:
             if h not in root.handlers:
                 root.addHandler(h)
+
+
+def test_a_host_marks_its_warnings_from_its_start():
+    """``apply_env`` (the first thing a host actor runs, and a rejoin's) installs the handler."""
+    from workers.host.warm import apply_env
+
+    with handlers_added() as added:
+        apply_env({}, environ={})
+        apply_env({}, environ={})
+    assert [type(h) for h in added] == [worker_log.RecordHandler]
+
+
+def test_a_ram_holder_marks_its_warnings():
+    """A RAM holder is a process of its own (one a node): a refused copy or a failed durable
+    save reaches the driver's terminal, not only workers.log."""
+    from workers.ram.holder import RamHolder
+
+    with handlers_added() as added:
+        RamHolder(token="t" * 32)
+    assert [type(h) for h in added] == [worker_log.RecordHandler]
 
 
 def test_a_host_warning_becomes_one_driver_record_and_chatter_does_not():

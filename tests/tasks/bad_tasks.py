@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass
 
 import flax.linen as nn
@@ -58,6 +59,11 @@ def _task(s: Settings, names=(None, "mlp"), loss=None) -> Task:
 
 
 def good(settings: Settings, ctx: TaskContext) -> Task:
+    return _task(settings)
+
+
+def warns(settings: Settings, ctx: TaskContext) -> Task:
+    logging.getLogger(__name__).warning("the task's own warning: settings look odd")
     return _task(settings)
 
 

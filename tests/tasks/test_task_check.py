@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from orchestrator.config import load_config
 from orchestrator.driver.task_check import TaskSummary, check_checkpoint, run_check
@@ -91,6 +92,16 @@ def test_a_fault_of_the_tasks_code_is_not_called_an_invalid_setting(check_here, 
     shown = explain(exc)
     assert shown.startswith("Task code error: The task's"), shown
     assert "Invalid config" not in shown, shown
+
+
+def test_the_tasks_own_warnings_reach_the_driver():
+    """The check runs the task's factory in a subprocess: a warning it logs there is shown by
+    the driver (terminal and driver.log.jsonl), not lost with the subprocess's stderr."""
+    with capture_logs() as records:
+        run_check(load_config(None, [f"task.kind={BAD}:warns"]))
+    shown = [(r["event"], r["text"], r["host"]) for r in records if r["event"] == "worker_warning"]
+    assert shown == [("worker_warning", "the task's own warning: settings look odd",
+                      "task check")], records
 
 
 def test_a_checkpoint_of_another_task_is_refused(tmp_path):

@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from orchestrator.shared.worker_log import install as mark_log_records
 from workers.host.niceness import LOWEST, idle_this_thread, lower_this_thread
 from workers.ram import auth as ram_auth
 from workers.ram import budget
@@ -296,6 +297,7 @@ class RamHolder:
                  persist_dir: str | None = None, persist_keep: int = 3,
                  max_connections: int = 32, hello_timeout_s: float = 5.0,
                  idle_timeout_s: float = 300.0) -> None:
+        mark_log_records()  # its warnings (refused copies, failed saves) reach the driver
         if keep < 1:
             raise ValueError("keep must be >= 1")
         if max_copy_bytes is None:  # max_host_bytes: auto, undecided on the driver

@@ -297,6 +297,9 @@ def answer(request: dict) -> dict:
 
 
 def main() -> int:
+    from orchestrator.shared.worker_log import install
+
+    install()  # the task's warnings reach the driver's terminal (task_check._report_warnings)
     out = answer(json.loads(sys.stdin.read()))
     sys.stdout.write("\n" + MARKER + json.dumps(out) + "\n")
     sys.stdout.flush()
