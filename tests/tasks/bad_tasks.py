@@ -36,7 +36,8 @@ class Rows:
         return {"x": x, "y": jax.ShapeDtypeStruct((2,), jnp.int32)} if self.s.tree else x
 
     def rows(self, seed, step, rows):
-        x = np.zeros((len(rows), self.s.rows_width), self.s.rows_dtype)
+        late = self.s.narrow_after and step >= self.s.narrow_after
+        x = np.zeros((len(rows), self.s.rows_width - (1 if late else 0)), self.s.rows_dtype)
         return {"x": x, "y": np.zeros((len(rows), 2), np.int32)} if self.s.tree else x
 
 

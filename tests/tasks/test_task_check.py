@@ -67,6 +67,8 @@ def test_builtin_lm_and_the_example_task_pass_with_their_fingerprints():
      ["int32", "float32", "The task's data is refused"]),
     ((f"task.kind={BAD}:good", "task.tree=true", "task.rows_width=5"), "task.kind",
      ["give ['x'] of shape (2, 5)", "example() says shape (2, 4)"]),
+    ((f"task.kind={BAD}:good", "task.narrow_after=5", "run.total_steps=20"), "task.kind",
+     ["rows(seed, 19, range(", "shape (2, 3)", "example() says shape (2, 4)"]),
     ((f"task.kind={BAD}:loss_breaks",), "task.kind",
      ["The task's loss is refused: it fails when traced", "bad_tasks.py:", "TypeError"]),
 ])

@@ -207,13 +207,20 @@ def process_rows(global_batch: int, *, accum_steps: int, process_index: int,
             for a in range(accum_steps)]
 
 
+TASK_CHECK_ENV = "TPU_ORCH_TASK_NOTES"
+"""Set in the driver's task check's subprocess (``orchestrator/driver/task_check.py``)."""
+
+
 class _Trace:
     """Appends ``{"step", "rows", "ids", "epoch", "pid", "t"}`` per read to a file of this
-    process's (``t``: wall time, so a test can tell the reads of each restore apart)."""
+    process's (``t``: wall time, so a test can tell the reads of each restore apart). The driver's
+    task check probes rows too (the first and last step's): those go to ``check-*.jsonl``, as
+    they are read for the check, not trained on."""
 
     def __init__(self, trace_dir: str) -> None:
         os.makedirs(trace_dir, exist_ok=True)
-        name = f"samples-{socket.gethostname()}-{os.getpid()}.jsonl"
+        who = "check" if os.environ.get(TASK_CHECK_ENV) == "1" else "samples"
+        name = f"{who}-{socket.gethostname()}-{os.getpid()}.jsonl"
         self._f = open_append(os.path.join(trace_dir, name))  # never through a link
         self._lock = threading.Lock()
 

@@ -58,7 +58,12 @@ def check(request: dict) -> dict:
                           "jax.ShapeDtypeStruct(shape_without_batch, dtype) per leaf")
     batch = st.abstract_batch(example, 1, train.global_batch)
     st.check_divisible(batch, st.batch_specs(example), sizes, "batch")
-    _check_rows(task.data, example, request["seed"], min(2, train.global_batch), np, jax)
+    n = min(2, train.global_batch)
+    _check_rows(task.data, example, request["seed"], n, np, jax)
+    last = max(0, int(request["total_steps"]) - 1)
+    if last:  # the run's last step too: data that changes shape or runs out late fails here
+        _check_rows(task.data, example, request["seed"], n, np, jax, step=last,
+                    rows=range(train.global_batch - n, train.global_batch))
     try:
         out_state, metrics = jax.eval_shape(functools.partial(st.train_step, task), abstract,
                                             batch)
@@ -201,14 +206,16 @@ def _check_eval(task: Any, request: dict, abstract: Any, sizes: dict, train: Any
 
 
 def _check_rows(data: Any, example: Any, seed: int, n: int, np: Any, jax: Any, *,
-                what: str = "data", step: int = 0) -> None:
-    """The task's first ``n`` rows at ``step`` against its ``example()``: refused naming the
-    first leaf that differs, not the whole tree."""
+                what: str = "data", step: int = 0, rows: range | None = None) -> None:
+    """The task's ``rows`` at ``step`` (``rows``: which, default the first ``n``) against its
+    ``example()``: refused naming the first leaf that differs, not the whole tree."""
     from orchestrator.shared.errors import TaskCodeError
 
-    asked = f"rows(seed, {step}, range({n}))"
-    got_rows = data.rows(seed, step, range(n))
-    want = jax.tree.map(lambda e: ((n, *e.shape), np.dtype(e.dtype)), example)
+    which = range(n) if rows is None else rows
+    asked = f"rows(seed, {step}, range({which.start}, {which.stop}))" if which.start else \
+        f"rows(seed, {step}, range({which.stop}))"
+    got_rows = data.rows(seed, step, which)
+    want = jax.tree.map(lambda e: ((len(which), *e.shape), np.dtype(e.dtype)), example)
     try:
         got = jax.tree.map(lambda r: (tuple(np.shape(r)), np.asarray(r).dtype), got_rows)
     except Exception as exc:
