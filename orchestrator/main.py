@@ -160,7 +160,7 @@ class Driver:
         check_key_place(self.cfg, self.run_dir)  # exit 2 before a key could be written over
         self.lock.acquire(submission_id=submission_id())  # before anything reads or writes
         # the task, its memory per host (printed; exit 2 if it cannot fit) and its checkpoints
-        task = check_task(self.cfg, self.run_dir)
+        task = check_task(self.cfg, self.run_dir, show=self.worker_output.show)
         self._connect()
         self.signals.install()  # Ray's in-process head node installs its own SIGTERM handler
         cluster = RayClusterView()

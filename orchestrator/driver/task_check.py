@@ -20,6 +20,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,12 +60,19 @@ class TaskSummary:
     memory: dict | None = None
     """The memory estimate (``workers/task/check.py: _memory``); None from an older check."""
     bounds: MemoryBounds | None = None
+    warnings: tuple[dict, ...] = ()
+    """The task's own warnings while it was checked (marked log records, ``must_show``)."""
 
 
-def check_task(cfg: Any, run_dir: Path, *, timeout_s: float | None = None) -> TaskSummary:
+def check_task(cfg: Any, run_dir: Path, *, timeout_s: float | None = None,
+               show: Callable[[dict, str], None] | None = None) -> TaskSummary:
     """The task check, the memory estimate (printed; ``DoesNotFit`` when the state cannot
-    fit), then the checkpoint check (``check_checkpoint``)."""
+    fit), then the checkpoint check (``check_checkpoint``). ``show``: where the task's
+    warnings go (the driver's ``WorkerOutput.show``, which then shows each once, however many
+    hosts say it again); by default straight to the log."""
     summary = run_check(cfg, timeout_s=timeout_s)
+    for record in summary.warnings:
+        (show or _report)(record, "task check")
     log.info("task_checked", kind=summary.task["kind"], fingerprint=summary.fingerprint,
              n_params=summary.n_params, state_bytes=summary.state_bytes)
     for note in summary.notes:
@@ -135,6 +143,9 @@ def run_check(cfg: Any, *, timeout_s: float | None = None) -> TaskSummary:
     bound = timeout_s or max(MIN_TIMEOUT_S, cfg.timeouts.compile_s)
     memory = bounds_for(cfg)
     out = ask(request_for(cfg, memory), bound=bound, kind=cfg.task.kind)
+    if not out["ok"]:  # the warnings may say why
+        for record in out.get("warnings", ()):
+            _report(record, "task check")
     if not out["ok"] and out.get("part"):
         raise TaskCodeError(out["part"], out["problem"], out["fix"])
     if not out["ok"]:
@@ -144,7 +155,7 @@ def run_check(cfg: Any, *, timeout_s: float | None = None) -> TaskSummary:
                        flops_per_step=out["flops_per_step"],
                        tokens_per_step=out["tokens_per_step"], metrics=tuple(out["metrics"]),
                        notes=tuple(out.get("notes", ())), memory=out.get("memory"),
-                       bounds=memory)
+                       bounds=memory, warnings=tuple(out.get("warnings", ())))
 
 
 def ask(request: dict, *, bound: float, kind: str) -> dict:
@@ -169,25 +180,30 @@ def ask(request: dict, *, bound: float, kind: str) -> dict:
                           f"{done.returncode}) without an answer: {' | '.join(tail)}",
                           "fix what the output names (a crash while importing the task "
                           "module or building the task)")
-    _report_warnings(done.stderr or "")
     out = json.loads(answer)
     notes = [line[len(NOTE_MARKER):] for line in done.stdout.splitlines()
              if line.startswith(NOTE_MARKER)]
-    return {**out, "notes": list(dict.fromkeys(notes))}
+    return {**out, "notes": list(dict.fromkeys(notes)),
+            "warnings": check_warnings(done.stderr or "")}
 
 
-def _report_warnings(stderr: str) -> None:
+def check_warnings(stderr: str) -> list[dict]:
     """The task's own warnings while it was checked (its module's import, its factory, its
-    data): marked lines on the check's stderr, shown once each like a host's."""
-    from orchestrator.driver.worker_output import must_show, report
+    data): the marked lines of the check's stderr a user must see, each once."""
+    from orchestrator.driver.worker_output import must_show
     from orchestrator.shared.worker_log import parse
 
-    seen: set[tuple[str, str]] = set()
+    out: dict[tuple[str, str], dict] = {}
     for record in filter(None, map(parse, stderr.splitlines())):
-        key = (str(record.get("logger")), record["message"])
-        if must_show(record) and key not in seen:
-            seen.add(key)
-            report(record, "task check")
+        if must_show(record):
+            out.setdefault((str(record.get("logger")), record["message"]), record)
+    return list(out.values())
+
+
+def _report(record: dict, source: str) -> None:
+    from orchestrator.driver.worker_output import report
+
+    report(record, source)
 
 
 def check_checkpoint(ckpt: Path, summary: TaskSummary) -> None:

@@ -117,6 +117,11 @@ class WorkerOutput:
             if self._echo:
                 self._print(is_err, f"({source}) {line}")
 
+    def show(self, record: Mapping[str, Any], source: str) -> None:
+        """A record of another process of the run's (the task check's) shown as a host's: the
+        same warning from the hosts later is not shown again."""
+        self._warn_once(record, source)
+
     def _warn_once(self, record: Mapping[str, Any], source: str) -> None:
         """A driver record; the same message from every host of the group is shown once."""
         key = (str(record.get("logger")), str(record["message"]))

@@ -10,6 +10,7 @@ what the passing checks and ``orchestrator.main``'s exit 2 below go through."""
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -18,8 +19,10 @@ import pytest
 from structlog.testing import capture_logs
 
 from orchestrator.config import load_config
-from orchestrator.driver.task_check import TaskSummary, check_checkpoint, run_check
+from orchestrator.driver.task_check import TaskSummary, check_checkpoint, check_task, run_check
+from orchestrator.driver.worker_output import WorkerOutput
 from orchestrator.main import explain
+from orchestrator.shared import worker_log
 from orchestrator.shared.errors import CheckpointError, ConfigError, TaskCodeError
 from orchestrator.shared.task import task_fingerprint
 
@@ -96,14 +99,26 @@ def test_a_fault_of_the_tasks_code_is_not_called_an_invalid_setting(check_here, 
     assert "Invalid config" not in shown, shown
 
 
-def test_the_tasks_own_warnings_reach_the_driver():
+def test_the_tasks_own_warnings_reach_the_driver_once(tmp_path):
     """The check runs the task's factory in a subprocess: a warning it logs there is shown by
-    the driver (terminal and driver.log.jsonl), not lost with the subprocess's stderr."""
+    the driver (terminal and driver.log.jsonl), not lost with the subprocess's stderr; the hosts
+    build the same task and say it again, and that is not shown a second time."""
+    out = WorkerOutput(echo=False)
     with capture_logs() as records:
-        run_check(load_config(None, [f"task.kind={BAD}:warns"]))
-    shown = [(r["event"], r["text"], r["host"]) for r in records if r["event"] == "worker_warning"]
-    assert shown == [("worker_warning", "the task's own warning: settings look odd",
-                      "task check")], records
+        check_task(load_config(None, [f"task.kind={BAD}:warns"]), tmp_path, show=out.show)
+        line = worker_log.format_record(logging.LogRecord(
+            f"{BAD}", logging.WARNING, __file__, 1, "the task's own warning: settings look odd",
+            None, None))
+        out({"lines": [line], "pid": 7, "actor_name": "HostActor", "is_err": True})
+    shown = [(r["text"], r["host"]) for r in records if r["event"] == "worker_warning"]
+    assert shown == [("the task's own warning: settings look odd", "task check")], records
+
+
+def test_a_refused_task_shows_its_warnings_first():
+    with capture_logs() as records, pytest.raises(ConfigError):
+        run_check(load_config(None, [f"task.kind={BAD}:warns", "task.rows_width=5"]))
+    assert [r["text"] for r in records if r["event"] == "worker_warning"] == [
+        "the task's own warning: settings look odd"]
 
 
 def test_a_checkpoint_of_another_task_is_refused(tmp_path):
