@@ -8,8 +8,8 @@ STAMP  := $(VENV)/.installed-stamp
 ARGS   ?=
 PYTEST_ARGS ?=
 # Two pytest-xdist workers, one test file at a time each (a file's Ray cluster starts once): one
-# after another, the Ray tests left ~40 % of the two cores idle (measured on the group fault
-# tests). 0 = everything in one process.
+# after another, the Ray tests leave the cores idle part of the time (docs/development.md).
+# 0 = everything in one process.
 TEST_WORKERS ?= 2
 CLUSTER_ARGS ?= --slices 2 --hosts-per-slice 2 --devices-per-host 2
 
@@ -17,8 +17,8 @@ CLUSTER_ARGS ?= --slices 2 --hosts-per-slice 2 --devices-per-host 2
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	@# a current pip first: the one a venv ships (23.x on Python 3.11) spends ~20 CPU-s
-	@# checking every wheel of every release against this platform's tags (measured)
+	@# a current pip first: the one a venv ships checks every wheel of every release against
+	@# this platform's tags, slowly (docs/development.md)
 	$(BIN)/pip install --quiet --disable-pip-version-check --upgrade "pip>=25.1"
 	$(BIN)/pip install --quiet --disable-pip-version-check -e ".[test]"
 	touch $(STAMP)
@@ -29,8 +29,8 @@ run: $(STAMP)
 
 ## The whole test suite (starts and stops its own Ray clusters, Pub/Sub emulator and servers).
 test: $(STAMP)
-	@# bytecode first: with PYTHONDONTWRITEBYTECODE set, each of the suite's ~300 processes would
-	@# compile the project's modules again (~0.07 CPU-s each)
+	@# bytecode first: with PYTHONDONTWRITEBYTECODE set, each of the suite's processes would
+	@# compile the project's modules again (docs/development.md)
 	$(BIN)/python -m compileall -q orchestrator workers policies bench examples tests > /dev/null
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 

@@ -193,8 +193,8 @@ def _fill(prefix: str, axes: dict[str, int], total: int, what: str) -> dict[str,
 @dataclass(frozen=True, kw_only=True)
 class CompileConfig:
     """Compiled steps kept in RUN_DIR/executables (workers/training/executables.py), so a re-formed
-    or resumed group of a mesh seen before loads its step instead of compiling it
-    (bench/RESULTS.md, section 7)."""
+    or resumed group of a mesh seen before loads its step instead of compiling it (measured in
+    bench/RESULTS.md)."""
 
     cache: Literal["on", "off"] = "on"
     """off: every group compiles, nothing is read or written."""

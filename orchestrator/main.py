@@ -338,9 +338,11 @@ class Driver:
     def _watch_ray_nodes(self, hosts: Any) -> None:
         """Ray as an event source: a run host whose node dies becomes a HOST_LOST event."""
         from orchestrator.events.ray_source import RayNodeWatcher
+        from orchestrator.raygroup import ray_private
 
-        self.node_watcher = RayNodeWatcher(job=self.cfg.run.name, **(
-            {} if self.cfg.events.ray_drains else {"draining": None}))
+        self.node_watcher = RayNodeWatcher(
+            job=self.cfg.run.name,
+            draining=ray_private.draining_nodes if self.cfg.events.ray_drains else None)
         self.node_watcher.start(lambda ev: self.intake.submit(ev, source="ray"), hosts,
                                 interval_s=1.0)
 

@@ -11,21 +11,34 @@ the lifecycle.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
 if TYPE_CHECKING:
     from orchestrator.controller.context import Run
+    from orchestrator.controller.records import EvalRecord, StepRecord
     from orchestrator.controller.seam import WorkerGroup
     from orchestrator.lifecycle import Transition
-    from orchestrator.metrics.goodput import GoodputReport
-    from orchestrator.metrics.records import EvalRecord, StepRecord
 
 log = structlog.get_logger("orchestrator.controller")
 
 Peak = tuple[float, str]
 """(peak FLOP/s per device, where that number comes from)."""
+
+
+class GoodputAnswer(Protocol):
+    """What the summary reads of a ``goodput()`` answer (``metrics.goodput.GoodputReport`` is
+    one): named here so the controller imports nothing of ``metrics``, a layer up."""
+
+    @property
+    def goodput(self) -> float: ...
+
+    @property
+    def badput_s(self) -> dict[str, float]: ...
+
+    @property
+    def ml_badput_s(self) -> dict[str, float]: ...
 
 
 class RunListener:
@@ -70,7 +83,7 @@ class RunListener:
         matmul on host 0 (call it only when no table or setting knows the device)."""
         return None
 
-    def goodput(self) -> GoodputReport | None:
+    def goodput(self) -> GoodputAnswer | None:
         """The run's goodput and badput for the summary, asked once as the run ends."""
         return None
 

@@ -155,7 +155,7 @@ def _absorb(run: Run, status: Progress) -> None:
 def _report(run: Run, rec: dict) -> None:
     """Host 0's raw record of one step as a ``StepRecord`` (MFU against the resolved peak) and
     its eval, if any, to the listeners; a malformed record is logged and skipped."""
-    from orchestrator.metrics.records import EvalRecord, StepRecord
+    from orchestrator.controller.records import EvalRecord, StepRecord
 
     plan, cfg = run.plan, run.placement.mesh_cfg
     assert plan is not None and cfg is not None

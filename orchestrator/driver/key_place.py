@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.cluster.local import STATE_DIR_ENV, default_state_dir
-from orchestrator.cluster.reaper import records_dir
+from orchestrator.raygroup.reaper import records_dir
 from orchestrator.shared.errors import ConfigError
 from orchestrator.shared.files import holder
 from orchestrator.shared.host_env import ENV_DIR, ENV_KEY, key_path, store_dir

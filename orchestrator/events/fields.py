@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from orchestrator.events.model import MalformedEvent, camel
+from orchestrator.events.model import Event, EventKind, MalformedEvent, Target, camel
 from orchestrator.events.timefmt import parse_rfc3339
 
 MAX_NOTES = 8
@@ -126,3 +126,15 @@ class Fields:
                 raise
             self.note(name, exc.reason.removeprefix(self.path(name)).strip())
             return None
+
+
+def build_event(*, kind: EventKind, target: Target, key: str, occurred: float | None,
+                now: float, deadline: float | None, message: str, source: str,
+                labels: dict[str, str], raw: Any, notes: list[str],
+                window: tuple[float | None, float | None] = (None, None)) -> Event:
+    """The Event for a parsed entry; soft-field notes ride along in ``parse.ignored``."""
+    if notes:
+        labels = {**labels, "parse.ignored": "; ".join(notes)[:1024]}
+    return Event(kind=kind, target=target, source=source, id=key, observed_at=now,
+                 deadline=deadline, occurred_at=occurred, message=message[:4096], labels=labels,
+                 raw=dict(raw), window_start=window[0], window_end=window[1])

@@ -22,8 +22,7 @@ same name is never taken for ours.
 
 from __future__ import annotations
 
-from orchestrator.events.fields import Fields
-from orchestrator.events.logentries import build_event
+from orchestrator.events.fields import Fields, build_event
 from orchestrator.events.model import Event, EventKind, MalformedEvent, Target
 
 START_ANNOTATION = "maintenance.gke.io/maintenance-start-time"

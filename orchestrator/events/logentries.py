@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from orchestrator.events.fields import Fields
+from orchestrator.events.fields import Fields, build_event
 from orchestrator.events.model import Event, EventKind, MalformedEvent, Target
 
 SOURCE = "logging"
@@ -173,14 +173,3 @@ def instance_from_resource_name(name: object) -> str | None:
         return parts[-1]
     return None
 
-
-def build_event(*, kind: EventKind, target: Target, key: str, occurred: float | None,
-                now: float, deadline: float | None, message: str, source: str,
-                labels: dict[str, str], raw: Any, notes: list[str],
-                window: tuple[float | None, float | None] = (None, None)) -> Event:
-    """The Event for a parsed entry; soft-field notes ride along in ``parse.ignored``."""
-    if notes:
-        labels = {**labels, "parse.ignored": "; ".join(notes)[:1024]}
-    return Event(kind=kind, target=target, source=source, id=key, observed_at=now,
-                 deadline=deadline, occurred_at=occurred, message=message[:4096], labels=labels,
-                 raw=dict(raw), window_start=window[0], window_end=window[1])

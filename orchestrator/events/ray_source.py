@@ -6,9 +6,12 @@ mesh hosts whose node is no longer alive, once per node. It also polls Ray Core'
 (``ray drain-node``, KubeRay, the autoscaler; what Ray Train's ``PreemptionWatcher`` polls): a
 drain is a preemption notice for that node, targeted by Ray node id (Ray exposes no reason while
 a drain is under way and refuses an idle-termination drain of a node running actors); the
-intake decides whether it concerns the run. A failed *call* on a host actor is not an event:
-the worker group maps it to the seam's ``FailureKind`` (``orchestrator.raygroup.results``, the one
-place a Ray exception is classified) and the controller takes its failure path.
+intake decides whether it concerns the run. Ray has no public API for its draining nodes: the
+caller passes ``draining`` (the driver: ``orchestrator.raygroup.ray_private.draining_nodes``,
+pinned by ``tests/test_private_apis.py``), so events import nothing of ``raygroup``. A failed
+*call* on a host actor is not an event: the worker group maps it to the seam's ``FailureKind``
+(``orchestrator.raygroup.results``, the one place a Ray exception is classified) and the
+controller takes its failure path.
 """
 
 from __future__ import annotations
@@ -62,15 +65,6 @@ def drain_event(node_id: str, deadline_ms: int, *, job: str | None, now: float,
     )
 
 
-def draining_nodes() -> dict[str, int]:
-    """The default seam: Ray Core's draining nodes, ``{node_id_hex: deadline_ms}`` (0: none).
-    Ray has no public API for it: read through ``orchestrator.raygroup.ray_private``, pinned by
-    ``tests/events/test_ray_source.py`` and ``tests/test_private_apis.py``."""
-    from orchestrator.raygroup import ray_private
-
-    return ray_private.draining_nodes()
-
-
 def ray_nodes() -> list[dict[str, Any]]:
     """The default seam: Ray's node table (needs ``ray.init`` in this process)."""
     import ray
@@ -83,7 +77,7 @@ class RayNodeWatcher:
 
     def __init__(self, *, job: str | None = None,
                  nodes: Callable[[], list[dict[str, Any]]] = ray_nodes,
-                 draining: Callable[[], dict[str, int]] | None = draining_nodes,
+                 draining: Callable[[], dict[str, int]] | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         self.job = job
         self._nodes = nodes

@@ -6,11 +6,11 @@ each on its own thread. Everything else (goodput, MFU, the report) is pure arith
 records.
 """
 
+from orchestrator.controller.records import StepRecord
 from orchestrator.metrics.config import CloudMonitoringConfig, MetricsConfig
 from orchestrator.metrics.goodput import GoodputReport, compute_goodput
 from orchestrator.metrics.identity import ResourceIdentity
 from orchestrator.metrics.pipeline import MetricsPipeline, build_sinks, identity_for
-from orchestrator.metrics.records import StepRecord
 from orchestrator.metrics.rundir import load_run
 
 __all__ = ["CloudMonitoringConfig", "GoodputReport", "MetricsConfig",

@@ -9,9 +9,9 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TextIO
 
 from orchestrator.controller.listener import RunListener
+from orchestrator.controller.records import EvalRecord, StepRecord
 from orchestrator.metrics.goodput import compute_goodput
 from orchestrator.metrics.ledger import StepLedger
-from orchestrator.metrics.records import EvalRecord, StepRecord
 
 if TYPE_CHECKING:
     from orchestrator.lifecycle import Transition

@@ -25,8 +25,8 @@ from orchestrator.metrics.goodput import TERMINAL_STATES
 from orchestrator.shared.errors import ConfigError
 
 if TYPE_CHECKING:
+    from orchestrator.controller.records import StepRecord
     from orchestrator.lifecycle import Transition
-    from orchestrator.metrics.records import StepRecord
 
 
 class Recorder(Protocol):

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import IO
 
 from orchestrator.controller.listener import RunListener
-from orchestrator.metrics.records import EvalRecord, StepRecord
+from orchestrator.controller.records import EvalRecord, StepRecord
 from orchestrator.shared.files import open_append
 
 

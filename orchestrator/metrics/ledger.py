@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from orchestrator.metrics.records import StepRecord
+from orchestrator.controller.records import StepRecord
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -2,11 +2,13 @@
 
 MFU = model FLOPs per step / (step time x devices x peak FLOP/s per device). "Model" FLOPs are
 the FLOPs the model needs (forward + backward), not what the hardware ran (no rematerialisation),
-so MFU compares runs fairly. Pure functions: no JAX, no clock, no I/O.
+so MFU compares runs fairly. Pure functions: no JAX, no clock, no I/O. ``mfu`` itself is
+defined with the step record that carries it (``orchestrator.controller.records``).
 """
 
 from __future__ import annotations
 
+from orchestrator.controller.records import mfu as mfu  # defined with the record that carries it
 from orchestrator.shared.errors import ConfigError
 
 PEAK_BF16_FLOPS_PER_CHIP: dict[str, float] = {
@@ -18,18 +20,6 @@ PEAK_BF16_FLOPS_PER_CHIP: dict[str, float] = {
 """Dense bf16 peak per chip from Cloud TPU's published system specs."""
 
 _ALIASES = {"v5litepod": "v5e", "v5lite": "v5e", "v6": "v6e", "v5": "v5p"}
-
-
-def mfu(flops_per_step: float, step_time_s: float, devices: int,
-        peak_flops_per_device: float) -> float:
-    """Fraction of the devices' peak the step's model FLOPs used; 0.0 when undefined.
-
-    Returns 0.0 (not an exception) for a non-positive time, device count or peak: a bad sample
-    must never crash the training loop that reports it.
-    """
-    if step_time_s <= 0 or devices <= 0 or peak_flops_per_device <= 0 or flops_per_step <= 0:
-        return 0.0
-    return flops_per_step / (step_time_s * devices * peak_flops_per_device)
 
 
 def analytic_train_flops(*, n_params_non_embedding: int, vocab_size: int, d_model: int,

@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from orchestrator.controller.listener import RunListener
+from orchestrator.controller.records import EvalRecord, StepRecord
 from orchestrator.metrics.config import MetricsConfig
 from orchestrator.metrics.identity import ResourceIdentity
-from orchestrator.metrics.records import EvalRecord, StepRecord
 
 if TYPE_CHECKING:
     from orchestrator.lifecycle import Transition

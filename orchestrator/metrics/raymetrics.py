@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from orchestrator.controller.listener import RunListener
-from orchestrator.metrics.records import StepRecord
+from orchestrator.controller.records import StepRecord
 
 if TYPE_CHECKING:
     from orchestrator.lifecycle import Transition

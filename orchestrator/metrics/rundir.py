@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchestrator.controller.records import BadStepRecord, EvalRecord, StepRecord
 from orchestrator.metrics.goodput import TERMINAL_STATES, GoodputReport, compute_goodput
 from orchestrator.metrics.ledger import StepLedger
-from orchestrator.metrics.records import BadStepRecord, EvalRecord, StepRecord
 from orchestrator.shared.files import read_jsonl
 
 

@@ -46,9 +46,9 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from orchestrator.controller.listener import RunListener
+from orchestrator.controller.records import EvalRecord, StepRecord
 from orchestrator.metrics.goodput import compute_goodput
 from orchestrator.metrics.ledger import StepLedger
-from orchestrator.metrics.records import EvalRecord, StepRecord
 
 if TYPE_CHECKING:
     from orchestrator.lifecycle import Transition

@@ -88,7 +88,7 @@ class RayWorkerGroup:
         self._chunks = 0  # chunks started (a re-form starts its standbys after its first)
         self._warming: list[str] = []
         self._standby_due = False  # after the MFU peak or at the first chunk (or save): their
-        # imports slowed restore, compile and the peak measured after it (bench/RESULTS.md 7)
+        # imports slowed restore, compile and the peak measured after it (bench/RESULTS.md)
         self.timeouts = spec.cfg.timeouts
         self.metadata_settings = metadata_settings
         self.queue = notice_queue

@@ -2,8 +2,8 @@
 their own JAX runtime for that mesh while the group trains, build and load the step and run it
 once (``HostActor.preform``). A re-form onto exactly that mesh (a notice or a failure that
 moves a one-slice job to its spare slice) then adopts them and only restores: no runtime to
-join, no step to load, and no slow first step (XLA:CPU's first run of an executable costs
-several steps; bench/RESULTS.md, section 7).
+join, no step to load, and no slow first step (XLA:CPU's first run of an executable is slower
+than the steps after it; measured in bench/RESULTS.md).
 
 Everything here is an optimisation: a mesh that differs from the pre-formed one, a pre-form
 that failed or did not finish in time, and the standbys are replaced by fresh processes.

@@ -16,8 +16,8 @@ from typing import Any
 
 import structlog
 
-from orchestrator.cluster.reaper import Reaper, marking
 from orchestrator.raygroup import ray_private
+from orchestrator.raygroup.reaper import Reaper, marking
 from orchestrator.shared.errors import ClusterUnreachableError, ConfigError
 from orchestrator.shared.host_env import free_port
 from orchestrator.shared.hosts import HostRef
@@ -129,7 +129,7 @@ class EmulatedCluster:
 
     def start(self, *, include_dashboard: bool = False) -> str:
         """The head node, with a reaper that kills every process of this cluster when the
-        driver dies, however it dies (``orchestrator/cluster/reaper.py``)."""
+        driver dies, however it dies (``orchestrator/raygroup/reaper.py``)."""
         from ray.cluster_utils import Cluster
 
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")

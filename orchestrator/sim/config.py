@@ -4,7 +4,7 @@ A sim config describes the *world* (topology, step time, checkpoint and re-form 
 processes, capacity coming back, a trace to replay); the ``controller`` section is the real
 ``ControllerConfig`` the run would use, so budgets, elasticity, the save policy and the
 deadline policy are the production ones. Defaults for the re-form phases come from our own
-bench's cold re-forms (bench/RESULTS.md, "Before → after"; bench/HISTORY.md).
+bench's cold re-forms (bench/RESULTS.md, bench/HISTORY.md).
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ import pytest
 import ray.exceptions
 
 from orchestrator.events.ray_source import RayNodeWatcher
+from orchestrator.raygroup import ray_private
 from orchestrator.raygroup.results import failure_kind
 from policies.causes import FailureKind
 from tests.events.helpers import hosts
@@ -99,7 +100,7 @@ def test_drain_polling_that_fails_reports_nothing_and_does_not_raise():
 @pytest.mark.cluster
 def test_a_real_ray_drain_with_reason_preemption_becomes_a_notice(cluster: RunningCluster):
     """``ray drain-node``'s call (reason preemption, a deadline) on a node running an actor:
-    the watcher's default seam (Ray's private accessor, pinned here) reports it."""
+    the seam the driver passes (Ray's private accessor, pinned here) reports it."""
     from ray._raylet import GcsClient
     from ray.core.generated import autoscaler_pb2
 
@@ -118,7 +119,7 @@ def test_a_real_ray_drain_with_reason_preemption_becomes_a_notice(cluster: Runni
         host.node_id, autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"),
         "spot reclaim", deadline_ms)
     assert accepted, why
-    watcher = RayNodeWatcher(job="j")
+    watcher = RayNodeWatcher(job="j", draining=ray_private.draining_nodes)
     t_end = time.monotonic() + 30
     events = []
     while not events and time.monotonic() < t_end:

@@ -15,9 +15,9 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
-from orchestrator.cluster import reaper
 from orchestrator.controller import RunListener
 from orchestrator.controller.wiring import from_config
+from orchestrator.raygroup import reaper
 from tests.faults.harness import fault_config, run_controller, started_cluster
 from tests.support.ray_cluster import RunningCluster
 

@@ -18,15 +18,15 @@ from pathlib import Path
 import psutil
 import pytest
 
-from orchestrator.cluster import reaper as emulated_reaper
-from orchestrator.cluster.reaper import MARK_ENV, Reaper, clean_leftovers, marked, start_time
+from orchestrator.raygroup import reaper as emulated_reaper
+from orchestrator.raygroup.reaper import MARK_ENV, Reaper, clean_leftovers, marked, start_time
 
 ROOT = Path(__file__).resolve().parents[2]
 STUBBORN = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
 
 RAYLET = textwrap.dedent(f"""
     import ctypes, os, subprocess, sys, time
-    from orchestrator.cluster.reaper import MARK_ENV
+    from orchestrator.raygroup.reaper import MARK_ENV
     ctypes.CDLL(None).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL: dies with the driver, as Ray's
     env = {{k: v for k, v in os.environ.items() if k != MARK_ENV}}  # as Ray's agents lose it
     agent = subprocess.Popen([sys.executable, "-c", {STUBBORN!r}], env=env)
@@ -35,7 +35,7 @@ RAYLET = textwrap.dedent(f"""
 """)
 DRIVER = textwrap.dedent(f"""
     import subprocess, sys, time
-    from orchestrator.cluster.reaper import Reaper, marking
+    from orchestrator.raygroup.reaper import Reaper, marking
     reaper = Reaper()
     reaper.start()
     with marking(reaper.marker):  # a node's daemon, one leaving its parent's session, a raylet

@@ -1,6 +1,6 @@
 """Compile ahead: while this group trains, compile and store the step of the mesh the run may
 move to next, so that group loads it inside its downtime instead of compiling it there
-(bench/RESULTS.md, section 7: the announced shrink).
+(the announced shrink in bench/RESULTS.md).
 
 The next mesh an announced event forms without new hosts is an elastic shrink: the surviving
 slices. Its processes are numbered 0..n-1 whichever slices survive, and on the CPU emulation a

@@ -2,12 +2,12 @@
 
 JAX's collectives between CPU processes go over gloo. Its TCP event loop leaves a readable
 socket unread until the local side has posted the matching receive, so its level-triggered
-``epoll_wait`` returns at once, again and again: ~8,000 calls a second under contention (seen
-with ``strace``; gloo issue 246, open, is about the same loop's wake-ups). With more runnable
+``epoll_wait`` returns at once, again and again: thousands of calls a second under contention
+(seen with ``strace``; gloo issue 246, open, is about the same loop's wake-ups). With more runnable
 threads than cores (the emulated cluster: several host processes per core, beside Ray's
 daemons), the loop takes the core from the very thread it waits for. Beside one busy process on
-2 cores the bare loop's step went from 0.153 s to 0.0099 s with 5x less CPU; alone it is the
-same (``bench.gloo_loop``, figure 14).
+2 cores the bare loop's step is many times faster and takes less CPU in the idle class; alone it
+is the same (``bench.gloo_loop``; its figures are in bench/RESULTS.md).
 
 The trade-off: an idle-class thread still runs beside normal ones, but with a tiny share
 (weight 3 against 1,024), so under long foreign load at normal priority its messages wait and

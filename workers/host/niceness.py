@@ -3,8 +3,8 @@ per thread, and inherited by the threads it starts).
 
 Work beside the training step that must not delay it: the compile ahead runs at nice 19; the RAM
 tier's copy sender and its holders' durable writer run in the idle class, which takes only the
-time the step leaves a core idle (at nice 19 they still slowed the step: bench/RESULTS.md,
-section 6). A copy the step then waits for is the copy sender's concern
+time the step leaves a core idle (at nice 19 they still slowed the step, as bench/RESULTS.md
+measures). A copy the step then waits for is the copy sender's concern
 (``workers.ram.replicator``: it moves to normal priority when starved). Gloo's event loop goes
 to the idle class too, for another reason: it busy-polls (``workers.host.gloo_loop``).
 """

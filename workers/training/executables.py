@@ -1,5 +1,5 @@
 """Compiled executables kept in the run directory, so a re-formed or resumed group loads its step
-instead of compiling it (bench/RESULTS.md, section 7: COMPILING with the executable loaded).
+instead of compiling it (COMPILING with the executable loaded is measured in bench/RESULTS.md).
 
 The persistent compilation cache does not work across processes on CPU (only process 0 writes,
 keys differ per process), so a process serialises its compiled

@@ -1,8 +1,8 @@
 """Orbax, imported without its optional Cloud Logging backend.
 
 Where ``google-cloud-logging`` is installed (the ``goodput`` extra brings it), ``import
-orbax.checkpoint`` also imports it for Orbax's ``CloudLogger``: ~0.3 CPU-s in every host and
-holder process, for a logger no process of ours uses (checkpoint events reach Cloud Monitoring
+orbax.checkpoint`` also imports it for Orbax's ``CloudLogger``: a costly import in every host
+and holder process, for a logger no process of ours uses (checkpoint events reach Cloud Monitoring
 through the driver's metrics). Orbax guards that import with ``except ImportError``; this module
 takes that path by marking the package absent for the duration of Orbax's first import only,
 so a later ``import google.cloud.logging`` in the same process (the goodput recorder's) works.

@@ -11,7 +11,7 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
-from orchestrator.metrics.records import StepRecord
+from orchestrator.controller.records import StepRecord
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from orchestrator.controller.listener import RunListener
+from orchestrator.controller.records import StepRecord
 from orchestrator.metrics.cloud.aggregate import WindowAggregator
 from orchestrator.metrics.cloud.descriptors import BY_NAME, METRICS, descriptor, metric_type
 from orchestrator.metrics.cloud.writer import MIN_POINT_SPACING_S, Point, TimeSeriesWriter
@@ -24,7 +25,6 @@ from orchestrator.metrics.goodput import CAUSES, compute_goodput
 from orchestrator.metrics.identity import ResourceIdentity
 from orchestrator.metrics.ledger import StepLedger
 from orchestrator.metrics.ml_goodput import BUCKETS as ML_BUCKETS
-from orchestrator.metrics.records import StepRecord
 
 if TYPE_CHECKING:
     from orchestrator.lifecycle import Transition

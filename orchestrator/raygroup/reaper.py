@@ -8,7 +8,7 @@ runtime-env agent lived on, reparented to init, through later runs (issue 28, it
   environment (set only while the driver starts Ray nodes), and the cluster is those and
   their descendants: a raylet hands the agents it starts only part of its environment (which
   variables it drops changes from start to start, measured), so the mark alone misses some;
-* a reaper (``python -m orchestrator.cluster.reaper``, its own session) notes the cluster's
+* a reaper (``python -m orchestrator.raygroup.reaper``, its own session) notes the cluster's
   processes every second while the driver lives (an orphan loses its parent), and when the
   driver dies (its pidfd) or shuts the cluster down (the pipe it holds) SIGKILLs all of them;
 * a record per cluster (``$TMPDIR/tpu-orchestrator-<uid>/emulated/<id>.json``) lets the next
@@ -175,7 +175,7 @@ class Reaper:
         clean_leftovers()
         me = os.getpid()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "orchestrator.cluster.reaper", self.marker, str(me),
+            [sys.executable, "-m", "orchestrator.raygroup.reaper", self.marker, str(me),
              str(start_time(me))], stdin=subprocess.PIPE, start_new_session=True,
             env={k: v for k, v in os.environ.items() if k != MARK_ENV})
         self.record.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
