@@ -9,6 +9,7 @@ from pathlib import Path
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 import pytest
 from safetensors.numpy import load_file
@@ -130,3 +131,22 @@ def test_the_reader_reads_what_safetensors_reads_and_slices_by_offset():
         assert ckpt.read(name).tobytes() == arr.tobytes()
     name = "model.layers.1.mlp.up_proj.weight"
     assert np.array_equal(ckpt.read(name, np.s_[8:24, 4:]), want[name][8:24, 4:])
+
+
+def test_written_files_are_read_by_safetensors_itself_bfloat16_included(tmp_path):
+    """The writer's files (header, alignment, bfloat16 code) are the format safetensors reads."""
+    from safetensors import safe_open
+
+    from workers.models.safetensors_io import write
+
+    rng = np.random.default_rng(0)
+    arrays = {"a": rng.standard_normal((3, 5)).astype(ml_dtypes.bfloat16),
+              "b": rng.standard_normal((7,)).astype(np.float32),
+              "c": np.arange(3, dtype=np.int32)}  # jax: no int64 without x64
+    write(tmp_path / "x.safetensors", {k: (v.shape, v.dtype) for k, v in arrays.items()},
+          lambda k: arrays[k], metadata={"format": "pt"})
+    with safe_open(str(tmp_path / "x.safetensors"), framework="flax") as f:
+        assert f.metadata() == {"format": "pt"}
+        for name, arr in arrays.items():
+            got = np.asarray(f.get_tensor(name))
+            assert got.dtype == arr.dtype and got.tobytes() == arr.tobytes(), name

@@ -139,6 +139,12 @@ def check_matches(cfg: LlamaConfig, hf: Mapping[str, Any], *, source: str,
                     "of the task's model)")
 
 
+def config_of_task(settings: Mapping[str, Any]) -> LlamaConfig:
+    """The model of a ``llama`` task's settings (``{preset, model}``, as ``LlamaSettings``
+    builds it; ``workers.task.llama`` imports this module, so not through it)."""
+    return LlamaConfig.preset(settings.get("preset", "tiny"), **(settings.get("model") or {}))
+
+
 def config_to_hf(cfg: LlamaConfig, *, dtype: str = "float32", **extra: Any) -> dict[str, Any]:
     """A config.json for ``cfg`` that transformers 4.x and 5.x load as this model."""
     return {
@@ -216,7 +222,8 @@ def from_kernel(t: Tensor, kernel: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(kernel.reshape(t.hf_shape[::-1]).T)
 
 
-def _leaf(params: Mapping[str, Any], cfg: LlamaConfig, t: Tensor) -> np.ndarray:
+def layer_leaf(params: Mapping[str, Any], cfg: LlamaConfig, t: Tensor) -> np.ndarray:
+    """``t``'s parameter (one layer's) in the family's tree; a view, not a copy."""
     if t.layer is None:
         node: Any = params
         for key in t.path:
@@ -238,7 +245,7 @@ def hf_tensors(params: Mapping[str, Any], cfg: LlamaConfig, dtype: Any = None
     """(name, tensor) of the family's ``params`` in Hugging Face's names and layout, one at a
     time, cast to ``dtype`` when given (numpy's round to nearest even for bfloat16)."""
     for t in tensors(cfg):
-        arr = from_kernel(t, _leaf(params, cfg, t))
+        arr = from_kernel(t, layer_leaf(params, cfg, t))
         yield t.hf, arr if dtype is None else arr.astype(dtype)
 
 
