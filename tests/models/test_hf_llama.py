@@ -97,6 +97,9 @@ def test_tree_is_the_models_own_and_in_its_dtype():
     ("head_dim", 16, "head_dim"),
     ("model_type", "mistral", "model_type"),
     ("num_hidden_layers", None, "num_hidden_layers"),
+    ("num_key_value_heads", 0, "num_key_value_heads"),
+    ("rms_norm_eps", "tiny", "rms_norm_eps"),
+    ("rope_theta", -1.0, "rope_theta"),
 ])
 def test_what_the_family_does_not_compute_is_refused_naming_the_field(field, value, says):
     _, hf, _ = golden("gqa_untied")

@@ -92,13 +92,20 @@ def config_from_hf(hf: Mapping[str, Any], *, source: str = CONFIG) -> dict[str, 
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise refuse(theirs, "not a whole number >= 1", f"set {theirs} in {source}")
         out[ours] = value
-    out["num_kv_heads"] = hf.get("num_key_value_heads") or out["num_heads"]
+    kv = hf.get("num_key_value_heads")
+    if kv is not None and (not isinstance(kv, int) or isinstance(kv, bool) or kv < 1):
+        raise refuse("num_key_value_heads", "not a whole number >= 1",
+                     "set num_key_value_heads (or leave it out: as many as the heads)")
+    out["num_kv_heads"] = out["num_heads"] if kv is None else kv
     head_dim = out["d_model"] // out["num_heads"]
     if hf.get("head_dim") not in (None, head_dim):
         raise refuse("head_dim", f"the family's head dim is hidden_size / num_attention_heads "
                      f"= {head_dim}", "use a checkpoint whose head_dim is hidden_size / heads")
     out["rope_theta"] = float(_rope_theta(hf, refuse))
-    out["norm_eps"] = float(hf.get("rms_norm_eps", 1e-6))  # transformers' LlamaConfig default
+    eps = hf.get("rms_norm_eps", 1e-6)  # transformers' LlamaConfig default
+    if not isinstance(eps, int | float) or isinstance(eps, bool) or eps <= 0:
+        raise refuse("rms_norm_eps", "not a number > 0", "set rms_norm_eps in " + source)
+    out["norm_eps"] = float(eps)
     out["tie_embeddings"] = bool(hf.get("tie_word_embeddings", False))
     return out
 
@@ -121,7 +128,10 @@ def _rope_theta(hf: Mapping[str, Any], refuse: Callable[..., HfCheckpointError])
             raise refuse("rope_theta", f"differs from rope_parameters.rope_theta "
                          f"{params.get('rope_theta')!r}", "make the two agree")
         theta = params.get("rope_theta", theta)
-    return 10_000.0 if theta is None else theta
+    theta = 10_000.0 if theta is None else theta  # transformers' LlamaConfig default
+    if not isinstance(theta, int | float) or isinstance(theta, bool) or theta <= 0:
+        raise refuse("rope_theta", "not a number > 0", "set rope_theta to the model's")
+    return theta
 
 
 def check_matches(cfg: LlamaConfig, hf: Mapping[str, Any], *, source: str,
