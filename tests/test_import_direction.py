@@ -62,6 +62,10 @@ DRIVER_MAY_IMPORT: dict[str, str] = {
                              "(orchestrator.export.rebuild: the task's context)",
     "workers.task.resolve": "the export's rebuild of the exported model from its config "
                             "(orchestrator.export.rebuild: the task's factory)",
+    "workers.models.hf_llama": "the export's Hugging Face format of a llama run "
+                               "(orchestrator.export.hf: config.json, tensor names and layouts)",
+    "workers.models.safetensors_io": "the export writing safetensors one tensor at a time, "
+                                     "bfloat16 included (orchestrator.export.hf)",
 }
 
 PRIVATE: dict[str, str] = {

@@ -7,9 +7,10 @@ and the optimizer state) as ``model.npz`` and ``model.safetensors`` under flatte
 (``params/block0/q/kernel``), the exported model's task and settings as ``config.yaml``
 (``rebuild(EXPORT_DIR)`` builds the model from it again), the data's tokenizer when the task's
 prepared data names one, and ``export.json`` (step, tier, source, shapes, dtypes, digest). Bad
-input exits 2 with the fix and writes nothing to ``--to``. Modules: ``select`` (which step),
-``read`` (arrays to numpy), ``write`` (files, atomically), ``rebuild`` (the model again, from an
-export), ``__main__`` (the command).
+input exits 2 with the fix and writes nothing to ``--to``. ``--format hf`` instead writes a
+``task.kind: llama`` run as a Hugging Face ``LlamaForCausalLM`` directory. Modules: ``select``
+(which step), ``read`` (arrays to numpy), ``write`` (files, atomically), ``hf`` (the Hugging
+Face format), ``rebuild`` (the model again, from an export), ``__main__`` (the command).
 """
 
 from orchestrator.export.rebuild import rebuild
