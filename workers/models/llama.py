@@ -8,7 +8,8 @@ so the mesh plan shards it as it shards the tiny ``DecoderLM``.
 The model: token embedding (no position table), ``num_layers`` pre-norm blocks
 ``x + attn(rms(x))``, ``x + mlp(rms(x))``, a final RMSNorm, then logits from the embedding
 (``tie_embeddings``) or a separate ``lm_head``. Attention is causal; query head ``h`` reads
-key/value head ``h // (num_heads / num_kv_heads)`` (the grouping of Llama's ``repeat_kv``).
+key/value head ``h // (num_heads / num_kv_heads)`` (the grouping of Llama's ``repeat_kv``),
+through the platform's fused kernel or the plain reference (``attention``; ``attention.py``).
 RoPE rotates the two halves of each head (the "rotate half" layout), frequencies
 ``rope_theta ** (-2i / head_dim)``; the Llama 3.1+ long-context frequency scaling is not
 applied (it matters past the 8192-token context the presets train at).
@@ -24,6 +25,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from orchestrator.shared.errors import ConfigError
+from workers.models.attention import IMPLEMENTATIONS, fused_attention, plain_attention
 from workers.training.model import LOGICAL_RULES
 
 LLAMA_RULES: tuple[tuple[str, Any], ...] = (
@@ -83,6 +85,10 @@ class LlamaConfig:
     """Layers as one ``nn.scan`` over stacked parameters (compile time independent of depth)."""
     remat: bool = False
     """Recompute each block's activations in the backward pass (less memory, ~1/3 more FLOPs)."""
+    attention: str = "fused"
+    """``fused``: ``jax.nn.dot_product_attention`` (cuDNN on GPU, splash on one TPU chip, XLA on
+    CPU; equal to ``plain`` within tests' tolerances); ``plain``: the full score matrix, the
+    reference (``workers/models/attention.py``)."""
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads", "d_ff",
@@ -117,6 +123,11 @@ class LlamaConfig:
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{SETTING}.{name}", f"{getattr(self, name)!r} is not a boolean",
                                   f"set {SETTING}.{name}=true or false")
+        if self.attention not in IMPLEMENTATIONS:
+            raise ConfigError(f"{SETTING}.attention", f"{self.attention!r} is not an attention "
+                              "implementation", f"set {SETTING}.attention to one of "
+                              f"{', '.join(IMPLEMENTATIONS)} (fused: the platform's kernel; "
+                              "plain: the reference)")
         for name in ("dtype", "param_dtype"):
             if getattr(self, name) not in _DTYPES:
                 raise ConfigError(f"{SETTING}.{name}", f"{getattr(self, name)!r} is not a dtype "
@@ -166,7 +177,9 @@ def flops_per_step(cfg: LlamaConfig, global_batch: int) -> float:
     o (k and v at ``num_kv_heads``), gate, up, down per layer, and the unembedding (vocab·d,
     tied or not); the embedding lookup and norms are not matmuls. 6 = forward (2) + backward (4).
     Attention: QKᵀ and AV take 2·seq·heads·head_dim FLOPs each per token and layer forward,
-    counted over the full (masked) square as the step computes it; GQA shares K/V, not these.
+    counted over the full (masked) square as the plain and XLA paths compute it, for every
+    ``attention`` (so MFU compares across them; cuDNN and splash skip the masked half, so their
+    hardware FLOPs are lower than this); GQA shares K/V, not these.
     ``remat`` recomputes the forward: XLA then counts ~8·N·T, this stays the useful 6·N·T
     (MFU's convention).
     """
@@ -211,7 +224,8 @@ def _proj(cfg: LlamaConfig, features: Any, names: tuple[str, ...], name: str,
 
 
 class Attention(nn.Module):
-    """Causal grouped-query self-attention with RoPE on queries and keys."""
+    """Causal grouped-query self-attention with RoPE on queries and keys, ``cfg.attention``'s
+    implementation (``workers/models/attention.py``)."""
 
     cfg: LlamaConfig
 
@@ -222,14 +236,8 @@ class Attention(nn.Module):
         k = _proj(c, (c.num_kv_heads, hd), ("embed", "kv_heads", "kv"), "k")(x)
         v = _proj(c, (c.num_kv_heads, hd), ("embed", "kv_heads", "kv"), "v")(x)
         q, k = apply_rope(q, positions, c.rope_theta), apply_rope(k, positions, c.rope_theta)
-        batch, seq = x.shape[:2]
-        groups = c.num_heads // c.num_kv_heads
-        q = q.reshape(batch, seq, c.num_kv_heads, groups, hd)
-        logits = jnp.einsum("bqkgd,bskd->bkgqs", q, k) * jnp.asarray(hd ** -0.5, q.dtype)
-        causal = jnp.tril(jnp.ones((seq, seq), dtype=bool))
-        logits = jnp.where(causal, logits.astype(jnp.float32), jnp.finfo(jnp.float32).min)
-        weights = nn.softmax(logits, axis=-1).astype(c.compute_dtype)
-        out = jnp.einsum("bkgqs,bskd->bqkgd", weights, v).reshape(batch, seq, c.num_heads, hd)
+        attend = fused_attention if c.attention == "fused" else plain_attention
+        out = attend(q, k, v)
         return _proj(c, c.d_model, ("heads", "kv", "embed"), "o", axis=(-2, -1))(out)
 
 
