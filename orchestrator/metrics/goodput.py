@@ -3,7 +3,8 @@
 Every second of the run's wall time lands in exactly one bucket, so productive + sum(badput) ==
 wall time:
 
-- productive: time in RUNNING, minus the time of steps that were later re-done (lost) and minus
+- productive: time in RUNNING (and HANDING_OVER, where steps go on while a drain's copy is
+  handed to the replacement), minus the time of steps that were later re-done (lost) and minus
   the blocking part of checkpoint saves taken inside RUNNING;
 - badput by cause: ``startup`` (PLANNING/FORMING before the first RUNNING), ``reform``
   (PLANNING/FORMING after it: re-forming the group), ``compile``, ``restore``, ``drain``,
@@ -47,6 +48,9 @@ class StepLike(Protocol):
 CAUSES: tuple[str, ...] = ("startup", "reform", "compile", "restore", "drain", "checkpoint",
                            "release", "waiting_for_capacity", "backoff", "lost_steps", "idle")
 TERMINAL_STATES = frozenset(s.value for s in RunState if s.terminal)
+TRAINING_STATES = ("RUNNING", "HANDING_OVER")
+"""States whose time is productive: the hosts run steps in both."""
+
 _STATE_CAUSE = {
     "COMPILING": "compile",
     "RESTORING": "restore",
@@ -160,7 +164,7 @@ def lost_step_records(timeline: Sequence[Mapping[str, Any]],
 
 
 def _cause_for(state: str, seen_running: bool) -> str | None:
-    if state == "RUNNING":
+    if state in TRAINING_STATES:
         return None
     if state in ("PLANNING", "FORMING"):
         return "reform" if seen_running else "startup"
@@ -226,11 +230,12 @@ def build_intervals(timeline: Sequence[Mapping[str, Any]], steps: Sequence[StepL
 
 def _interval_of(raw: list[tuple[str, float, float, int, tuple[str, ...]]], starts: list[float],
                  t: float) -> int | None:
-    """Index of the RUNNING interval holding time ``t`` (a step ends inside RUNNING)."""
+    """Index of the training interval holding time ``t`` (a step ends inside RUNNING or
+    HANDING_OVER)."""
     i = bisect.bisect_right(starts, t) - 1
     # a step reported exactly at a transition belongs to the RUNNING interval just before it
     for j in (i, i - 1):
-        if 0 <= j < len(raw) and raw[j][0] == "RUNNING" and raw[j][1] <= t <= raw[j][2]:
+        if 0 <= j < len(raw) and raw[j][0] in TRAINING_STATES and raw[j][1] <= t <= raw[j][2]:
             return j
     return None
 

@@ -181,3 +181,22 @@ def test_a_timeline_line_gives_its_restart_cause(t, cause):
     from orchestrator.metrics.plots import restart_cause_of_line
 
     assert restart_cause_of_line(t) == cause
+
+
+def test_a_hand_over_is_productive_time_and_its_lost_steps_are_counted():
+    """HANDING_OVER: steps go on while a drain's copy reaches the replacement, so its time is
+    productive, not idle; a step in it later rolled back is lost time like one in RUNNING."""
+    s = ["s0"]
+    tl = [transition(0, "PLANNING", None, T0, slices=s),
+          transition(1, "RUNNING", "PLANNING", T0 + 10, slices=s),
+          transition(2, "HANDING_OVER", "RUNNING", T0 + 30, slices=s, step=40),
+          transition(3, "DRAINING", "HANDING_OVER", T0 + 50, slices=s, step=80),
+          transition(4, "PLANNING", "DRAINING", T0 + 52, slices=s, step=78),
+          transition(5, "RUNNING", "PLANNING", T0 + 60, inc=1, slices=s, step=78)]
+    steps = [step_record(k, T0 + 10 + 0.5 * k, inc=0, slices=1) for k in range(1, 81)]
+    g = compute_goodput(tl, steps, now=T0 + 70)
+    # RUNNING 20 s + HANDING_OVER 20 s - steps 79, 80 (rolled back: inc 1 resumed at 78) + 10 s
+    assert g.badput_s["idle"] == 0.0
+    assert g.badput_s["lost_steps"] == pytest.approx(1.0)
+    assert g.productive_s == pytest.approx(20.0 + 20.0 - 1.0 + 10.0)
+    assert g.productive_s + sum(g.badput_s.values()) == pytest.approx(g.wall_s)
