@@ -32,7 +32,10 @@ test: $(STAMP)
 	@# bytecode first: with PYTHONDONTWRITEBYTECODE set, each of the suite's processes would
 	@# compile the project's modules again (docs/development.md)
 	$(BIN)/python -m compileall -q orchestrator workers policies bench examples tests > /dev/null
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
+	@# .pytest-junit.xml: each test's seconds (`python -m tests.support.units .pytest-junit.xml`
+	@# turns them into tests/durations.json, the order the workers take the files in)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder \
+	  --junit-xml=.pytest-junit.xml $(PYTEST_ARGS)
 
 ## A local Ray cluster whose nodes look like TPU hosts, token auth on (README "Try it locally").
 cluster: $(STAMP)

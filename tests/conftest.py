@@ -17,6 +17,7 @@ import pytest
 
 import orchestrator  # noqa: F401  first: it turns gRPC's fork handlers off before any import of grpc
 from tests.support.task_check import check_here  # noqa: F401  (a fixture for every test)
+from tests.support.units import read_durations, unit_of
 
 os.environ.setdefault("NO_GCE_CHECK", "true")
 os.environ.setdefault("GCE_METADATA_HOST", "127.0.0.1:9")  # a closed port, never Google's
@@ -44,52 +45,16 @@ def _no_google_auth(monkeypatch):
     yield
 
 
-# Under pytest-xdist (``make test``: two workers, one file at a time each, ``--dist loadfile
-# --no-loadscope-reorder``) a worker that is free takes the next unit in collection order. A unit
-# is a file, except for files that share a package-scoped fixture too costly to start twice:
-# they go to one worker as one unit (``SHARED_FIXTURE_UNITS``). tests/autoresume's real-parts
-# files share a token-auth Ray job server and the Pub/Sub emulator (tests/autoresume/conftest.py);
-# as three units, each worker that took one started both again when the package's fixtures had
-# been torn down (3 clusters a run, ~15 CPU-s each).
-SHARED_FIXTURE_UNITS = {
-    f"tests/autoresume/{name}": "tests/autoresume (job server, emulator)"
-    for name in ("test_e2e.py", "test_latency.py", "test_service_ray.py")}
-
-# The units that start Ray clusters take most of the suite; the longest go first, so that the
-# run does not end with one worker alone on a long unit while the other idles. Seconds per unit
-# as measured under two workers (2026-11-27; the autoresume unit, 2026-11-28; issue 49's
-# cluster files, 2026-11-29, measured alone; the 256 MiB-per-host run's as its author gives it); a
-# unit not listed keeps its place after these, a ``cluster``-marked one first. Only the order
+# Under pytest-xdist (``make test``: two workers, one unit at a time each, ``--dist loadfile
+# --no-loadscope-reorder``) a worker that is free takes the next unit in collection order
+# (``tests/support/units.py``: a file, or files sharing a costly package fixture). The longest
+# units go first, by the seconds the last full run measured (``tests/durations.json``), so the
+# run does not end with one worker alone on a long unit while the other idles. A unit not
+# measured yet counts as ``UNMEASURED_CLUSTER_S`` when it is ``cluster``-marked (a cluster's start
+# alone is ~15 s), else it keeps its place after them. Only the order
 # changes, and only on xdist's workers.
-HEAVY_FIRST_S = {
-    "tests/faults/test_group_faults.py": 189,
-    "tests/tasks/test_user_task_cluster.py": 125,
-    "tests/bench/test_smoke.py": 121,
-    "tests/faults/test_ram_tier.py": 118,
-    "tests/e2e/test_train_your_own_model.py": 94,
-    "tests/faults/test_elastic_and_node_loss.py": 91,
-    "tests/faults/test_state_sizes.py": 59,
-    "tests/production/test_try_locally.py": 88,
-    "tests/autoresume (job server, emulator)": 70,
-    "tests/workers/test_executables.py": 79,
-    "tests/e2e/test_user_journey.py": 64,
-    "tests/models/test_llama.py": 58,
-    "tests/integration/test_training.py": 58,
-    "tests/workers/test_host_cluster.py": 44,
-    "tests/integration/test_driver_sigkill.py": 44,
-    "tests/integration/test_driver_sigterm.py": 31,
-    "tests/security/test_run_dir_chain.py": 31,
-    "tests/events/test_pubsub.py": 30,
-    "tests/security/test_ram_holder_names.py": 16,
-    "tests/tasks/test_eval_run.py": 28,  # 2026-11-29, under two workers
-    "tests/driver/test_worker_output_run.py": 25,
-}
-
-
-def unit_of(nodeid: str) -> str:
-    """The work unit of a test: its file, or its shared-fixture group."""
-    path = nodeid.split("::", 1)[0]
-    return SHARED_FIXTURE_UNITS.get(path, path)
+DURATIONS_S = read_durations()
+UNMEASURED_CLUSTER_S = 30.0
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -114,8 +79,8 @@ def pytest_collection_modifyitems(config, items):
     # (its unit tests must not run after its module-scoped cluster came up).
     clustered = {unit_of(i.nodeid) for i in items if i.get_closest_marker("cluster")}
 
-    def weight(item) -> int:
+    def weight(item) -> float:
         unit = unit_of(item.nodeid)
-        return HEAVY_FIRST_S.get(unit, 1 if unit in clustered else 0)
+        return DURATIONS_S.get(unit, UNMEASURED_CLUSTER_S if unit in clustered else 0.0)
 
     items.sort(key=weight, reverse=True)  # stable: a unit's tests keep their order
