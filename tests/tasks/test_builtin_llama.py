@@ -27,6 +27,20 @@ def test_llama_passes_the_check_and_a_bad_override_names_its_setting(check_here)
     assert info.value.setting == "task.model.num_kv_heads"
 
 
+def test_how_attention_computes_does_not_change_which_checkpoints_fit(check_here):
+    """A run saved with plain attention (or remat) resumes with fused: the fingerprint leaves
+    the numerics-only fields out; a field that changes the state still changes it."""
+    def fingerprint(*extra: str) -> str:
+        return run_check(load_config(None, [*TINY, *extra])).fingerprint
+
+    fused = fingerprint()
+    assert fingerprint("task.model.attention=plain") == fused
+    assert fingerprint("task.model.attention=plain", "task.model.remat=true") == fused
+    assert fingerprint("task.model.num_layers=2") != fused
+    assert fingerprint("task.model.attention=plain", "task.model.num_layers=2") == \
+        fingerprint("task.model.num_layers=2")
+
+
 def test_llama_trains_through_the_contract(tmp_path):
     out = tmp_path / "llama.npz"
     done = subprocess.run([sys.executable, "-m", "tests.tasks.local_run", "--devices", "4",

@@ -19,6 +19,9 @@ from workers.task.lm import TokenData, _init, _loss
 from workers.task.optim import adamw_cosine
 from workers.training.data import EVAL_STREAM
 
+NUMERICS_ONLY = ("attention", "remat")
+"""``task.model`` fields left out of the task's fingerprint (``fingerprint_settings``)."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class LlamaSettings:
@@ -31,6 +34,13 @@ class LlamaSettings:
 
     def config(self) -> LlamaConfig:
         return LlamaConfig.preset(self.preset, **self.model)
+
+    def fingerprint_settings(self) -> dict[str, Any]:
+        """The settings that decide which checkpoints fit: all but ``NUMERICS_ONLY``, which
+        change how the step computes, not the state (a run saved with plain attention resumes
+        with fused, and the other way)."""
+        return {"preset": self.preset,
+                "model": {k: v for k, v in self.model.items() if k not in NUMERICS_ONLY}}
 
 
 def make_task(settings: LlamaSettings, ctx: TaskContext) -> Task:

@@ -88,8 +88,23 @@ def _resolve(kind: str, target: str, settings_json: str, ctx: TaskContext) -> Re
     plain = configtools.to_dict(settings)
     ref = TaskRef(kind=kind, target=target, settings=plain)
     return ResolvedTask(task=task, settings=settings, ref=ref, settings_dict=plain,
-                        fingerprint=task_fingerprint(kind, plain),
+                        fingerprint=task_fingerprint(kind, _fitting(settings, plain, target)),
                         code_digest=code_digest(module, task.code))
+
+
+def _fitting(settings: Any, plain: dict, target: str) -> dict:
+    """The settings the fingerprint hashes: the settings class's ``fingerprint_settings()``
+    when it has one (leaving out what changes only how the step computes), else all of them."""
+    pick = getattr(settings, "fingerprint_settings", None)
+    if pick is None:
+        return plain
+    chosen = pick()
+    if not isinstance(chosen, dict):
+        raise ConfigError("task.kind", f"{target}'s settings' fingerprint_settings() returned "
+                          f"{type(chosen).__name__}, not a dict",
+                          "return the settings (a dict of plain data) that decide which "
+                          "checkpoints fit")
+    return chosen
 
 
 def load_factory(target: str) -> tuple[ModuleType, Any]:
