@@ -13,9 +13,6 @@ not ``llama`` is refused before anything is read.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -29,7 +26,7 @@ from orchestrator.export.write import (
     _run_config,
     _sections,
     _tokenizer,
-    _write_failed,
+    staged,
 )
 from orchestrator.shared import layout as ckpt_layout
 
@@ -69,12 +66,7 @@ def export_hf(run_dir: str | Path, to: str | Path, *, step: int | None = None,
                 "task": sections["task"], "parameters": int(sum(
                     a.size for k, a in arrays.items() if k.startswith(PARAMS + "/"))),
                 **tokenizer_info, "exported_at": time.time()}
-    try:
-        to.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{to.name}.tmp-", dir=to.parent))
-    except OSError as exc:
-        raise _write_failed(to, exc) from None
-    try:
+    with staged(to) as tmp:
         files = _write_weights(tmp, shards, hf_llama.hf_tensors(params, cfg, np_dtype),
                                np_dtype, source.step)
         (tmp / hf_llama.CONFIG).write_text(json.dumps(
@@ -85,12 +77,6 @@ def export_hf(run_dir: str | Path, to: str | Path, *, step: int | None = None,
             files.append(tokenizer_info["tokenizer"]["file"])
         manifest["files"] = {f: "sha256:" + _file_sha256(tmp / f) for f in files}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-        os.rename(tmp, to)
-    except BaseException as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(exc, OSError):
-            raise _write_failed(to, exc) from None
-        raise
     return manifest
 
 

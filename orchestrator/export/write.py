@@ -11,13 +11,14 @@ before tasks looked). ``orchestrator.export.rebuild`` builds the model from it a
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -62,25 +63,34 @@ def export_run(run_dir: str | Path, to: str | Path, *, step: int | None = None,
         "checkpoint_meta": {k: meta[k] for k in META_KEYS if k in meta},
         "exported_at": time.time(),
     }
-    try:
-        to.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{to.name}.tmp-", dir=to.parent))
-    except OSError as exc:
-        raise _write_failed(to, exc) from None
-    try:
+    with staged(to) as tmp:
         manifest["files"] = _write_files(tmp, arrays, sections, manifest)
         if tokenizer is not None:
             name = manifest["tokenizer"]["file"]
             (tmp / name).write_bytes(tokenizer)
             manifest["files"][name] = "sha256:" + hashlib.sha256(tokenizer).hexdigest()
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-        os.rename(tmp, to)  # to is absent or an empty directory (checked above)
+    return manifest
+
+
+@contextlib.contextmanager
+def staged(to: Path) -> Iterator[Path]:
+    """A new directory beside ``to`` to write the export in, renamed to ``to`` (absent or an
+    empty directory, checked before) when the block ends well and removed when it does not: a
+    failed export leaves nothing at ``to``."""
+    try:
+        to.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{to.name}.tmp-", dir=to.parent))
+    except OSError as exc:
+        raise _write_failed(to, exc) from None
+    try:
+        yield tmp
+        os.rename(tmp, to)
     except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(exc, OSError):
             raise _write_failed(to, exc) from None
         raise
-    return manifest
 
 
 def digest(arrays: Mapping[str, Any]) -> str:
