@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from orchestrator.controller import ahead, recovering, resuming
+from orchestrator.controller import ahead, recovering, resuming, stopping
 from orchestrator.controller.context import Next, Run, log
 from orchestrator.controller.seam import Formed, GroupFailed, GroupSpec, WarmStandby
 from orchestrator.lifecycle import Compiling, Restoring, RunState
@@ -84,6 +84,8 @@ def restoring(run: Run) -> Next:
 def compiling(run: Run) -> Next:
     group = run.group
     assert group is not None
+    if (stop := stopping.stop_before_training(run)) is not None:
+        return stop
     try:
         out = group.compile()
     except GroupFailed as exc:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 from orchestrator.controller.context import Next, Pending, Run, log
-from orchestrator.lifecycle import RunState, Stopped
+from orchestrator.lifecycle import Releasing, RunState, Stopped
 from policies.causes import StopCause
 
 S = RunState
@@ -42,6 +42,23 @@ def take_signal(run: Run) -> None:
                               stop=True, noticed_at=run.now())
     else:
         run.pending = dataclasses.replace(p, stop=True, reason=f"{p.reason}; {reason}")
+
+
+def stop_before_training(run: Run) -> Next | None:
+    """A stop that came while the group was brought up (FORMING, RESTORING): when the restore
+    holds nothing past the durable checkpoint, there is nothing to save, so the group is
+    released now instead of compiling (minutes on a TPU without stored executables) and
+    running a step only to drain it. A restore from the RAM tier past that checkpoint goes on
+    to RUNNING, whose drain saves it durably."""
+    take_signal(run)
+    p = run.pending
+    if p is None or not p.stop or p.final:
+        return None
+    led = run.ledger
+    if led.step != (led.last_committed or 0):
+        return None
+    return Next(S.RELEASING, f"{p.reason.split(':')[0]} before the group trained: nothing new "
+                f"to save", Releasing(cause=p.cause, lost_steps=0))
 
 
 def _expected_drain_s(run: Run) -> float | None:

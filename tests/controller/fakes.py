@@ -89,6 +89,7 @@ class FakeFleet:
         self.disk = Disk()
         self.groups: list[FakeGroup] = []
         self.at_step: dict[int, list[Callable[[FakeGroup], object]]] = {}
+        self.at_phase: dict[str, list[Callable[[FakeGroup], object]]] = {}
         self.form_failures: list[GroupFailed] = []
         self.compile_error: Exception | None = None
         self.compile_failures: list[GroupFailed] = []
@@ -106,6 +107,10 @@ class FakeFleet:
         self.ahead_steps: list[int] = []  # the group's step when it was asked
         self.stored: set[tuple] = set()  # executable keys compiled ahead (compile loads them)
         self.group_cls: type[FakeGroup] = FakeGroup  # PlainGroup: no optional capability
+
+    def on_phase(self, phase: str, fn: Callable[[FakeGroup], object]) -> None:
+        """Run ``fn(group)`` inside a group's ``form`` or ``restore`` (before it returns)."""
+        self.at_phase.setdefault(phase, []).append(fn)
 
     def on_step(self, step: int, fn: Callable[[FakeGroup], object]) -> None:
         """Run ``fn(group)`` when a group reaches ``step``; a returned failure status ends the
@@ -145,7 +150,12 @@ class FakeGroup:
         self.hang = False
 
     # -- phases --
+    def _phase(self, name: str) -> None:
+        for fn in self.fleet.at_phase.get(name, ()):
+            fn(self)
+
     def form(self) -> Formed:
+        self._phase("form")
         if self.fleet.form_failures:
             raise self.fleet.form_failures.pop(0)
         return Formed(hosts=len(self.spec.plan.hosts),
@@ -153,6 +163,7 @@ class FakeGroup:
                       processes={"fresh": len(self.spec.plan.hosts), "parked": 0, "standby": 0})
 
     def restore(self, *, skip_steps: Collection[int] = ()) -> Restored:
+        self._phase("restore")
         disk = self.fleet.disk
         ram = max(self.fleet.ram_copies, default=None)
         if ram is not None and ram >= max(disk.committed, default=-1):

@@ -119,3 +119,41 @@ def test_a_failed_save_of_the_stop_is_recovered_like_the_final_save(tmp_path):
     assert summary.state == "STOPPED" and summary.exit_code == 143
     assert len(sim.fleet.groups) == 1  # stopping: never re-formed
     assert summary.lost_steps == summary.step - 5 > 0
+
+
+def test_sigterm_while_the_group_forms_stops_before_compiling(tmp_path):
+    """Issue 51: a SIGTERM during FORMING or RESTORING acted only once RUNNING started (after a
+    compile, minutes on a TPU, and a step). With nothing restored past the durable checkpoint
+    there is nothing to save: the group is released at once, the run STOPPED, exit 143."""
+    sim, flag = sim_with_flag(tmp_path)
+    sim.fleet.on_phase("form", lambda g: flag.term())
+    summary = sim.run()
+    assert sim.states()[-4:] == ["RESTORING", "COMPILING", "RELEASING", "STOPPED"]
+    assert "RUNNING" not in sim.states() and summary.compiles == []
+    assert sim.fleet.groups[0].chunks == []
+    assert summary.exit_code == 143 and summary.stopped_by == "SIGTERM"
+    assert summary.step == 0 and summary.lost_steps == 0
+
+
+def test_sigterm_while_restoring_the_durable_step_stops_there(tmp_path):
+    """A restarted driver restoring step 10 from the durable tier: stopped at 10, no compile."""
+    sim, flag = sim_with_flag(tmp_path)
+    sim.fleet.disk.committed.append(10)
+    sim.fleet.on_phase("restore", lambda g: flag.term())
+    summary = sim.run()
+    assert sim.states()[-3:] == ["COMPILING", "RELEASING", "STOPPED"]
+    assert summary.compiles == [] and summary.step == 10 == summary.last_committed_step
+    assert summary.exit_code == 143 and summary.lost_steps == 0
+
+
+def test_sigterm_while_restoring_a_newer_ram_step_still_saves_it(tmp_path):
+    """Restored from the RAM tier past the durable step: the run trains on to the next step
+    boundary and drains, so the RAM-only steps are saved durably before it stops."""
+    sim, flag = sim_with_flag(tmp_path, "checkpoint.ram.enabled=true")
+    sim.fleet.disk.committed.append(10)
+    sim.fleet.ram_copies.append(14)
+    sim.fleet.on_phase("restore", lambda g: flag.term())
+    summary = sim.run()
+    assert "DRAINING" in sim.states() and "CHECKPOINTING" in sim.states()
+    assert summary.state == "STOPPED" and summary.last_committed_step >= 14
+    assert summary.lost_steps == 0
