@@ -45,6 +45,8 @@ class StopCause(StrEnum):
     TIMEOUT = "timeout"
     APPLICATION_ERROR = "application_error"
     OPERATOR = "operator"
+    CHECKPOINT_CORRUPT = "checkpoint_corrupt"
+    """The checkpoint chosen to restore could not be read: the re-form falls back a step."""
 
     @property
     def announced(self) -> bool:
@@ -105,10 +107,9 @@ FAILURE_KIND_CAUSES: dict[FailureKind, StopCause] = {
     FailureKind.SLICE_LOST: StopCause.HOST_LOST,
     FailureKind.HUNG: StopCause.TIMEOUT,
     FailureKind.STEP_ERROR: StopCause.APPLICATION_ERROR,
-    # The restore falls back to an older step; the re-form is not the application's fault and
-    # must not spend its small budget, but it must stay bounded (a disk that corrupts every
-    # checkpoint): it counts against the timeout budget's neighbour, host_lost.
-    FailureKind.CHECKPOINT_CORRUPT: StopCause.HOST_LOST,
+    # The restore falls back to an older step: neither a host's nor the application's fault,
+    # so it spends a budget of its own (bounded: a disk that corrupts every checkpoint).
+    FailureKind.CHECKPOINT_CORRUPT: StopCause.CHECKPOINT_CORRUPT,
 }
 
 @dataclass(frozen=True, kw_only=True)

@@ -41,6 +41,7 @@ class BudgetsConfig:
     timeout: int = 5
     application_error: int = 2
     operator: int = 100
+    checkpoint_corrupt: int = 5
 
     def __post_init__(self) -> None:
         for cause in StopCause:

@@ -171,3 +171,14 @@ def test_every_scenario_ends_with_a_summary(tmp_path, scenario):
     assert summary.state in ("SUCCEEDED", "FAILED", "STOPPED")
     assert (sim.run_dir / "summary.json").exists()
     assert all(g.shutdowns for g in sim.fleet.groups), "a group was left running"
+
+
+def test_a_corrupt_checkpoint_spends_its_own_budget_not_host_lost(tmp_path):
+    """Issue 51: the restore's fall-back past an unreadable checkpoint was charged to
+    host_lost, so a bad disk could end a run whose hosts never failed (and the other way)."""
+    sim = make(tmp_path, "controller.backoff.base_s=0", "controller.budgets.host_lost=0")
+    sim.fleet.disk.committed, sim.fleet.disk.corrupt = [5], {5}
+    sim.fleet.disk.corrupt_raises = True
+    summary = sim.run()
+    assert summary.state == "SUCCEEDED", summary.reason
+    assert summary.restarts == {"checkpoint_corrupt": 1}

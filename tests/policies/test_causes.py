@@ -21,7 +21,7 @@ from policies.causes import FailureKind, StopCause, StopClassifier, StopObservat
         (StopObservation(failure=FailureKind.SLICE_LOST), StopCause.HOST_LOST),
         (StopObservation(failure=FailureKind.HUNG), StopCause.TIMEOUT),
         (StopObservation(failure=FailureKind.STEP_ERROR), StopCause.APPLICATION_ERROR),
-        (StopObservation(failure=FailureKind.CHECKPOINT_CORRUPT), StopCause.HOST_LOST),
+        (StopObservation(failure=FailureKind.CHECKPOINT_CORRUPT), StopCause.CHECKPOINT_CORRUPT),
         (StopObservation(), StopCause.APPLICATION_ERROR),
     ],
 )
