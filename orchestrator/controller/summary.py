@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from orchestrator.controller.context import Run, log
 from orchestrator.lifecycle import RunState
 from orchestrator.lifecycle.payloads import data_resumed_text
+from orchestrator.shared import layout as ckpt_layout
 from orchestrator.shared.files import atomic_write_json
 
 EXIT_OK, EXIT_FAILED = 0, 1
@@ -134,6 +135,18 @@ def _rounded(seconds: dict[str, float]) -> dict[str, float]:
     return {k: round(v, 3) for k, v in seconds.items()}
 
 
+def newest_on_disk(run: Run) -> int | None:
+    """The newest committed Orbax step in RUN_DIR/checkpoints: a run that ends on a failure
+    (a disk that filled, a lost host) may have committed a save its hosts never reported, and
+    the steps it holds are not lost. None when there is none, or it cannot be read."""
+    try:
+        steps = ckpt_layout.committed_steps(run.run_dir / "checkpoints")
+    except OSError as exc:
+        log.warning("committed_steps_unreadable", error=str(exc))
+        return None
+    return max(steps, default=None)
+
+
 def write_summary(run: Run, reason: str) -> RunSummary:
     """Build the summary and write summary.json (a write failure is logged, not raised)."""
     report = run.listeners.first("goodput")  # a failing listener is logged: no goodput
@@ -141,6 +154,8 @@ def write_summary(run: Run, reason: str) -> RunSummary:
     led = run.ledger
     state = run.lifecycle.state
     phases = {k.value: round(v, 3) for k, v in run.lifecycle.durations(now).items()}
+    if state is not RunState.SUCCEEDED:
+        led.committed(newest_on_disk(run))  # a save the hosts committed after their last report
     unsaved = led.unsaved_steps() if state is not RunState.SUCCEEDED else 0
     stopped_by = _stopped_by(run, state)
     summary = RunSummary(

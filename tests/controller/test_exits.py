@@ -49,3 +49,17 @@ def test_system_exit_in_a_handler_still_writes_the_summary(tmp_path, monkeypatch
     written = json.loads((sim.run_dir / "summary.json").read_text())
     assert written["state"] == "FAILED" and "exiting" in written["reason"]
     assert sim.fleet.groups[0].shutdowns, "the group is torn down"
+
+
+def test_a_save_committed_after_the_hosts_last_report_is_not_counted_lost(tmp_path):
+    """Issue 51: a run that failed at step 13 with step 10's save committed on disk, but never
+    reported (the chunk that carried it failed: a disk that filled), counted 10..13 as lost."""
+    sim = make(tmp_path, "controller.checkpoint_interval.every_steps=1000")
+    step = sim.run_dir / "checkpoints" / "10"
+    (step / "meta").mkdir(parents=True)
+    (step / "commit_success.txt").write_text("")
+    (step / "_CHECKPOINT_METADATA").write_text("{}")
+    sim.fleet.on_step(13, lambda g: Fatal(message=FIX, hosts=(1,)))
+    summary = sim.run()
+    assert summary.state == "FAILED" and summary.last_committed_step == 10
+    assert summary.unsaved_steps == summary.step - 10 and summary.lost_steps == summary.step - 10
