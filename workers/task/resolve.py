@@ -88,8 +88,16 @@ def _resolve(kind: str, target: str, settings_json: str, ctx: TaskContext) -> Re
     plain = configtools.to_dict(settings)
     ref = TaskRef(kind=kind, target=target, settings=plain)
     return ResolvedTask(task=task, settings=settings, ref=ref, settings_dict=plain,
-                        fingerprint=task_fingerprint(kind, plain),
+                        fingerprint=task_fingerprint(kind, fingerprinted(settings, plain)),
                         code_digest=code_digest(module, task.code))
+
+
+def fingerprinted(settings: Any, plain: dict) -> dict:
+    """The settings that say which checkpoints fit: all but the fields declared with
+    ``metadata={"fingerprint": False}`` (where a new run starts, e.g. the ``llama`` task's
+    ``init_from``: changing it neither refuses nor changes a run's checkpoints)."""
+    skip = {f.name for f in dataclasses.fields(settings) if not f.metadata.get("fingerprint", True)}
+    return {k: v for k, v in plain.items() if k not in skip}
 
 
 def load_factory(target: str) -> tuple[ModuleType, Any]:
