@@ -132,3 +132,17 @@ def test_the_load_is_counted_against_host_memory():
         memory.check_fits(dataclasses.replace(est, load_bytes=200), device_bytes=None,
                           host_bytes=500, shared=True)
     assert info.value.component == "host" and "task.init_from" in info.value.message
+
+
+def test_a_bad_directory_exits_2_from_the_driver_before_any_host_starts(tmp_path):
+    """``python -m orchestrator.main`` as a user runs it: exit 2, the setting, what is wrong
+    and the fix, nothing left running (the task check runs before Ray)."""
+    from tests.integration.cli import run_main
+
+    res = run_main([f"run.run_dir={tmp_path / 'run'}", *LLAMA,
+                    f"task.init_from={tmp_path / 'nowhere'}"], timeout_s=120, grace_s=5)
+    assert res.code == 2, res.stderr[-3000:]
+    assert "Traceback" not in res.stderr
+    assert "`task.init_from`" in res.stderr and "nowhere is not a directory" in res.stderr
+    assert "Fix: point task.init_from at a Hugging Face Llama directory" in res.stderr
+    assert res.leftovers == ()
