@@ -146,3 +146,23 @@ def test_a_bad_directory_exits_2_from_the_driver_before_any_host_starts(tmp_path
     assert "`task.init_from`" in res.stderr and "nowhere is not a directory" in res.stderr
     assert "Fix: point task.init_from at a Hugging Face Llama directory" in res.stderr
     assert res.leftovers == ()
+
+
+def test_the_driver_skips_the_directory_when_the_run_dir_holds_a_committed_step(check_here,
+                                                                               tmp_path):
+    """``check_task`` decides from the run directory: a committed step of this task (another
+    start of the same run) passes with the directory gone; none, and it is refused."""
+    from orchestrator.driver.task_check import check_task
+
+    ok = check(GOLDEN)
+    cfg = load_config(None, [*LLAMA, f"task.init_from={tmp_path / 'gone'}"])
+    with pytest.raises(ConfigError) as info:
+        check_task(cfg, tmp_path / "run")
+    assert info.value.setting == "task.init_from"
+    step = tmp_path / "run" / "checkpoints" / "3"
+    (step / "meta").mkdir(parents=True)
+    (step / "commit_success.txt").write_text("")
+    (step / "_CHECKPOINT_METADATA").write_text("{}")
+    (step / "meta" / "metadata").write_text(json.dumps(
+        {"step": 3, "task": ok.task, "task_fingerprint": ok.fingerprint}))
+    assert check_task(cfg, tmp_path / "run").fingerprint == ok.fingerprint
