@@ -48,7 +48,13 @@ def run(work: Path) -> dict:
     out: dict = {}
     _, spec = _spec(args, str(work / "ckpt"))
     tr = Trainer(spec)
+    reads = _count_reads(tr.task.init_from)
     out["fresh_restore_step"] = tr.restore().step  # no committed step: the init, then the load
+    out["reads"] = len(reads)
+    maps = [a.sharding.devices_indices_map(a.shape) for a in _leaves(tr.state["params"])]
+    out["device_slices"] = sum(len(m) for m in maps)
+    out["distinct_slices"] = sum(len({tuple((s.start, s.stop) for s in i) for i in m.values()})
+                                 for m in maps)
     placed = flatten(tr.params_host())
     whole = flatten(hf_llama.load_tree(hf, tr.task.init_from.cfg))
     out["placed_keys_equal"] = sorted(placed) == sorted(whole)
@@ -75,6 +81,19 @@ def run(work: Path) -> dict:
         out["new_run_error"] = {"setting": exc.setting, "message": str(exc)}
     tr.close()
     return out
+
+
+def _count_reads(source) -> list:
+    """Every ``read`` the source is asked (path, index), in a list the caller keeps."""
+    reads: list = []
+    read = source.read
+
+    def counted(path, index):
+        reads.append((path, index))
+        return read(path, index)
+
+    source.read = counted
+    return reads
 
 
 def _leaves(tree):

@@ -45,6 +45,7 @@ def test_a_new_run_from_a_golden_trains_its_first_step_at_the_reference_loss(tmp
     print(f"first step loss {out['first_loss']!r}, reference {reference!r}")
     assert out["fresh_restore_step"] is None
     assert out["placed_keys_equal"] and out["placed_bit_equal"]
+    assert out["reads"] == out["distinct_slices"] < out["device_slices"]  # shared: read once
     assert any("tensor" in s for s in out["shardings"]), out["shardings"]  # really sharded
     assert abs(out["first_loss"] - reference) <= LOSS_TOLERANCE
     assert out["resumed_step"] == 1 and out["resumed_equal"]
@@ -166,3 +167,58 @@ def test_the_driver_skips_the_directory_when_the_run_dir_holds_a_committed_step(
     (step / "meta" / "metadata").write_text(json.dumps(
         {"step": 3, "task": ok.task, "task_fingerprint": ok.fingerprint}))
     assert check_task(cfg, tmp_path / "run").fingerprint == ok.fingerprint
+
+
+def test_a_sharded_directory_reads_the_same_slices(tmp_path):
+    """A checkpoint split over two files by ``model.safetensors.index.json`` gives each
+    slice as the single file does."""
+    from workers.models import safetensors_io
+
+    single = safetensors_io.SafetensorsFile(GOLDEN / "model.safetensors")
+    names = list(single.entries)
+    halves = {"model-00001-of-00002.safetensors": names[: len(names) // 2],
+              "model-00002-of-00002.safetensors": names[len(names) // 2:]}
+    for file, part in halves.items():
+        specs = {n: (single.entries[n].shape, single.entries[n].dtype) for n in part}
+        safetensors_io.write(tmp_path / file, specs, single.read)
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {n: f for f, part in halves.items() for n in part}}))
+    shutil.copy(GOLDEN / "config.json", tmp_path / "config.json")
+    hf = json.loads((GOLDEN / "config.json").read_text())
+    cfg = LlamaConfig(**{**hf_llama.config_from_hf(hf), "seq_len": 16})
+    one, two = hf_llama.Checkpoint(GOLDEN), hf_llama.Checkpoint(tmp_path)
+    assert len(two.files) == 2
+    for leaf in hf_llama.leaf_tensors(cfg).values():
+        index = tuple(slice(0, 1) for _ in range(len(leaf[0].kernel) + (leaf[0].layer is not
+                                                                         None)))
+        assert np.array_equal(hf_llama.read_leaf(one, cfg, leaf, index),
+                              hf_llama.read_leaf(two, cfg, leaf, index))
+
+
+def test_a_slice_is_cast_to_the_parameters_dtype_and_the_seed_deleted():
+    """``load_params`` in this process: float32 weights become the bfloat16 parameter by
+    rounding to nearest even, the seeded array is deleted (one slice asked for one device;
+    several devices sharing a slice: ``test_a_new_run_from_a_golden...``)."""
+    import jax
+    import ml_dtypes
+
+    from workers.training.init_from import load_params
+
+    weights = np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4) + 1e-3
+    asked = []
+
+    class Source:
+        def check(self, params):
+            pass
+
+        def read(self, path, index):
+            asked.append((path, index))
+            return weights[index]
+
+    seeded = {"w": jax.device_put(np.zeros((3, 4), ml_dtypes.bfloat16))}
+    old = seeded["w"]
+    got = load_params(Source(), seeded)
+    assert old.is_deleted()
+    assert got["w"].dtype == ml_dtypes.bfloat16
+    assert np.array_equal(np.asarray(got["w"]), weights.astype(ml_dtypes.bfloat16))
+    assert len(asked) == 1 and asked[0][0] == ("w",)
