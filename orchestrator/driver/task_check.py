@@ -70,7 +70,8 @@ def check_task(cfg: Any, run_dir: Path, *, timeout_s: float | None = None,
     fit), then the checkpoint check (``check_checkpoint``). ``show``: where the task's
     warnings go (the driver's ``WorkerOutput.show``, which then shows each once, however many
     hosts say it again); by default straight to the log."""
-    summary = run_check(cfg, timeout_s=timeout_s)
+    summary = run_check(cfg, timeout_s=timeout_s, resuming=has_committed_step(
+        Path(run_dir) / "checkpoints"))
     for record in summary.warnings:
         (show or _report)(record, "task check")
     log.info("task_checked", kind=summary.task["kind"], fingerprint=summary.fingerprint,
@@ -139,10 +140,19 @@ def mesh_sizes(cfg: Any) -> dict[str, int]:
     return out
 
 
-def run_check(cfg: Any, *, timeout_s: float | None = None) -> TaskSummary:
+def has_committed_step(ckpt: Path) -> bool:
+    """The run resumes a committed step: the task's ``init_from`` is not read, nor checked."""
+    from orchestrator.shared import layout as ckpt_layout  # standard library only
+
+    return ckpt.is_dir() and bool(ckpt_layout.committed_steps(ckpt))
+
+
+def run_check(cfg: Any, *, timeout_s: float | None = None,
+              resuming: bool = False) -> TaskSummary:
     bound = timeout_s or max(MIN_TIMEOUT_S, cfg.timeouts.compile_s)
     memory = bounds_for(cfg)
-    out = ask(request_for(cfg, memory), bound=bound, kind=cfg.task.kind)
+    out = ask({**request_for(cfg, memory), "resuming": resuming}, bound=bound,
+              kind=cfg.task.kind)
     if not out["ok"]:  # the warnings may say why
         for record in out.get("warnings", ()):
             _report(record, "task check")

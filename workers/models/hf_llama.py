@@ -142,11 +142,13 @@ def check_matches(cfg: LlamaConfig, hf: Mapping[str, Any], *, source: str,
     for field, value in got.items():
         ours = getattr(cfg, field)
         if ours != value:
-            raise HfCheckpointError(
+            exc = HfCheckpointError(
                 f"{source}: `{HF_FIELD[field]}` = {value!r}, but the task's {setting}.{field} "
                 f"= {ours!r}.",
                 fix=f"set {setting}.{field}={json.dumps(value)} (or pick the checkpoint "
                     "of the task's model)")
+            exc.setting = f"{setting}.{field}"  # the setting to change (task.init_from's check)
+            raise exc
 
 
 def config_of_task(settings: Mapping[str, Any]) -> LlamaConfig:
@@ -259,6 +261,40 @@ def hf_tensors(params: Mapping[str, Any], cfg: LlamaConfig, dtype: Any = None
         yield t.hf, arr if dtype is None else arr.astype(dtype)
 
 
+def leaf_tensors(cfg: LlamaConfig) -> dict[tuple[str, ...], list[Tensor]]:
+    """Each leaf's key path in the family's tree -> its Hugging Face tensors (one per layer, in
+    layer order, for a leaf stacked by ``scan_layers``)."""
+    out: dict[tuple[str, ...], list[Tensor]] = {}
+    for t in tensors(cfg):
+        key = (t.path if t.layer is None else ("layers", *t.path) if cfg.scan_layers
+               else (f"layer{t.layer}", *t.path))
+        out.setdefault(key, []).append(t)
+    return out
+
+
+def kernel_view(t: Tensor, weight: np.ndarray) -> np.ndarray:
+    """``to_kernel`` as a view (reshape and transpose, no copy): on a mapped file, copying a
+    slice of it reads only the pages that slice covers."""
+    if t.n_in is None:
+        return weight
+    n_out = len(t.kernel) - t.n_in
+    split = weight.reshape(t.kernel[t.n_in:] + t.kernel[:t.n_in])  # (out axes..., in axes...)
+    return split.transpose((*range(n_out, n_out + t.n_in), *range(n_out)))
+
+
+def read_leaf(ckpt: Checkpoint, cfg: LlamaConfig, leaf: list[Tensor],
+              index: tuple[slice, ...]) -> np.ndarray:
+    """``leaf[index]`` (a leaf of ``leaf_tensors``, one device's slice of it) in the file's
+    dtype, read by offset: a stacked leaf reads the layers ``index[0]`` names, each layer only
+    its slice ``index[1:]``."""
+    if not (cfg.scan_layers and leaf[0].layer is not None):
+        (t,) = leaf
+        return np.array(kernel_view(t, ckpt.mapped(t.hf))[index])
+    layers = range(len(leaf))[index[0]]
+    return np.stack([np.array(kernel_view(leaf[i], ckpt.mapped(leaf[i].hf))[index[1:]])
+                     for i in layers])
+
+
 def to_tree(read: Callable[[Tensor], np.ndarray], cfg: LlamaConfig) -> dict[str, Any]:
     """The family's parameter tree (nested dicts of numpy, ``cfg.param_dtype``) from ``read``,
     which returns each Hugging Face tensor in its Hugging Face shape."""
@@ -316,6 +352,9 @@ class Checkpoint:
 
     def read(self, name: str, index: Any = ...) -> np.ndarray:
         return self.where[name].read(name, index)
+
+    def mapped(self, name: str) -> np.ndarray:
+        return self.where[name].mapped(name)
 
     def check(self, cfg: LlamaConfig) -> None:
         """Every tensor ``cfg``'s model needs is here with its shape; nothing else is, but

@@ -64,11 +64,15 @@ class SafetensorsFile:
 
     def read(self, name: str, index: Any = ...) -> np.ndarray:
         """The tensor ``name`` (or ``tensor[index]``: only those bytes are read), as a new array."""
+        return np.array(self.mapped(name)[index])
+
+    def mapped(self, name: str) -> np.ndarray:
+        """The tensor ``name`` mapped read-only, nothing read yet: a view of it (reshaped,
+        transposed, sliced) reads only the pages it covers when copied."""
         e = self.entries[name]
         if e.nbytes == 0:
-            return np.zeros(e.shape, e.dtype)[index]
-        mapped = np.memmap(self.path, dtype=e.dtype, mode="r", offset=e.begin, shape=e.shape)
-        return np.array(mapped[index])
+            return np.zeros(e.shape, e.dtype)
+        return np.memmap(self.path, dtype=e.dtype, mode="r", offset=e.begin, shape=e.shape)
 
 
 def _parse_header(path: Path) -> tuple[dict[str, Entry], dict[str, str]]:

@@ -51,6 +51,9 @@ def check(request: dict) -> dict:
     abstract = nn.meta.unbox(boxed)
     sizes = request.get("mesh") or {}
     st.check_divisible(abstract, specs, sizes)
+    load = task.init_from is not None and not request.get("resuming")
+    if load:  # a resume never reads them (the run's checkpoints win): nor does its check
+        task.init_from.check(abstract["params"])
     example = task.data.example()
     if not all(isinstance(e, jax.ShapeDtypeStruct) for e in jax.tree.leaves(example)):
         raise TaskCodeError("data", f"its example() is {example!r}, not a pytree of "
@@ -81,14 +84,15 @@ def check(request: dict) -> dict:
             "tokens_per_step": train.global_batch * task.tokens_per_example,
             "metrics": sorted(metrics),
             "memory": _memory(request.get("memory"), abstract, specs, resolved.describe(),
-                              state_bytes, sizes)}
+                              state_bytes, sizes, load=load)}
 
 
 def _memory(mem: dict | None, abstract: Any, specs: Any, task: dict, state_bytes: int,
-            sizes: dict) -> dict:
+            sizes: dict, *, load: bool = False) -> dict:
     """Bytes per device and per host over the request's mesh (``workers/training/memory.py``), and
     whether they fit its bounds: ``refused`` holds ``DoesNotFit``'s parts, else None;
-    ``ram_auto_off`` why ``checkpoint.ram.enabled: auto`` turned the tier off, else None."""
+    ``ram_auto_off`` why ``checkpoint.ram.enabled: auto`` turned the tier off, else None.
+    ``load``: a new run loads ``Task.init_from`` (its host RAM counted, ``init_from_bytes``)."""
     from workers.training import memory
 
     if not mem:
@@ -99,6 +103,9 @@ def _memory(mem: dict | None, abstract: Any, specs: Any, task: dict, state_bytes
                                 devices_per_host=dph or 1, accum_steps=mem.get("accum_steps", 1),
                                 ram_keep=mem.get("ram_keep", 0) if dph else 0,
                                 ram_max_host_bytes=mem.get("ram_max_host_bytes"))
+    if load and dph:
+        est = dataclasses.replace(est, load_bytes=memory.init_from_bytes(
+            abstract["params"], specs["params"], mesh_shape=mem["mesh"], devices_per_host=dph))
     holders = mem.get("ram_holders", "both")
     est = dataclasses.replace(est, ram_holders="peer" if holders == "peer" else "both")
     refused = _fits(est, mem, dph, task)
@@ -120,6 +127,7 @@ def _memory(mem: dict | None, abstract: Any, specs: Any, task: dict, state_bytes
             "holder_factor": est.holder_factor, "copy_bytes": est.copy_bytes,
             "ram_holders": est.ram_holders if est.ram_keep else None,
             "ram_tier": est.ram_tier, "state_bytes": est.state_bytes,
+            "load_bytes": est.load_bytes,
             "host_total": est.device_total * dph + est.ram_tier if dph else None,
             "host_bytes": mem.get("host_bytes") if dph else None, "shared": bool(mem.get("shared")),
             "refused": refused, "ram_auto_off": ram_auto_off}

@@ -61,6 +61,25 @@ class DataSource(Protocol):
         ...
 
 
+@runtime_checkable
+class ParamSource(Protocol):
+    """Existing weights a new run starts from instead of its seeded parameters
+    (``Task.init_from``; the ``llama`` task's ``task.init_from``: a Hugging Face directory)."""
+
+    def check(self, params: Any) -> None:
+        """Refuse weights that are missing or do not fit ``params`` (the parameters' tree of
+        ``jax.ShapeDtypeStruct``) with a ``ConfigError`` naming the setting and the fix. Reads
+        headers and configs, not weights: the driver's task check calls it before anything
+        starts (not when the run directory holds a committed step: a resume never reads them)."""
+        ...
+
+    def read(self, path: tuple[str, ...], index: tuple[slice, ...]) -> Any:
+        """``param[index]`` of the parameter at key ``path`` in ``params`` (one device's slice,
+        a numpy array in any float dtype: the caller casts it to the parameter's). Called on
+        each host for its own devices' slices only."""
+        ...
+
+
 @dataclass(frozen=True, kw_only=True)
 class Task:
     """One training task. ``init`` and ``loss``/``step`` are traced under ``jax.jit``."""
@@ -106,6 +125,12 @@ class Task:
     passed: an eval is deterministic and leaves the train state, its RNG and the data position
     as they were. ``perplexity`` is reported as exp(loss) (a perplexity when ``loss`` is a
     per-token negative log-likelihood in nats)."""
+    init_from: ParamSource | None = None
+    """Weights a new run starts from: after the seeded init (optimizer state, step and RNG as
+    for any new run; an optimizer whose state copies the parameters holds the seeded ones)
+    each parameter is replaced by ``init_from.read``'s slices, each host reading only its own
+    devices' (``workers/training/init_from.py``). Only a run with no committed step reads
+    them: a restore from any tier takes the run's own state. None: the seeded parameters."""
     code: tuple[str, ...] = ()
     """Modules outside the factory's package whose source defines the step (the executable
     key digests them with the factory's package: an edit never loads a stale step)."""
@@ -141,6 +166,9 @@ class Task:
                 _bad("eval_step", "the task gives its own step and eval_data but no eval_step "
                      "(there is no loss to evaluate with)",
                      "give Task(eval_step=lambda params, batch: {'loss': ...})")
+        if self.init_from is not None and not isinstance(self.init_from, ParamSource):
+            _bad("init_from", f"{type(self.init_from).__name__} has no check(params) and "
+                 "read(path, index)", "pass a workers.task.contract.ParamSource, or None")
         if not isinstance(self.tokens_per_example, int) or self.tokens_per_example < 1:
             _bad("tokens_per_example", f"{self.tokens_per_example!r} is not a whole number >= 1",
                  "count the tokens one example holds (1 for non-sequence data)")

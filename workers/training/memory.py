@@ -96,6 +96,9 @@ class MemoryEstimate:
     ram_max_host_bytes: int | None = None
     ram_holders: str = "both"
     """``checkpoint.ram.holders`` decided: ``both`` (own node and a peer) or ``peer``."""
+    load_bytes: int = 0
+    """Host RAM a new run's ``Task.init_from`` load holds at its peak (``init_from_bytes``);
+    0 without one, or when the run resumes."""
 
     @property
     def devices(self) -> int:
@@ -137,9 +140,10 @@ class MemoryEstimate:
         ram = (f"RAM tier {size_text(self.ram_tier)}/host ({self.ram_keep}×{self.holder_factor}+1 "
                f"copies of {size_text(self.copy_bytes)})" if self.ram_keep else "RAM tier off")
         per_host = size_text(self.device_total * self.devices_per_host)
+        load = f"; init_from load {size_text(self.load_bytes)}/host" if self.load_bytes else ""
         return (f"per device {size_text(self.device_total)} ({parts}); per host "
                 f"{per_host} on {self.devices_per_host} "
-                f"device(s); {ram}; state {size_text(self.state_bytes)} over {self.devices} "
+                f"device(s); {ram}{load}; state {size_text(self.state_bytes)} over {self.devices} "
                 f"device(s), {self.hosts} host(s), mesh {mesh}; activations not counted")
 
 
@@ -214,6 +218,22 @@ def estimate_state(abstract: Any, specs: Any, *, mesh_shape: Mapping[str, int],
                           ram_keep=ram_keep, ram_max_host_bytes=ram_max_host_bytes)
 
 
+def init_from_bytes(params: Any, specs: Any, *, mesh_shape: Mapping[str, int],
+                    devices_per_host: int, file_itemsize: int = 4) -> int:
+    """Host RAM ``workers.training.init_from`` holds at its peak: for the parameter whose
+    shards are largest, each of the host's devices' slice in the parameter's dtype plus one
+    slice in the file's (``file_itemsize``: float32 or narrower, 4) while it is cast. The
+    memory-mapped files are page cache, not counted; on the devices the load stays within the
+    gradients' share, not allocated before the first step."""
+    specs = jax.tree.leaves(specs, is_leaf=_is_spec)
+    peak = 0
+    for leaf, spec in zip(jax.tree.leaves(params), specs, strict=True):
+        elems = math.prod(shard_shape(leaf.shape, spec, mesh_shape))
+        itemsize = jnp.dtype(leaf.dtype).itemsize
+        peak = max(peak, elems * (devices_per_host * itemsize + file_itemsize))
+    return peak
+
+
 SMALLER_MODEL = ("a smaller model (the task's size settings), or parameters in bfloat16 "
                  "(halves parameters, gradients and Adam moments)")
 """``check_fits``' default advice on the model's side; the task check passes the task's own
@@ -242,11 +262,14 @@ def check_fits(est: MemoryEstimate, *, device_bytes: int | None, host_bytes: int
                 f"mesh.ici.tensor for wide layers), or {smaller}; and leave headroom for "
                 "activations")
     devices_need = need * est.devices_per_host if shared else 0
-    host_need = devices_need + est.ram_tier
+    host_need = devices_need + est.ram_tier + est.load_bytes
     if host_bytes is not None and host_need > host_bytes:
         what = ("the train state of its devices and the RAM tier need" if shared and est.ram_keep
                 else "the train state of its devices needs" if shared
-                else "the RAM tier needs")
+                else "the RAM tier needs" if est.ram_keep
+                else "loading task.init_from needs")
+        if est.load_bytes and (shared or est.ram_keep):
+            what += f" (with {size_text(est.load_bytes)} to load task.init_from)"
         raise DoesNotFit(
             component="host", need=host_need, have=host_bytes,
             message=f"On each host {what} {size_text(host_need)} of host memory but a host has "

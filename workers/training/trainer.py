@@ -47,6 +47,7 @@ from workers.training.executables import (
     mesh_ingredients,
     runtime_ingredients,
 )
+from workers.training.init_from import load_params
 from workers.training.mesh import build_mesh
 from workers.training.outputs import EvalOutput, SaveOutput, StepOutput
 
@@ -167,12 +168,16 @@ class Trainer:
         self._eval_compiled, self.eval_info = self._executable("eval_step", self._eval_fn,
                                                                (params, batch))
 
-    def init_state(self, seed: int) -> None:
+    def init_state(self, seed: int, *, init_from: bool = True) -> None:
+        """A new run's state from ``seed``; with the task's ``init_from`` (and ``init_from``
+        left on) its parameters are then those weights (``workers.training.init_from``)."""
         if self._init_compiled is None:
             abstract_key = jax.eval_shape(lambda: jax.random.key(0))
             self._init_compiled, self.init_info = self._executable("init", self._init,
                                                                    (abstract_key,))
         self.state = self._init_compiled(jax.random.key(seed))
+        if init_from and self.task.init_from is not None:
+            self.state["params"] = load_params(self.task.init_from, self.state["params"])
         self._host_step = None
         self.data_resumed = self._resume_data(None, None, "seed")
 
@@ -181,7 +186,7 @@ class Trainer:
         no step counted): XLA:CPU's first run of an executable costs several steps, paid here
         by a pre-formed group before its switch (``workers.host.actor.preform``)."""
         t0 = time.perf_counter()
-        self.init_state(self.spec.seed)
+        self.init_state(self.spec.seed, init_from=False)  # dropped: no weights worth reading
         zeros = zero_batch(self.batch_shape, self.batch_sharding)
         _, metrics = self._compiled(self.state, zeros)  # the state is donated: gone now
         jax.block_until_ready(metrics)
@@ -340,7 +345,7 @@ class Trainer:
 
     def restore(self, skip_steps: Collection[int] = ()) -> RestoreOutcome:
         """Restore the newest usable committed step (see ``CheckpointStore.restore``), or
-        initialise from the seed when there is none."""
+        initialise from the seed (and the task's ``init_from``) when there is none."""
         out = self.ckpt.restore(self.abstract_state, skip_steps=skip_steps,
                                 process_index=jax.process_index(),
                                 process_count=jax.process_count())
