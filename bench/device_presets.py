@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bench import machine
 from orchestrator.shared.sections import TrainConfig
 from workers.ram.replica import Packer, place
 from workers.task.contract import TaskContext
@@ -230,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, preset, overrides, batch in CASES:
         if name not in wanted:
             continue
+        before = machine.load_average()
         try:
             if args.hlo_only:
                 result = count_case(name, preset, overrides, batch)
@@ -239,6 +241,9 @@ def main(argv: list[str] | None = None) -> int:
             result = {"case": name, "error": f"{type(exc).__name__}: {exc}"[:2000],
                       "traceback": traceback.format_exc()[-3000:]}
         record["cases"].append(result)
+        record.setdefault("loads", []).append({"measurement": name, "before": before,
+                                               "after": machine.load_average()})
+        record["validity"] = machine.validity(record["loads"])
         print(json.dumps(result, default=str), flush=True)
         Path(args.out).write_text(json.dumps(record, indent=2, default=str))
     return 0

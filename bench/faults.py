@@ -110,12 +110,17 @@ def main(argv: list[str] | None = None) -> int:
     start_machine, commit = machine.describe(), _commit()
     print(f"commit {commit}, 1-minute load at start "
           f"{start_machine['load_average_1_5_15'][0]}", flush=True)
+    loads: list[dict] = []
     for row in rows:
+        before = machine.load_average()
         res = run_row(row, scratch, timeout_s=args.timeout_s, dry_run=args.dry_run)
+        loads.append({"measurement": row.name, "before": before,
+                      "after": machine.load_average()})
         results.append(res)
         print(f"  {row.name}: {res['status']}: {res['outcome']}", flush=True)
     result = {"machine": {**start_machine, "load_average_at_end": machine.load_average()},
               "commit": commit, "settings": vars(args), "rows": results,
+              "loads": loads, "validity": machine.validity(loads),
               "seconds": round(time.time() - started, 1)}
     path = write_result("faults", args.out, result)
     print(render(result))

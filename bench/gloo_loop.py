@@ -77,12 +77,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
     args = p.parse_args(argv)
     load = machine.load_average()
-    rows = []
+    rows, loads = [], []
     with tempfile.TemporaryDirectory(prefix="bench-gloo-") as tmp:
         for i in range(args.repeats):
             for beside in (False, True):
                 for mode in (("busy", "idle") if i % 2 == 0 else ("idle", "busy")):
+                    before = machine.load_average()
                     row = one(mode, beside, args.steps, Path(tmp) / f"{i}-{beside}-{mode}")
+                    loads.append({"measurement": f"{i}-{'beside' if beside else 'alone'}-{mode}",
+                                  "before": before, "after": machine.load_average()})
                     rows.append(row)
                     print(json.dumps(row), flush=True)
     print(f"\nload average before: {load}; machine: {machine.describe().get('cpu_model')}, "
@@ -92,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
         path = args.out / f"gloo-loop-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json"
         path.write_text(json.dumps({"load_before": load, "machine": machine.describe(),
-                                    "steps": args.steps, "rows": rows}, indent=1))
+                                    "steps": args.steps, "rows": rows, "loads": loads,
+                                    "validity": machine.validity(loads)}, indent=1))
         print(f"json: {path}")
     return 0
 

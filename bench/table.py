@@ -6,7 +6,7 @@ from bench.stats import fmt, fmt_spread
 
 
 def _validity_line(v: dict | None) -> str:
-    if not v:
+    if not v or v.get("valid") is None:
         return "validity: no per-measurement load recorded (older result)"
     if v["valid"]:
         return (f"validity: idle machine, 1-minute load <= {v['max_load_1min_before']:.2f} before "
