@@ -21,7 +21,7 @@ TINY = ("task.kind=llama", "task.preset=tiny", "task.model.num_layers=1")
 def test_llama_passes_the_check_and_a_bad_override_names_its_setting(check_here):
     ok = run_check(load_config(None, list(TINY)))
     assert ok.task["settings"] == {"preset": "tiny", "model": {"num_layers": 1},
-                                   "init_from": None}
+                                   "init_from": None, "data": None}
     assert ok.tokens_per_step == 16 * 31 and ok.flops_per_step > 0
     with pytest.raises(ConfigError) as info:
         run_check(load_config(None, [*TINY, "task.model.num_kv_heads=3"]))

@@ -3,6 +3,12 @@
 ``train.*``, next-token cross-entropy, MFU from the family's analytic FLOPs; held-out rows from
 another seed stream of the same data, as the ``lm`` task's (``eval.*``).
 
+``task.data`` (``DataSettings``: a directory ``python -m orchestrator.data prepare`` wrote, e.g.
+with a model's own ``--tokenizer tokenizer.json``) trains on that data instead, read through the
+input pipeline (``workers.input``) as ``examples/text_lm``'s, eval from its held-out split;
+``task.model.vocab_size`` must hold the data's tokenizer and ``task.model.seq_len`` fit its
+records (examples/llama_finetune/).
+
 ``task: {kind: llama, preset: 1b}``; a preset's fields are overridden under ``task.model``
 (``task.model.num_layers=8``, ``task.model.param_dtype=bfloat16``), validated by
 ``LlamaConfig`` naming ``task.model.<field>`` (docs/models.md). ``task.init_from: DIR`` starts a
@@ -21,10 +27,11 @@ from typing import Any
 import jax
 import numpy as np
 
+from orchestrator.data.settings import DataSettings
 from orchestrator.shared.errors import ConfigError, OrchestratorError
 from workers.models import hf_llama
 from workers.models.llama import LLAMA_RULES, LlamaConfig, build_llama, flops_per_step
-from workers.task.contract import Task, TaskContext
+from workers.task.contract import DataSource, Task, TaskContext
 from workers.task.lm import TokenData, _init, _loss
 from workers.task.optim import adamw_cosine
 from workers.training.data import EVAL_STREAM
@@ -42,6 +49,10 @@ class LlamaSettings:
     """A Hugging Face Llama directory a new run starts from (``HfSource``); checked by the
     driver's task check, read only when the run has no committed step. Not part of the task's
     fingerprint: it says where a run starts, not which checkpoints fit (as ``run.seed``)."""
+    data: DataSettings | None = None
+    """Prepared data to train on (``python -m orchestrator.data prepare``); None: the bundled
+    synthetic tokens. Not part of the fingerprint: it says what the steps read, not which
+    checkpoints fit (the data's position is checked by the input pipeline on restore)."""
 
     def __post_init__(self) -> None:
         self.config()  # a bad preset or field is refused with the config, naming the setting
@@ -64,17 +75,34 @@ def make_task(settings: LlamaSettings, ctx: TaskContext) -> Task:
     cfg = settings.config()
     model = build_llama(cfg)
     tx, schedule = adamw_cosine(ctx)
+    data, eval_data = _data(settings.data, cfg, ctx)
     return Task(init=functools.partial(_init, model, cfg.seq_len),
                 loss=functools.partial(_loss, model), optimizer=tx, schedule=schedule,
-                data=TokenData(cfg.seq_len, cfg.vocab_size),
-                eval_data=TokenData(cfg.seq_len, cfg.vocab_size, stream=EVAL_STREAM),
-                rules=LLAMA_RULES,
+                data=data, eval_data=eval_data, rules=LLAMA_RULES,
                 flops_per_step=flops_per_step(cfg, ctx.train.global_batch),
                 tokens_per_example=cfg.seq_len - 1,
                 init_from=HfSource(settings.init_from, cfg) if settings.init_from else None,
                 code=("workers.models.llama", "workers.training.data"))
 
 
+def _data(data: DataSettings | None, cfg: LlamaConfig,
+          ctx: TaskContext) -> tuple[DataSource, DataSource | None]:
+    """The training and held-out rows: ``task.data``'s prepared records (opened and verified
+    here, so a missing shard, another tokenizer or a model that cannot take the data stops the
+    run at the driver's task check naming ``task.data`` or ``task.model.<field>``), else the
+    bundled tokens and their eval stream."""
+    if data is None:
+        return (TokenData(cfg.seq_len, cfg.vocab_size),
+                TokenData(cfg.seq_len, cfg.vocab_size, stream=EVAL_STREAM))
+    from workers.input import open_heldout, open_source  # the input pipeline: only with data
+
+    shape = dict(seq_len=cfg.seq_len, vocab_size=cfg.vocab_size,
+                 global_batch=ctx.train.global_batch, model_setting=SETTING, setting=DATA)
+    return (open_source(data, total_steps=ctx.total_steps, **shape),
+            open_heldout(data, **shape))  # None without one: eval.every refused
+
+
+SETTING, DATA = "task.model", "task.data"
 INIT_FROM = "task.init_from"
 _FILES = (".safetensors", ".json")
 """The directory's files whose change makes ``HfSource`` parse its headers again."""
