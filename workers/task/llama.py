@@ -66,7 +66,8 @@ class LlamaSettings:
     def fingerprint_settings(self) -> dict[str, Any]:
         """The settings that decide which checkpoints fit: all but ``NUMERICS_ONLY``, which
         change how the step computes, not the state (a run saved with plain attention resumes
-        with fused, and the other way), and ``init_from``, where a new run starts."""
+        with fused, and the other way), ``init_from``, where a new run starts, and ``data``,
+        what the steps read."""
         return {"preset": self.preset,
                 "model": {k: v for k, v in self.model.items() if k not in NUMERICS_ONLY}}
 
