@@ -233,17 +233,33 @@ def match_faults(life: Life) -> dict:
     return out
 
 
+def why_unmatched(f: dict, life: Life, earlier: list[Life]) -> str:
+    """What the history says about a fault with no recovery (the report's diagnosis)."""
+    if f["event"] == "chaos_notice" and any(
+            e["event"] == "chaos_notice" and e["step"] == f["step"] and e["kind"] == f["kind"]
+            for x in earlier for e in x.fired):
+        return ("an earlier life fired a notice at the same step and kind, so with the same id "
+                "chaos-<step>-<host>-<kind>: the event dedupe window (RUN_DIR/"
+                "event_dedupe.json) outlives the driver and drops the re-fired notice")
+    if not any(t.get("state") == "RUNNING" and float(t["at"]) > f["at"]
+               for t in life.transitions):
+        return ("the life ended with this fault's recovery still open (no RUNNING after it); "
+                "summary.json lists closed recoveries only")
+    return "no recovery, further failure or group end after it"
+
+
 def check_faults_recovered(lives: list[Life]) -> Check:
-    per = [(x.index, match_faults(x)) for x in lives]
-    bad = [(i, m["unmatched"]) for i, m in per if m["unmatched"]]
+    per = [(x, match_faults(x)) for x in lives]
+    bad = [(x, m["unmatched"]) for x, m in per if m["unmatched"]]
     counts = {k: sum(len(m[k]) for _, m in per) for k in
               ("matched", "not_fired", "unmatched", "unverifiable")}
     detail = ", ".join(f"{k} {v}" for k, v in counts.items())
     if bad:
         detail += "; unmatched: " + "; ".join(
-            f"life {i}: " + ", ".join(f"{f['event']} {f['kind']} host {f['host']} step "
-                                      f"{f['step']}" for f in fs) for i, fs in bad)
-    return Check("faults_recovered", not bad, detail, bad[0][0] if bad else None)
+            f"life {x.index}: " + ", ".join(
+                f"{f['event']} {f['kind']} host {f['host']} step {f['step']} "
+                f"({why_unmatched(f, x, lives[:x.index])})" for f in fs) for x, fs in bad)
+    return Check("faults_recovered", not bad, detail, bad[0][0].index if bad else None)
 
 
 def check_no_leftovers(lives: list[Life]) -> Check:
@@ -283,6 +299,28 @@ def check_time_bounds(lives: list[Life], init_s: float) -> list[Check]:
         out.append(Check(f"{state.lower()}_bounded", not over, detail,
                          over[0][0] if over else None))
     return out
+
+
+def history_text(lives: list[Life]) -> str:
+    """The history, one block per life: what was done to it, what it fired, how it went."""
+    out = []
+    for x in lives:
+        s = x.summary
+        out.append(f"life {x.index}: {x.plan.external}"
+                   + (f" after {x.plan.after_s} s" if x.plan.external != "none" else "")
+                   + (" (sent)" if x.external_at else "") + f", exit {x.exit_code}, "
+                   f"{s.get('state', 'no summary')} at step {s.get('step')}, lost "
+                   f"{s.get('lost_steps')}, restarts {s.get('restarts')}"
+                   + (f", corrupted {len(x.corrupted)} shard(s) after" if x.corrupted else ""))
+        out += [f"  fired {e['event']} {e['kind']} host {e['host']} step {e['step']}"
+                for e in x.fired]
+        out += [f"  recovery {r.get('kind')} {r.get('cause')} step {r.get('step')} "
+                f"{r.get('event_id') or ''} further {len(r.get('further_failures') or [])}"
+                for r in s.get("recoveries") or []]
+        out += [f"  {t.get('prev')} -> {t.get('state')} after "
+                f"{float(t.get('prev_duration_s') or 0):.2f} s, step {t.get('step')}: "
+                f"{str(t.get('reason'))[:70]}" for t in x.transitions]
+    return "\n".join(out)
 
 
 def first_failing_life(checks: list[Check]) -> int | None:
@@ -334,6 +372,9 @@ def render(result: dict) -> str:
         ext = x["plan"]["external"] + (" +corrupt" if x["corrupted"] else "")
         if x["plan"]["external"] != "none" and x["external_at"] is None:
             ext += " (ended first)"
+        elif x["external_at"] and x["transitions"] and x["transitions"][-1]["state"] in (
+                "SUCCEEDED", "FAILED") and x["transitions"][-1]["at"] < x["external_at"]:
+            ext += " (after its end)"
         lines.append(f"| {x['index']} | {ext} | {x['exit_code']} | {s.get('state', '-')} | "
                      f"{s.get('step', '-')} | {s.get('lost_steps', '-')} | "
                      f"{len(s.get('recoveries') or [])} | {len(x['fired'])} |")

@@ -153,3 +153,17 @@ def test_parameters_compare_bit_for_bit(tmp_path):
     bumped = np.array([1.0, np.nextafter(np.float32(2), np.float32(3))], np.float32)
     np.savez(tmp_path / "c.npz", **{**a, "w": bumped})
     assert "w differs in 1 of 2" in compare_npz(tmp_path / "a.npz", tmp_path / "c.npz")
+
+
+def test_an_unmatched_fault_says_why_from_the_history():
+    stopped = [{"state": "DRAINING", "prev": "RUNNING", "at": 121.0},
+               {"state": "STOPPED", "prev": "WAITING_FOR_CAPACITY", "at": 130.0}]
+    first = _life(0, "sigterm", sent=129.0, exit_code=143, summary={"recoveries": []},
+                  fired=[NOTICE], transitions=stopped)
+    again = {**NOTICE, "host": "emu-slice-0-w0", "at": 220.0}
+    resumed = [{"state": "RUNNING", "prev": "COMPILING", "at": 219.0},
+               {"state": "SUCCEEDED", "prev": "CHECKPOINTING", "at": 260.0}]
+    second = _life(1, summary={"recoveries": []}, fired=[again], transitions=resumed)
+    c = check_faults_recovered([first, second])
+    assert not c.ok and c.first_life == 0
+    assert "recovery still open" in c.detail and "dedupe window" in c.detail
