@@ -344,16 +344,21 @@ def classify(event: dict, plan: Plan) -> str | None:
 
 
 def fault_counts(plan: Plan, lives: list[Life]) -> dict[str, dict]:
-    """Per kind: scheduled, and how many times the drivers fired it (a rollback past a fault's
-    step meets it again in the next life). A crash_in_notice counts by its notice."""
-    out = {k: {"scheduled": 0, "fired": 0} for k in KINDS}
+    """Per kind: scheduled; fired by the drivers (a rollback past a fault's step meets it again
+    in the next life; a crash_in_notice counts by its notice); and how each firing ended
+    (``match_faults``: recovered, not fired, unmatched, unverifiable)."""
+    cols = ("scheduled", "fired", "matched", "not_fired", "unmatched", "unverifiable")
+    out = {k: dict.fromkeys(cols, 0) for k in KINDS}
     for f in plan.faults:
         out[f.kind]["scheduled"] += 1
     for x in lives:
-        for e in x.fired:
-            kind = e.get("soak_kind")
-            if kind in out and not (kind == "crash_in_notice" and e["event"] == "chaos_armed"):
-                out[kind]["fired"] += 1
+        for outcome, events in match_faults(x).items():
+            for e in events:
+                kind = e.get("soak_kind")
+                if kind in out and not (kind == "crash_in_notice"
+                                        and e["event"] == "chaos_armed"):
+                    out[kind]["fired"] += 1
+                    out[kind][outcome] += 1
     return out
 
 
@@ -362,9 +367,12 @@ def render(result: dict) -> str:
              f"{len(result['lives'])} driver lives, {result['seconds']} s, 1-minute load at "
              f"start {result['validity'].get('max_load_1min_before')} "
              f"({'valid' if result['validity'].get('valid') else 'NOT A RESULT: busy'})", "",
-             "| fault kind | scheduled | fired |", "|---|---|---|"]
+             "| fault kind | scheduled | fired | recovered | not fired | unmatched | "
+             "unverifiable |", "|---|---|---|---|---|---|---|"]
     for k, c in result["fault_counts"].items():
-        lines.append(f"| {k} | {c['scheduled']} | {c['fired']} |")
+        lines.append(f"| {k} | {c['scheduled']} | {c['fired']} | {c.get('matched', '-')} | "
+                     f"{c.get('not_fired', '-')} | {c.get('unmatched', '-')} | "
+                     f"{c.get('unverifiable', '-')} |")
     lines += ["", "| life | external | exit | state | step | lost | recoveries | fired |",
               "|---|---|---|---|---|---|---|---|"]
     for x in result["lives"]:

@@ -19,6 +19,7 @@ from bench.soak_plan import (
     check_summaries,
     check_time_bounds,
     draw_plan,
+    fault_counts,
     first_failing_life,
     match_faults,
     state_maxima,
@@ -167,3 +168,14 @@ def test_an_unmatched_fault_says_why_from_the_history():
     c = check_faults_recovered([first, second])
     assert not c.ok and c.first_life == 0
     assert "recovery still open" in c.detail and "dedupe window" in c.detail
+
+
+def test_fault_counts_say_how_each_firing_ended():
+    plan = draw_plan(1, 4, 200)
+    kill = next(f for f in plan.faults if f.kind == "kill")
+    fired = {**KILL, "host": kill.host, "step": kill.at_step, "soak_kind": "kill"}
+    s = {"recoveries": [{"kind": "unannounced", "started_at": 111.0}]}
+    counts = fault_counts(plan, [_life(summary=s, fired=[fired]),
+                                 _life(1, "sigkill", sent=1.0, fired=[fired])])
+    assert counts["kill"]["fired"] == 2
+    assert counts["kill"]["matched"] == 1 and counts["kill"]["unverifiable"] == 1
