@@ -27,6 +27,11 @@ NOTICE_KINDS = ("preempt_short", "preempt_long", "unhealthy", "crash_in_notice")
 IN_ACTOR_KINDS = ("kill", "hang", "kill_in_save", "hang_init")
 EXTERNAL = ("none", "sigkill", "sigterm")
 
+CAUSES = ("spot_preemption", "maintenance", "hardware_health", "host_lost", "timeout",
+          "application_error", "operator")
+"""The driver's stop causes (policies.causes.StopCause): a failure line of the timeline is
+``RELEASING`` with a reason ``<cause>: ...``."""
+
 RELEASING_BOUND_S = 6.0
 """A live host's release (a 5 s bound waits on a dead survivor: issue 51's open point)."""
 FORMING_SLACK_S = 30.0
@@ -179,9 +184,10 @@ def check_succeeded(lives: list[Life], total_steps: int) -> Check:
 
 
 def check_summaries(lives: list[Life]) -> Check:
-    """Every life whose driver could write (all but a SIGKILLed one) wrote summary.json."""
-    missing = [x.index for x in lives if not x.wrote_summary and not _sigkilled(x)]
-    exempt = [x.index for x in lives if _sigkilled(x)]
+    """Every life whose driver could write wrote summary.json: not one SIGKILLed, by the soak's
+    schedule or at the soak's own time bound (exit code None)."""
+    exempt = [x.index for x in lives if _sigkilled(x) or x.exit_code is None]
+    missing = [x.index for x in lives if not x.wrote_summary and x.index not in exempt]
     return Check("summaries", not missing,
                  f"missing in lives {missing}" if missing else
                  f"every life wrote one (SIGKILLed lives {exempt or 'none'} cannot)",
@@ -200,7 +206,8 @@ def match_faults(life: Life) -> dict:
     unclaimed failure (an unannounced recovery or a further failure) at or after its arming.
     An armed fault with no failure after it is ``not_fired`` when its group ended first
     (a later RELEASING, DRAINING or a terminal state: a fault is cleared with its group), else
-    ``unmatched``. A SIGKILLed life wrote no summary: its faults are ``unverifiable``."""
+    ``unmatched`` (also when the timeline shows a failure after it that no recovery records).
+    A SIGKILLed life wrote no summary: its faults are ``unverifiable``."""
     out: dict[str, list] = {"matched": [], "not_fired": [], "unmatched": [], "unverifiable": []}
     if not life.wrote_summary:
         out["unverifiable"] = list(life.fired)
@@ -226,6 +233,8 @@ def match_faults(life: Life) -> dict:
         if later:
             failures.remove(later[0])
             out["matched"].append(f)
+        elif any(at >= f["at"] for at, _, _ in timeline_failures(life)):
+            out["unmatched"].append(f)  # it struck (the timeline says so), no recovery record
         elif any(e >= f["at"] for e in ends):
             out["not_fired"].append(f)
         else:
@@ -246,6 +255,29 @@ def why_unmatched(f: dict, life: Life, earlier: list[Life]) -> str:
         return ("the life ended with this fault's recovery still open (no RUNNING after it); "
                 "summary.json lists closed recoveries only")
     return "no recovery, further failure or group end after it"
+
+
+def timeline_failures(life: Life) -> list[tuple[float, str, str]]:
+    """(at, cause, reason) of each failure the timeline shows: a RELEASING line whose reason
+    starts with a stop cause (a drain's RELEASING says what it saved instead)."""
+    out = []
+    for t in life.transitions:
+        reason = str(t.get("reason") or "")
+        cause = reason.split(":", 1)[0]
+        if t.get("state") == "RELEASING" and cause in CAUSES and ":" in reason:
+            out.append((float(t["at"]), cause, reason))
+    return out
+
+
+def check_causes(lives: list[Life]) -> Check:
+    """No failure charged to a cause the soak never injects: it injects no application
+    error (a hang must be a timeout), and a corrupt checkpoint is no lost host."""
+    wrong = [(x.index, reason) for x in lives for _, cause, reason in timeline_failures(x)
+             if cause == "application_error" or (cause == "host_lost" and "unreadable" in reason)]
+    return Check("causes", not wrong,
+                 "; ".join(f"life {i}: {r[:160]}" for i, r in wrong[:4]) or
+                 "every failure charged to a cause the soak injects",
+                 wrong[0][0] if wrong else None)
 
 
 def check_faults_recovered(lives: list[Life]) -> Check:
@@ -321,6 +353,23 @@ def history_text(lives: list[Life]) -> str:
                 f"{float(t.get('prev_duration_s') or 0):.2f} s, step {t.get('step')}: "
                 f"{str(t.get('reason'))[:70]}" for t in x.transitions]
     return "\n".join(out)
+
+
+def pure_checks(plan: Plan, lives: list[Life], init_s: float) -> list[Check]:
+    """The invariants that need only the history (no run dir, no export)."""
+    return [check_succeeded(lives, plan.total_steps), check_summaries(lives),
+            check_faults_recovered(lives), check_causes(lives), check_no_leftovers(lives),
+            *check_time_bounds(lives, init_s)]
+
+
+def from_json(result: dict) -> tuple[Plan, list[Life]]:
+    """A stored soak result's plan and history, to check again (``--recheck``)."""
+    p = result["plan"]
+    plan = Plan(seed=p["seed"], total_steps=p["total_steps"],
+                faults=tuple(Fault(**f) for f in p["faults"]),
+                lives=tuple(LifePlan(**lp) for lp in p["lives"]))
+    lives = [Life(**{**x, "plan": LifePlan(**x["plan"])}) for x in result["lives"]]
+    return plan, lives
 
 
 def first_failing_life(checks: list[Check]) -> int | None:

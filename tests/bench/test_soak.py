@@ -8,11 +8,12 @@ from collections import Counter
 
 import numpy as np
 
-from bench.soak import compare_npz, overrides, steps_for
+from bench.soak import compare_npz, corrupt_newest, overrides, steps_for
 from bench.soak_plan import (
     KINDS,
     Life,
     LifePlan,
+    check_causes,
     check_faults_recovered,
     check_no_leftovers,
     check_succeeded,
@@ -179,3 +180,60 @@ def test_fault_counts_say_how_each_firing_ended():
                                  _life(1, "sigkill", sent=1.0, fired=[fired])])
     assert counts["kill"]["fired"] == 2
     assert counts["kill"]["matched"] == 1 and counts["kill"]["unverifiable"] == 1
+
+
+def test_a_fault_that_struck_but_left_no_recovery_record_is_unmatched():
+    """seed 50, life 0: a hang timed out, then SIGTERM stopped the run before its recovery
+    closed; the timeline shows the failure, summary.json no recovery."""
+    hang = {"event": "chaos_armed", "kind": "hang", "host": 2, "step": 75, "at": 110.0}
+    tl = [{"state": "RELEASING", "prev": "RUNNING", "at": 160.0,
+           "reason": "timeout: step did not finish within 50s on hosts [2]"},
+          {"state": "STOPPED", "prev": "RELEASING", "at": 160.1, "reason": "stopped by SIGTERM"}]
+    m = match_faults(_life(0, "sigterm", sent=160.0, exit_code=143,
+                           summary={"recoveries": []}, fired=[hang], transitions=tl))
+    assert m["unmatched"] == [hang] and not m["not_fired"]
+
+
+def test_causes_flag_a_hang_charged_as_an_application_error_and_a_corrupt_checkpoint():
+    def failing(reason):
+        return _life(transitions=[{"state": "RELEASING", "prev": "RUNNING", "at": 1.0,
+                                   "reason": reason}])
+
+    assert check_causes([failing("timeout: step did not finish within 50s on hosts [2]"),
+                         failing("host_lost: host(s) [2] died"),
+                         _life(transitions=[{"state": "RELEASING", "prev": "CHECKPOINTING",
+                                             "at": 2.0, "reason": "step 5 copied"}])]).ok
+    gloo = failing("application_error: host(s) [3]: JaxRuntimeError: UNKNOWN: Gloo context "
+                   "initialization failed: DEADLINE_EXCEEDED")
+    assert not check_causes([gloo]).ok
+    assert not check_causes([failing("host_lost: checkpoint step 220 is unreadable")]).ok
+
+
+def _committed(root, step):
+    d = root / str(step)
+    (d / "state" / "ocdbt.process_1" / "d").mkdir(parents=True)
+    (d / "state" / "ocdbt.process_1" / "d" / "x").write_bytes(b"0123456789")
+    (d / "commit_success.txt").write_text("ok")
+    (d / "_CHECKPOINT_METADATA").write_text("{}")
+
+
+def _copy(root, step):
+    d = root / str(step) / "source-1" / "data" / "d"
+    d.mkdir(parents=True)
+    (d / "y").write_bytes(b"0123456789")
+    (root / str(step) / "COMPLETE").write_text("")
+
+
+def test_corrupt_newest_truncates_the_newer_tier(tmp_path):
+    _committed(tmp_path / "checkpoints", 10)
+    _copy(tmp_path / "checkpoints-from-ram", 15)
+    assert corrupt_newest(tmp_path) == ["checkpoints-from-ram/15/source-1/data/d/y"]
+    assert (tmp_path / "checkpoints/10/state/ocdbt.process_1/d/x").stat().st_size == 10
+    _committed(tmp_path / "checkpoints", 20)
+    assert corrupt_newest(tmp_path) == ["checkpoints/20/state/ocdbt.process_1/d/x"]
+    assert (tmp_path / "checkpoints/20/state/ocdbt.process_1/d/x").stat().st_size == 5
+    assert corrupt_newest(tmp_path / "empty") == []
+
+
+def test_a_life_killed_at_the_soaks_bound_needs_no_summary():
+    assert check_summaries([_life(0, exit_code=None)]).ok
