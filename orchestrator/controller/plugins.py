@@ -68,7 +68,10 @@ class ChaosPlugin(RunListener):
         assert run.plan is not None
         host = run.plan.hosts[f.host]
         kind = "host_unhealthy" if f.kind is FaultKind.UNHEALTHY else "preemption_notice"
-        payload = {"schema_version": 1, "kind": kind, "id": f"chaos-{f.at_step}-{f.host}-{kind}",
+        # the driver's start in the id: a later driver of the run that meets the fault again
+        # (its steps rolled back) sends a new event, not one the dedupe window remembers
+        payload = {"schema_version": 1, "kind": kind,
+                   "id": f"chaos-{f.at_step}-{f.host}-{kind}-d{int(run.started_at * 1000)}",
                    "target": {"job": run.cfg.run.name, "host": host.instance},
                    "deadline": run.now() + f.deadline_s, "source": "chaos"}
         log.info("chaos_notice", kind=kind, host=host.instance, step=f.at_step)

@@ -13,6 +13,7 @@ import statistics
 from dataclasses import dataclass
 
 from orchestrator.controller.context import Run, log
+from orchestrator.controller.ledger import Recovery
 from orchestrator.lifecycle import RunState
 from orchestrator.lifecycle.payloads import data_resumed_text
 from orchestrator.shared import layout as ckpt_layout
@@ -120,7 +121,9 @@ def recovery_line(r: dict) -> str:
             + (f"the earlier driver {'ended' if prev.get('ended') else 'died'} in "
                f"{prev.get('state')} at step {prev.get('step')}; " if prev else "")
             + (f"restored step {restored}, " if restored is not None else "")
-            + f"to first step {_fmt(r.get('to_first_step_s'), 's')}, lost "
+            + (f"open when the run ended ({r.get('ended_in')}), " if r.get("open") else
+               f"to first step {_fmt(r.get('to_first_step_s'), 's')}, ")
+            + "lost "
               f"{r.get('lost_steps', 0)}, phases {r.get('phases_s')}"
             + (f", processes {r['processes']}" if r.get("processes") else ""))
 
@@ -133,6 +136,14 @@ def _fmt(v: float | None, unit: str = "", *, pct: bool = False) -> str:
 
 def _rounded(seconds: dict[str, float]) -> dict[str, float]:
     return {k: round(v, 3) for k, v in seconds.items()}
+
+
+def _open(r: Recovery | None, state: RunState) -> list[dict]:
+    """A recovery the run ended inside (a stop while it waited for capacity, a failure it gave
+    up on): in the summary too, marked ``open``, never a first step it did not reach."""
+    if r is None:
+        return []
+    return [{**r.to_json(), "open": True, "ended_in": state.value}]
 
 
 def newest_on_disk(run: Run) -> int | None:
@@ -165,7 +176,8 @@ def write_summary(run: Run, reason: str) -> RunSummary:
         last_loss=led.last_loss,
         median_step_s=statistics.median(led.step_times) if led.step_times else None,
         compile_s=[round(c, 3) for c in led.compile_times], compiles=list(led.compiles),
-        recoveries=[r.to_json() for r in led.recoveries], restores=list(led.restores),
+        recoveries=[*(r.to_json() for r in led.recoveries), *_open(led.open_recovery, state)],
+        restores=list(led.restores),
         forms=list(led.forms),
         last_committed_step=led.last_committed,
         goodput=report.goodput if report is not None else None,

@@ -95,6 +95,7 @@ class RayWorkerGroup:
         self.unreachable = unreachable
         self.actors: list[Any] = []
         self._refs: list[Any] = []
+        self._chunk_t0 = time.monotonic()  # when the running chunk started (a hang's age)
         self._results: dict[int, dict] = {}
 
     # ---- phases ---------------------------------------------------------------------------
@@ -180,6 +181,7 @@ class RayWorkerGroup:
             # took 10 s beside them instead of 3.3 s)
             self._standby_now()
         self._results = {}
+        self._chunk_t0 = time.monotonic()
         self._refs = [a.run_steps.remote(until_step, chunk=chunk, save_steps=list(save_steps),
                                          report=(i == 0), copy_every=copy_every)
                       for i, a in enumerate(self.actors)]
@@ -197,6 +199,7 @@ class RayWorkerGroup:
                 except Exception as exc:
                     failure = failure or self._failure(exc, (i,))
             if failure is not None:
+                failure = self._peer_hung(failure, ready)
                 reached = [int(r["step"]) for r in self._results.values()]
                 if isinstance(failure, HostsLost) and reached:
                     failure = HostsLost(hosts=failure.hosts, kind=failure.kind,
@@ -210,6 +213,22 @@ class RayWorkerGroup:
         if self.ram is not None and isinstance(done, Progress):
             self.ram.after_chunk(self.spec.incarnation, done.records)
         return done
+
+    def _peer_hung(self, failure: Failure, ready: Sequence[Any]) -> Failure:
+        """A host whose collective timed out waiting for peers still inside their step names
+        those peers hung (a timeout, not the application's error): in a fresh group's first
+        step Gloo gives up (30 s) before the driver's step bound does."""
+        if not (isinstance(failure, HostsLost) and failure.kind is FailureKind.STEP_ERROR
+                and ray_results.peer_timeout(failure.message)):
+            return failure
+        stuck = tuple(i for i, r in enumerate(self._refs)
+                      if i not in self._results and r not in ready)
+        if not stuck:
+            return failure
+        return self.name_hung(Hung(
+            phase="step", hosts=stuck, seconds=round(time.monotonic() - self._chunk_t0, 1),
+            message=f"host(s) {list(stuck)} did not answer their peers' collective: "
+                    f"{failure.message}"[:2000]))
 
     def request_stop(self, chunk: int) -> None:
         try:

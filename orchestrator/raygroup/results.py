@@ -31,6 +31,13 @@ def failure_kind(exc: BaseException) -> FailureKind:
     return FailureKind.STEP_ERROR
 
 
+def peer_timeout(message: str) -> bool:
+    """Whether a host's step error is its collective giving up on a peer that did not answer
+    (Gloo's context or a send/recv timing out): the peer hangs, this host is not at fault."""
+    low = message.lower()
+    return "DEADLINE_EXCEEDED" in message or ("gloo" in low and "timed out" in low)
+
+
 _STORAGE_ERRNOS = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded"}
 _STORAGE_TEXT = ("no space left on device", "disk quota exceeded", "[errno 28]", "[errno 122]")
 

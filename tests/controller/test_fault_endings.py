@@ -87,8 +87,35 @@ def test_the_crash_in_notice_chaos_kind_sends_the_notice_then_crashes_the_host(t
     sim.fleet.on_step(8, lambda g: lost(hosts=(1,)) if crash in g.injected else None)
     summary = sim.run()
     assert crash in sim.fleet.groups[0].injected
-    lines = [e for e in sim.events() if e.get("event_id") == "chaos-7-1-preemption_notice"]
+    lines = [e for e in sim.events()
+             if str(e.get("event_id")).startswith("chaos-7-1-preemption_notice-d")]
     assert any("inside their notice window" in str(e) for e in lines if e.get("action")), lines
     assert summary.state == "SUCCEEDED" and set(summary.restarts) == {"spot_preemption"}
     assert sim.payloads("RELEASING")[0].cause.value == "spot_preemption"
     assert "BACKOFF" not in sim.states()
+
+
+def test_a_later_driver_meeting_a_chaos_notice_again_sends_a_new_event():
+    """Issue 51 (the soak, seed 1): a notice's id was the same in every driver of a run, so
+    after a rollback the next driver's notice fell in the persisted dedupe window and was
+    dropped. The driver's start is in the id now."""
+    from types import SimpleNamespace
+
+    from orchestrator.controller.plugins import ChaosPlugin
+    from policies.chaos import Fault, FaultKind
+
+    def sent(started_at: float) -> str:
+        got = []
+        run = SimpleNamespace(
+            plan=SimpleNamespace(hosts=[SimpleNamespace(instance="vm-0"),
+                                        SimpleNamespace(instance="vm-1")]),
+            cfg=SimpleNamespace(run=SimpleNamespace(name="job")), now=lambda: 5.0,
+            started_at=started_at,
+            reactions=SimpleNamespace(submit=lambda payload, source: got.append(payload)))
+        ChaosPlugin._notice(run, Fault(at_step=7, host=1, kind=FaultKind.PREEMPT,
+                                       deadline_s=30.0))
+        return got[0]["id"]
+
+    first, again = sent(1000.0), sent(1060.5)
+    assert first.startswith("chaos-7-1-preemption_notice-") and first != again
+    assert sent(1000.0) == first  # one driver: the same id (it fires once anyway)

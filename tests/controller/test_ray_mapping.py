@@ -71,3 +71,29 @@ def test_the_ray_group_maps_a_full_disk_to_a_fatal_status():
     group = object.__new__(RayWorkerGroup)
     status = group._failure(OSError(errno.ENOSPC, "No space left on device"), (1,))
     assert isinstance(status, Fatal) and "free space" in status.message and status.hosts == (1,)
+
+
+GLOO_GAVE_UP = ("host(s) [0]: XlaRuntimeError: INTERNAL: Gloo context initialization failed: "
+                "DEADLINE_EXCEEDED: Deadline Exceeded ... waited 29.99 s")
+
+
+def test_a_peers_collective_timing_out_names_the_host_still_in_its_step_hung():
+    """Issue 51 (the soak, seed 50): a host hung in a fresh group's first step; its peers'
+    Gloo context gave up (30 s) before the driver's step bound, and their error was charged
+    to application_error (2 restarts by default). It is the silent host's hang now."""
+    import time
+
+    from orchestrator.controller.seam import Hung
+    from orchestrator.raygroup.group import RayWorkerGroup
+
+    group = object.__new__(RayWorkerGroup)
+    group._refs, group._results, group._chunk_t0 = ["r0", "r1", "r2"], {}, time.monotonic()
+    group.name_hung = lambda status: status  # the whereabouts probe needs live actors
+    err = HostsLost(hosts=(0,), kind=FailureKind.STEP_ERROR, message=GLOO_GAVE_UP)
+    hung = group._peer_hung(err, ready=["r0", "r2"])
+    assert isinstance(hung, Hung) and hung.phase == "step" and hung.hosts == (1,)
+    assert "did not answer their peers' collective" in hung.message
+    # a plain step error, or one with no host left in its step, stays the application's
+    plain = HostsLost(hosts=(0,), kind=FailureKind.STEP_ERROR, message="ValueError: nan")
+    assert group._peer_hung(plain, ready=["r0"]) is plain
+    assert group._peer_hung(err, ready=["r0", "r1", "r2"]) is err

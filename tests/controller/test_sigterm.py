@@ -157,3 +157,17 @@ def test_sigterm_while_restoring_a_newer_ram_step_still_saves_it(tmp_path):
     assert "DRAINING" in sim.states() and "CHECKPOINTING" in sim.states()
     assert summary.state == "STOPPED" and summary.last_committed_step >= 14
     assert summary.lost_steps == 0
+
+
+def test_a_recovery_the_run_ended_inside_is_in_the_summary_marked_open(tmp_path):
+    """Issue 51 (the soak): a SIGTERM while the run backed off after a host died left that
+    recovery out of summary.json (only closed ones were written)."""
+    sim, flag = sim_with_flag(tmp_path, "controller.checkpoint_interval.every_steps=5",
+                              "controller.backoff.base_s=30", "controller.backoff.max_s=30")
+    sim.fleet.on_step(8, lambda g: (flag.term(), lost())[1])
+    summary = sim.run()
+    [r] = json.loads((sim.run_dir / "summary.json").read_text())["recoveries"]
+    assert (r["kind"], r["cause"], r["open"], r["ended_in"]) == (
+        "unannounced", "host_lost", True, "STOPPED")
+    assert "to_first_step_s" not in r and "first_step_at" not in r
+    assert "open when the run ended (STOPPED)" in summary.as_text(sim.run_dir)

@@ -102,6 +102,7 @@ class StepLoop:
                     ram_s = self._copies.after_step(out.step, tr, persist=True)
                     saved, saved_s = True, ram_s
                     blocking += saved_s
+                    self._chaos.in_save(out.step)  # the holder's durable write under way
                 elif out.step in saves:
                     so = tr.save()
                     saved, saved_s = so.started, so.blocking_s
