@@ -219,10 +219,14 @@ def test_drain_onto_standby_then_kill_9_from_ram_keep_the_sample_order(cluster, 
     print_recovery("text-lm-standby-then-ram", hit)
     s = hit.summary
     assert (s.state, s.step) == ("SUCCEEDED", TOTAL)
-    assert s.restarts == {"spot_preemption": 1, "host_lost": 1}, s.restarts
+    # the drain and the kill; a host can also die on its own while the first group forms on
+    # a loaded machine (a Ray worker crash at start, seen once in CI): one more host_lost then
+    assert s.restarts.get("spot_preemption") == 1 and s.restarts.get("host_lost", 0) >= 1, \
+        s.restarts
     assert "DRAINING" in hit.states
-    assert s.recoveries[0]["processes"]["standby"] == 1, s.recoveries
-    drained, killed = hit.restores[1], hit.restores[2]
+    [announced] = [r for r in s.recoveries if r["kind"] == "announced"]
+    assert announced["processes"]["standby"] == 1, s.recoveries
+    drained, killed = hit.restores[-2], hit.restores[-1]
     assert drained["lost_steps"] == 0 and drained["restored_step"] >= 6, drained
     assert killed["tier"] == "ram" and killed["restored_step"] in (12, 13), killed
     check_data_records(hit.restores, source)
