@@ -138,11 +138,8 @@ class EmulatedCluster:
         self.reaper = Reaper()
         self.reaper.start()  # first: nothing may start before something reaps it
         with self._marked():
-            self.cluster = Cluster(initialize_head=True, head_node_args={
-                "num_cpus": 2, "include_dashboard": include_dashboard,
-                "no_monitor": True,  # the autoscaler's monitor: nothing here autoscales
-                "node_ip_address": LOOPBACK, "object_store_memory": 150 * 1024 * 1024,
-                "dashboard_agent_listen_port": _agent_port()})
+            self.cluster = Cluster(initialize_head=True,
+                                   head_node_args=head_args(include_dashboard))
         return self.cluster.address
 
     @contextlib.contextmanager
@@ -244,6 +241,18 @@ def _sigterm_hook_off_main_thread() -> Iterator[None]:
         return
     with _NODE_START_LOCK, ray_private.sigterm_handler_skipped():
         yield
+
+
+def head_args(include_dashboard: bool = False) -> dict[str, Any]:
+    """The emulated head node's settings. Its ports are free ones: Ray's fixed defaults (8265
+    for the dashboard, whose HTTP server starts even without ``include_dashboard``) collide
+    with another Ray on the machine, and Ray then prints "Failed to bind" among the run's own
+    output."""
+    return {"num_cpus": 2, "include_dashboard": include_dashboard,
+            "no_monitor": True,  # the autoscaler's monitor: nothing here autoscales
+            "node_ip_address": LOOPBACK, "object_store_memory": 150 * 1024 * 1024,
+            "dashboard_port": free_port(LOOPBACK),
+            "dashboard_agent_listen_port": _agent_port()}
 
 
 def _agent_port() -> int:
