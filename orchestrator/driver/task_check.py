@@ -28,9 +28,11 @@ from typing import Any
 import structlog
 
 from orchestrator.driver.memory_bound import MemoryBounds, bounds_for, memory_line
+from orchestrator.driver.worker_output import must_show, report
 from orchestrator.shared import configtools
 from orchestrator.shared.errors import CheckpointError, ConfigError, DoesNotFit, TaskCodeError
 from orchestrator.shared.task import task_ref
+from orchestrator.shared.worker_log import parse
 
 log = structlog.get_logger(__name__)
 
@@ -73,7 +75,7 @@ def check_task(cfg: Any, run_dir: Path, *, timeout_s: float | None = None,
     summary = run_check(cfg, timeout_s=timeout_s, resuming=has_committed_step(
         Path(run_dir) / "checkpoints"))
     for record in summary.warnings:
-        (show or _report)(record, "task check")
+        (show or report)(record, "task check")
     log.info("task_checked", kind=summary.task["kind"], fingerprint=summary.fingerprint,
              n_params=summary.n_params, state_bytes=summary.state_bytes)
     for note in summary.notes:
@@ -155,7 +157,7 @@ def run_check(cfg: Any, *, timeout_s: float | None = None,
               kind=cfg.task.kind)
     if not out["ok"]:  # the warnings may say why
         for record in out.get("warnings", ()):
-            _report(record, "task check")
+            report(record, "task check")
     if not out["ok"] and out.get("part"):
         raise TaskCodeError(out["part"], out["problem"], out["fix"])
     if not out["ok"]:
@@ -200,20 +202,11 @@ def ask(request: dict, *, bound: float, kind: str) -> dict:
 def check_warnings(stderr: str) -> list[dict]:
     """The task's own warnings while it was checked (its module's import, its factory, its
     data): the marked lines of the check's stderr a user must see, each once."""
-    from orchestrator.driver.worker_output import must_show
-    from orchestrator.shared.worker_log import parse
-
     out: dict[tuple[str, str], dict] = {}
     for record in filter(None, map(parse, stderr.splitlines())):
         if must_show(record):
             out.setdefault((str(record.get("logger")), record["message"]), record)
     return list(out.values())
-
-
-def _report(record: dict, source: str) -> None:
-    from orchestrator.driver.worker_output import report
-
-    report(record, source)
 
 
 def check_checkpoint(ckpt: Path, summary: TaskSummary) -> None:
